@@ -114,5 +114,29 @@ def gguf_to_folder(gguf_path: Path, cache: str | Path | None = None) -> Path:
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         tokenizer.save_pretrained(tmp)
-        (tmp / "eyas_source.json").write_text(json.dumps({"gguf": str(gguf_path)}))
+        source = {"gguf": str(gguf_path), "layer_weight_bits": gguf_layer_bits(gguf_path)}
+        (tmp / "eyas_source.json").write_text(json.dumps(source))
     return target
+
+
+def gguf_layer_bits(gguf_path: Path) -> int:
+    """Bits per weight of most decoder-layer matrices in a GGUF (4 for Q4_0/Q4_1/Q4_K, ...)."""
+    import gguf
+
+    bits = {"Q4_0": 4, "Q4_1": 4, "Q4_K": 4, "Q5_0": 5, "Q5_1": 5, "Q5_K": 5, "Q6_K": 6,
+            "Q8_0": 8, "Q8_K": 8, "BF16": 16, "F16": 16, "F32": 32}
+    reader = gguf.GGUFReader(str(gguf_path))
+    counts: dict[int, int] = {}
+    for tensor in reader.tensors:
+        if tensor.name.startswith("blk.") and tensor.name.endswith(".weight") and len(tensor.shape) == 2:
+            width = bits.get(tensor.tensor_type.name, 16)
+            counts[width] = counts.get(width, 0) + 1
+    return max(counts, key=counts.get) if counts else 16
+
+
+def source_weight_bits(folder: Path) -> int | None:
+    """Bits per weight of the GGUF a cached folder came from; None for other folders."""
+    info = folder / "eyas_source.json"
+    if not info.is_file():
+        return None
+    return json.loads(info.read_text()).get("layer_weight_bits")

@@ -1,0 +1,1 @@
+"""Benchmarks: offline single-stream decoding now; serving sweeps and plots later."""

@@ -1,0 +1,178 @@
+"""Single-stream offline benchmark: eyas beside its peers, same prompts, one run.
+
+Every system gets the same chat-templated prompt ids, greedy decoding and the same max_tokens;
+prompts are run interleaved (prompt 1 on every system, then prompt 2, ...) so that noise on a
+shared machine hits all systems alike. tokens/s = generated tokens / wall time of the request
+(prefill included), reported as the median over prompts and as total tokens / total time.
+
+Usage:
+    from eyas.bench.offline import OfflineConfig, run_offline
+    report = run_offline(OfflineConfig(model="smollm2-135m", systems=["eyas:int4", "hf"]))
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+import torch
+
+from eyas.bench.prompts import load_prompt_set
+from eyas.errors import EyasError
+
+SYSTEM_KINDS = ("eyas", "hf", "hf-lookup", "llama.cpp")
+
+
+@dataclass
+class OfflineConfig:
+    model: str = "smollm2-135m"
+    dataset: str = "mtbench"
+    num_prompts: int = 8
+    max_tokens: int = 128
+    systems: list[str] = field(default_factory=lambda: ["eyas:auto", "eyas:float32", "hf"])
+    warmup: int = 1
+
+    def __post_init__(self) -> None:
+        if self.num_prompts < 1 or self.max_tokens < 1:
+            raise EyasError("num_prompts and max_tokens must be >= 1")
+        for system in self.systems:
+            if system.split(":")[0] not in SYSTEM_KINDS:
+                raise EyasError(f"unknown system '{system}'; accepted: eyas[:PRECISION], hf, "
+                                f"hf-lookup, llama.cpp")
+
+
+Runner = Callable[[list[int]], list[int]]  # prompt ids -> generated ids
+
+
+def eyas_runner(model: str, precision: str, max_tokens: int) -> tuple[Runner, str]:
+    from eyas.engine.generate import SamplingParams, generate
+    from eyas.engine.target import load_target
+
+    target = load_target(model, dtype=precision)
+    params = SamplingParams(max_tokens=max_tokens)
+    return (lambda ids: generate(target, ids, params).token_ids), f"eyas plain ({target.precision})"
+
+
+def hf_runner(folder: str, max_tokens: int, lookup: bool) -> tuple[Runner, str]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    extra: dict[str, Any] = {"prompt_lookup_num_tokens": 6} if lookup else {}
+
+    @torch.inference_mode()
+    def run(ids: list[int]) -> list[int]:
+        inputs = torch.tensor([ids])
+        out = model.generate(inputs, attention_mask=torch.ones_like(inputs), do_sample=False,
+                             max_new_tokens=max_tokens, **extra)
+        return out[0, len(ids):].tolist()
+
+    name = "transformers generate" + (" + prompt lookup (6)" if lookup else "") + " (float32)"
+    return run, name
+
+
+def llama_cpp_runner(model: str, max_tokens: int) -> tuple[Runner, str] | None:
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        return None
+    from eyas.models.registry import ALIASES, package_dir
+
+    entry = ALIASES.get(model)
+    if entry is None or not model:
+        return None
+    path = package_dir(entry.package) / entry.filename
+    llm = Llama(model_path=str(path), n_threads=torch.get_num_threads(), n_ctx=4096, verbose=False)
+
+    def run(ids: list[int]) -> list[int]:
+        out = []
+        for token in llm.generate(ids, temp=0.0, top_k=1, reset=True):
+            if token == llm.token_eos() or len(out) >= max_tokens:
+                break
+            out.append(token)
+        return out
+
+    return run, "llama.cpp (GGUF, plain)"
+
+
+def build_runners(config: OfflineConfig, folder: str) -> list[tuple[Runner, str]]:
+    runners = []
+    for system in config.systems:
+        kind, _, option = system.partition(":")
+        if kind == "eyas":
+            runners.append(eyas_runner(config.model, option or "auto", config.max_tokens))
+        elif kind in ("hf", "hf-lookup"):
+            runners.append(hf_runner(folder, config.max_tokens, lookup=kind == "hf-lookup"))
+        elif kind == "llama.cpp":
+            runner = llama_cpp_runner(config.model, config.max_tokens)
+            if runner is None:
+                print("[eyas] llama.cpp skipped: llama-cpp-python is not installed "
+                      "(or the model is not an embedded GGUF alias)")
+            else:
+                runners.append(runner)
+    return runners
+
+
+def run_offline(config: OfflineConfig, progress: bool = True) -> dict[str, Any]:
+    from tqdm import tqdm
+
+    from eyas.models.registry import resolve_model
+    from eyas.models.tokenizer import chat_prompt_ids, load_tokenizer
+
+    folder = str(resolve_model(config.model))
+    tokenizer = load_tokenizer(folder)
+    questions = load_prompt_set(config.dataset, config.num_prompts)
+    prompts = [chat_prompt_ids(tokenizer, [{"role": "user", "content": q}]) for q in questions]
+    runners = build_runners(config, folder)
+    for run, _ in runners:  # warm-up: first-call allocations and kernel selection
+        for ids in prompts[: config.warmup]:
+            run(ids)
+    per_system: list[dict[str, Any]] = [{"system": name, "tokens": [], "seconds": [], "outputs": []}
+                                        for _, name in runners]
+    for ids in tqdm(prompts, desc="prompts", disable=not progress):
+        for (run, _), record in zip(runners, per_system):
+            started = time.perf_counter()
+            output = run(ids)
+            record["seconds"].append(time.perf_counter() - started)
+            record["tokens"].append(len(output))
+            record["outputs"].append(output)
+    reference = per_system[-1] if runners else None
+    for record in per_system:
+        rates = [t / s for t, s in zip(record["tokens"], record["seconds"])]
+        record["median_tokens_per_s"] = statistics.median(rates)
+        record["total_tokens_per_s"] = sum(record["tokens"]) / sum(record["seconds"])
+    baseline = next((r for r in per_system if r["system"].startswith("transformers generate (")), None)
+    for record in per_system:
+        if baseline:
+            record["ratio_vs_transformers"] = (record["median_tokens_per_s"]
+                                               / baseline["median_tokens_per_s"])
+        if reference is not None:
+            same = sum(o == ref for o, ref in zip(record["outputs"], reference["outputs"]))
+            record["identical_outputs_to_last"] = same
+    return {
+        "config": config.__dict__,
+        "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+        "torch": torch.__version__,
+        "results": [{k: v for k, v in r.items() if k != "outputs"} for r in per_system],
+    }
+
+
+def format_report(report: dict[str, Any]) -> str:
+    lines = [
+        f"offline single-stream benchmark: {report['config']['model']}, "
+        f"{report['config']['num_prompts']} {report['config']['dataset']} prompts, "
+        f"{report['config']['max_tokens']} new tokens max, greedy; {report['machine']}, "
+        f"{report['date']}",
+        "",
+        "| system | median tok/s | total tok/s | vs transformers | tokens |",
+        "|---|---|---|---|---|",
+    ]
+    for r in report["results"]:
+        ratio = f"{r['ratio_vs_transformers']:.2f}x" if "ratio_vs_transformers" in r else "-"
+        lines.append(f"| {r['system']} | {r['median_tokens_per_s']:.1f} | "
+                     f"{r['total_tokens_per_s']:.1f} | {ratio} | {sum(r['tokens'])} |")
+    return "\n".join(lines)

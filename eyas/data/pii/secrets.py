@@ -1,0 +1,204 @@
+"""Detectors for secrets: private keys, credentials in URLs, JWTs, cloud and API keys, passwords.
+
+Prompts full of code carry placeholders (`sk-xxxxxxxx`, `password = "<your password>"`,
+`postgres://user:password@host`) far more often than live secrets; every detector here checks
+that a value looks like real key material before it reports it.
+
+Usage:
+    from eyas.data.pii.secrets import SECRET_DETECTORS
+    findings = SECRET_DETECTORS["PASSWORD"]('db_password = "hunter2!"')
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+
+from eyas.data.pii.detectors import Detector
+from eyas.data.pii.types import Finding
+
+_PLACEHOLDER_WORDS = re.compile(
+    r"(?i)your|example|placeholder|redacted|dummy|sample|changeme|replace|insert|xxxx|\*\*\*|\.\.\.|<|>|\{\{|\}\}|\$\{|%s|%\("
+)
+
+
+def looks_like_placeholder(value: str) -> bool:
+    """`<your-token>`, `sk-xxxxxxxx`, `${PASSWORD}`, `****`, `...`: shapes, not secrets."""
+    if _PLACEHOLDER_WORDS.search(value):
+        return True
+    return len(set(value.lower())) <= 2  # "aaaaaaaa", "00000000", "-----"
+
+
+def looks_random(token: str, min_distinct: int = 8) -> bool:
+    """Key material mixes letters and digits and repeats little."""
+    has_digit = any(character.isdigit() for character in token)
+    has_letter = any(character.isalpha() for character in token)
+    return has_digit and has_letter and len(set(token)) >= min_distinct and not looks_like_placeholder(token)
+
+
+# ---------------------------------------------------------------------------------------------
+# Private-key blocks (PEM, OpenSSH, PGP): from BEGIN to END, or to the end of a cut-off text
+_PRIVATE_KEY = re.compile(
+    r"-----BEGIN (?:(?:RSA|DSA|EC|OPENSSH|ENCRYPTED|PGP) )?PRIVATE KEY(?: BLOCK)?-----"
+    r"(?P<body>.*?)(?:-----END [A-Z ]*PRIVATE KEY(?: BLOCK)?-----|\Z)",
+    re.DOTALL,
+)
+
+
+def detect_private_keys(text: str) -> list[Finding]:
+    findings = []
+    for match in _PRIVATE_KEY.finditer(text):
+        material = re.sub(r"[^A-Za-z0-9+/=]", "", match.group("body"))
+        if len(material) >= 40 and looks_random(material):
+            findings.append(Finding("PRIVATE_KEY", match.start(), match.end()))
+    return findings
+
+
+# ---------------------------------------------------------------------------------------------
+# Credentials in a URL: scheme://user:password@host (the span is `user:password`)
+_URL_CREDENTIALS = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]{1,15}://(?P<user>[^\s:/@]*):(?P<password>[^\s/@]+)@[\w.-]+")
+_PLACEHOLDER_PASSWORDS = frozenset({"password", "pass", "passwd", "pwd", "secret", "pw", "mypassword"})
+
+
+def detect_url_credentials(text: str) -> list[Finding]:
+    findings = []
+    for match in _URL_CREDENTIALS.finditer(text):
+        password = match.group("password")
+        if password.lower() in _PLACEHOLDER_PASSWORDS or looks_like_placeholder(password):
+            continue
+        if password.startswith(("$", "%", "{")):
+            continue  # ${DB_PASSWORD}, %(password)s, {password}
+        findings.append(Finding("URL_CREDENTIALS", match.start("user"), match.end("password")))
+    return findings
+
+
+# ---------------------------------------------------------------------------------------------
+# JSON Web Tokens: three base64url segments, the first decoding to a header with "alg"
+_JWT = re.compile(r"(?<![\w-])eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{16,}(?![\w-])")
+
+
+def _decodes_to_jwt_header(segment: str) -> bool:
+    try:
+        header = json.loads(base64.urlsafe_b64decode(segment + "=" * (-len(segment) % 4)))
+    except (binascii.Error, ValueError, UnicodeDecodeError):
+        return False
+    return isinstance(header, dict) and "alg" in header
+
+
+def detect_jwts(text: str) -> list[Finding]:
+    return [
+        Finding("JWT", match.start(), match.end())
+        for match in _JWT.finditer(text)
+        if _decodes_to_jwt_header(match.group(0).split(".", 1)[0])
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# AWS access key ids (AWS's own documentation examples end in EXAMPLE and are skipped)
+_AWS_ACCESS_KEY = re.compile(
+    r"(?<![A-Za-z0-9])(?:AKIA|ASIA|ABIA|ACCA|AGPA|AIDA|AROA|AIPA|ANPA|ANVA|APKA)[A-Z0-9]{16}(?![A-Za-z0-9])"
+)
+
+
+def detect_aws_access_keys(text: str) -> list[Finding]:
+    return [
+        Finding("AWS_ACCESS_KEY", match.start(), match.end())
+        for match in _AWS_ACCESS_KEY.finditer(text)
+        if not match.group(0).endswith("EXAMPLE") and looks_random(match.group(0)[4:], min_distinct=6)
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# API keys of common providers, by their published prefixes
+_API_KEY_PATTERNS: dict[str, str] = {
+    "anthropic": r"\bsk-ant-(?:api|admin)\d{2}-[A-Za-z0-9_-]{20,}",
+    "openai": r"\bsk-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_-]{20,}",
+    "github": r"\b(?:gh[pousr]_[A-Za-z0-9]{36}|github_pat_[A-Za-z0-9_]{40,})\b",
+    "gitlab": r"\bglpat-[A-Za-z0-9_-]{20}\b",
+    "slack": r"\bxox[abposr]-(?:\d+-)+[A-Za-z0-9]{10,}\b",
+    "google": r"\bAIza[0-9A-Za-z_-]{35}(?![\w-])",
+    "stripe": r"\b(?:sk|rk)_(?:live|test)_[0-9A-Za-z]{16,}\b",
+    "huggingface": r"\bhf_[A-Za-z0-9]{30,}\b",
+    "sendgrid": r"\bSG\.[A-Za-z0-9_-]{22}\.[A-Za-z0-9_-]{43}\b",
+    "npm": r"\bnpm_[A-Za-z0-9]{36}\b",
+}
+_API_KEY = re.compile("|".join(f"(?:{pattern})" for pattern in _API_KEY_PATTERNS.values()))
+
+
+def detect_api_keys(text: str) -> list[Finding]:
+    return [
+        Finding("API_KEY", match.start(), match.end())
+        for match in _API_KEY.finditer(text)
+        if looks_random(match.group(0))
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# `password = "..."`-style assignments (the span is the value; the key stays readable)
+_ASSIGNMENT = re.compile(
+    r"(?P<key>[A-Za-z_][\w.-]{0,60})[\"']?\s*(?:=|:=|=>|:)\s*"
+    r"(?:\"(?P<double>[^\"\n]{1,200})\"|'(?P<single>[^'\n]{1,200})'|(?P<bare>[^\s\"',;)}\]]{1,200}))"
+)
+_KEY_PARTS = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
+_SECRET_WORDS = frozenset({"password", "passwd", "pwd", "passphrase", "secret", "apikey", "passcode"})
+_SECRET_PAIRS = frozenset(
+    {("api", "key"), ("private", "key"), ("access", "token"), ("auth", "token"), ("refresh", "token"),
+     ("api", "token"), ("bot", "token"), ("session", "token"), ("bearer", "token"), ("client", "secret")}
+)
+_NOT_VALUES = frozenset({"none", "null", "nil", "true", "false", "undefined", "required", "string", "str", "optional"})
+
+
+def is_secret_key(key: str) -> bool:
+    """`password`, `DB_PASSWORD`, `apiKey`, `client_secret`; not `secretary` or `max_tokens`."""
+    parts = [part.lower() for part in _KEY_PARTS.findall(key)]
+    if any(part in _SECRET_WORDS for part in parts):
+        return True
+    return any(pair in _SECRET_PAIRS for pair in zip(parts, parts[1:]))
+
+
+def _is_literal_secret(value: str, quoted: bool) -> bool:
+    if len(value) < 4 or value.lower() in _NOT_VALUES or value.lower() in _PLACEHOLDER_PASSWORDS:
+        return False
+    if looks_like_placeholder(value) or value.count(" ") >= 3:
+        return False  # a template or a sentence ("Password must be at least 8 characters")
+    if any(character in value for character in "\"'`(){}[]") or " + " in value:
+        return False  # code: a call, an index, a concatenation
+    if not quoted:
+        # Unquoted, code is a name, a type or an expression (`password: str`, `pwd=user_pass`,
+        # `token = res?.accessToken`); a literal has a digit or a symbol (`PASSWORD=hunter2`).
+        if not any(character.isdigit() or character in "!@#%^&*~+=" for character in value):
+            return False
+        if value.startswith(("$", "%", "@", "\\")):
+            return False
+    return True
+
+
+_SECRET_HINT = re.compile(r"(?i)pass|pwd|secret|key|token|credential")
+
+
+def detect_passwords(text: str) -> list[Finding]:
+    if not _SECRET_HINT.search(text):
+        return []
+    findings = []
+    for match in _ASSIGNMENT.finditer(text):
+        if not is_secret_key(match.group("key")):
+            continue
+        for group, quoted in (("double", True), ("single", True), ("bare", False)):
+            value = match.group(group)
+            if value is not None:
+                if _is_literal_secret(value, quoted):
+                    findings.append(Finding("PASSWORD", match.start(group), match.end(group)))
+                break
+    return findings
+
+
+SECRET_DETECTORS: dict[str, Detector] = {
+    "PRIVATE_KEY": detect_private_keys,
+    "URL_CREDENTIALS": detect_url_credentials,
+    "JWT": detect_jwts,
+    "AWS_ACCESS_KEY": detect_aws_access_keys,
+    "API_KEY": detect_api_keys,
+    "PASSWORD": detect_passwords,
+}

@@ -1,0 +1,107 @@
+"""The eyas head checkpoint: a folder with `config.json` and `model.safetensors`.
+
+    config.json        Eagle3Config.to_dict(): our own keys, target_layer_ids in boundary ids
+    model.safetensors  fc.weight, midlayer.*, norm.weight, lm_head.weight, d2t (int64), t2d (bool)
+                       and embed_tokens.weight only when saved with include_embedding=True
+
+Loading reads safetensors only (never pickles).
+
+Usage:
+    save_head(head, "runs/smollm2/head")
+    head = load_head("runs/smollm2/head", embedding=target.model.embed_tokens.weight)
+    config = read_head_config("runs/smollm2/head")
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+from eyas.eagle3.config import Eagle3Config
+from eyas.eagle3.head import Eagle3Head
+from eyas.errors import EyasError
+from eyas.utils.io import atomic_path, write_json_atomic
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+EMBEDDING_NAME = "embed_tokens.weight"
+
+
+def head_state_dict(head: Eagle3Head, include_embedding: bool = False,
+                    dtype: torch.dtype | None = None) -> dict[str, Tensor]:
+    """The head's tensors by checkpoint name; float weights cast to `dtype` when given."""
+    state = {}
+    for name, tensor in head.state_dict().items():
+        if name == EMBEDDING_NAME and not include_embedding:
+            continue
+        tensor = tensor.detach().cpu()
+        if dtype is not None and tensor.is_floating_point():
+            tensor = tensor.to(dtype)
+        state[name] = tensor.contiguous()
+    return state
+
+
+def save_head(head: Eagle3Head, folder: str | Path, include_embedding: bool = False,
+              dtype: torch.dtype | None = None) -> Path:
+    """Write config.json and model.safetensors into `folder`, each file atomically."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    with atomic_path(folder / WEIGHTS_NAME) as tmp:
+        save_file(head_state_dict(head, include_embedding, dtype), str(tmp),
+                  metadata={"format": "pt", "producer": "eyas"})
+    write_json_atomic(folder / CONFIG_NAME, head.config.to_dict())
+    return folder
+
+
+def read_head_config(folder: str | Path) -> Eagle3Config:
+    path = Path(folder) / CONFIG_NAME
+    if not path.is_file():
+        raise EyasError(f"{folder} is not an eyas head: no {CONFIG_NAME} (expected the folder "
+                        f"that `eyas train` wrote, e.g. OUT/head)")
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise EyasError(f"{path} is not valid JSON: {error}") from None
+    return Eagle3Config.from_dict(raw)
+
+
+def load_head_state(head: Eagle3Head, state: dict[str, Tensor], source: str) -> None:
+    """Load `state` into `head`, strictly except for the optional embedding."""
+    expected = set(head.state_dict())
+    missing = sorted(expected - set(state) - {EMBEDDING_NAME})
+    unexpected = sorted(set(state) - expected)
+    if missing or unexpected:
+        raise EyasError(f"{source} does not match the head: missing {missing}, unexpected {unexpected}")
+    own = head.state_dict()
+    for name, tensor in state.items():
+        if tuple(tensor.shape) != tuple(own[name].shape):
+            raise EyasError(f"{source}: {name} has shape {tuple(tensor.shape)}, the config "
+                            f"implies {tuple(own[name].shape)}")
+    if EMBEDDING_NAME in state:
+        head.set_embedding(state.pop(EMBEDDING_NAME).to(head.fc.weight.dtype))
+    with torch.no_grad():
+        for name, tensor in head.named_parameters():
+            if name in state:
+                tensor.copy_(state[name])
+        head.d2t.copy_(state["d2t"].long())
+        head.t2d.copy_(state["t2d"].bool())
+
+
+def load_head(folder: str | Path, embedding: Tensor | None = None, device: str | torch.device = "cpu",
+              dtype: torch.dtype = torch.float32) -> Eagle3Head:
+    """Build the head of an eyas checkpoint folder; share `embedding` [V, H] when given."""
+    folder = Path(folder)
+    config = read_head_config(folder)
+    weights = folder / WEIGHTS_NAME
+    if not weights.is_file():
+        raise EyasError(f"{folder} has no {WEIGHTS_NAME}")
+    head = Eagle3Head(config)
+    load_head_state(head, load_file(str(weights)), str(weights))
+    head = head.to(device=device, dtype=dtype)
+    if embedding is not None:
+        head.set_embedding(embedding.to(device=device, dtype=dtype))
+    return head.eval()

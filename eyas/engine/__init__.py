@@ -1,0 +1,1 @@
+"""The inference engine: target loading, sampling, plain and speculative decoding."""

@@ -1,0 +1,80 @@
+"""Sampling parameters and the target distribution they define.
+
+The same `target_probs` feeds plain sampling and speculative verification, so that both draw
+from exactly one distribution: temperature, then top-k, then top-p, then renormalisation.
+temperature == 0 means greedy (argmax).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from eyas.errors import EyasError
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 256
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = no top-k
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise EyasError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if not 0.0 <= self.temperature <= 2.0:
+            raise EyasError(f"temperature must be in [0, 2], got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise EyasError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise EyasError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise EyasError("stop must be a list of non-empty strings")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def generator(self, device: torch.device | str = "cpu") -> torch.Generator | None:
+        """A generator seeded from `seed` (None when unseeded: the global RNG is used)."""
+        if self.seed is None:
+            return None
+        generator = torch.Generator(device=device)
+        generator.manual_seed(self.seed)
+        return generator
+
+
+def target_probs(logits: Tensor, params: SamplingParams) -> Tensor:
+    """Probabilities [N, V] after temperature, top-k and top-p; logits [N, V] (any float)."""
+    logits = logits.float() / max(params.temperature, 1e-6)
+    if params.top_k and params.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if params.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+        before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass strictly before each token
+        sorted_probs = sorted_probs.masked_fill(before >= params.top_p, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def sample_from(probs: Tensor, generator: torch.Generator | None) -> Tensor:
+    """One token per row of probs [N, V] -> [N]."""
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def next_tokens(logits: Tensor, params: SamplingParams, generator: torch.Generator | None) -> Tensor:
+    """Pick the next token per row of logits [N, V] -> [N]: argmax, or a sample."""
+    if params.greedy:
+        return logits.argmax(dim=-1)
+    return sample_from(target_probs(logits, params), generator)

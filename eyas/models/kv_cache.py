@@ -1,0 +1,71 @@
+"""`KVCache`: pre-allocated key/value buffers that can be written at any slot and compacted.
+
+Layout: keys and values are each one tensor [L, B, KV, S, D] (layers, batch rows, kv heads,
+slots, head dim), so that compaction moves every layer in one indexing op. A slot is a place in
+the buffer, not a position: the engine decides which slots a token occupies (speculative tokens
+go to scratch slots and are either kept, by compaction, or forgotten).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+class KVCache:
+    def __init__(
+        self,
+        num_layers: int,
+        batch_size: int,
+        num_kv_heads: int,
+        max_slots: int,
+        head_dim: int,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        shape = (num_layers, batch_size, num_kv_heads, max_slots, head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, KV, S, D]
+        self.values = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, KV, S, D]
+        self.max_slots = max_slots
+
+    @property
+    def batch_size(self) -> int:
+        return self.keys.shape[1]
+
+    def write(self, layer: int, slots: int | Tensor, k: Tensor, v: Tensor) -> None:
+        """Store k, v [B, KV, T, D] at `slots`: an int start (same for every row) or [B, T]."""
+        if isinstance(slots, int):
+            end = slots + k.shape[2]
+            if end > self.max_slots:
+                raise IndexError(f"KV cache overflow: slot {end - 1} >= {self.max_slots} slots")
+            self.keys[layer, :, :, slots:end] = k
+            self.values[layer, :, :, slots:end] = v
+            return
+        rows = torch.arange(k.shape[0], device=k.device)[:, None]  # [B, 1]
+        # transpose views to [B, S, KV, D]; advanced-index assignment writes through to storage
+        self.keys[layer].transpose(1, 2)[rows, slots] = k.transpose(1, 2)
+        self.values[layer].transpose(1, 2)[rows, slots] = v.transpose(1, 2)
+
+    def read(self, layer: int, length: int) -> tuple[Tensor, Tensor]:
+        """Keys and values of slots [0, length) of one layer: [B, KV, length, D] each."""
+        return self.keys[layer, :, :, :length], self.values[layer, :, :, :length]
+
+    def compact(self, row: int, keep_slots: Tensor | list[int], start: int) -> None:
+        """Copy the entries at `keep_slots` of one batch row to slots start, start+1, ...
+
+        Used after verification: the accepted path's entries become contiguous after the
+        context; whatever lies beyond them is scratch that the next step overwrites.
+        """
+        index = torch.as_tensor(keep_slots, dtype=torch.long, device=self.keys.device)
+        count = index.numel()
+        if count == 0:
+            return
+        if torch.equal(index, torch.arange(start, start + count, device=index.device)):
+            return  # already in place
+        self.keys[:, row, :, start : start + count] = self.keys[:, row, :, index]
+        self.values[:, row, :, start : start + count] = self.values[:, row, :, index]
+
+    def copy_row(self, source_row: int, target_row: int, length: int) -> None:
+        """Copy slots [0, length) of one row onto another (e.g. to fork a prefix)."""
+        self.keys[:, target_row, :, :length] = self.keys[:, source_row, :, :length]
+        self.values[:, target_row, :, :length] = self.values[:, source_row, :, :length]

@@ -1,0 +1,262 @@
+"""A lean Llama-family transformer written for the eyas engine.
+
+One file holds the whole model (gpt-fast style). What differs from a Hugging Face model:
+- attention takes explicit positions [B, T] and an explicit boolean mask [B, T, S], so that a
+  tree of draft tokens is verified in one pass;
+- keys and values go to a pre-allocated `KVCache` at slots the caller chooses;
+- q/k/v and gate/up projections are fused (fewer, larger matmuls: less Python dispatch);
+- the forward can return the residual stream entering chosen layers (EAGLE-3 taps) for free.
+
+Usage:
+    model = Transformer(config)
+    model.load_hf_state_dict(state_dict)          # names as in Hugging Face checkpoints
+    out = model(input_ids, positions, cache=cache, write_at=0, tap_layers=(2, 15, 27))
+    out.logits  # [B, T, V]; out.taps: [B, T, 3*H]; out.hidden: [B, T, H] after the final norm
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from eyas.models.config import ModelConfig
+from eyas.models.kv_cache import KVCache
+
+
+@dataclass
+class ForwardOutput:
+    logits: Tensor | None  # [B, T_sel, V] (T_sel = T, or the rows picked by `logits_at`)
+    hidden: Tensor  # [B, T, H] final hidden state, after the final norm (what lm_head reads)
+    taps: Tensor | None  # [B, T, len(tap_layers) * H] residual stream entering each tap layer
+
+
+def rope_inverse_frequencies(config: ModelConfig) -> Tensor:
+    """Inverse frequencies [D/2] of rotary embeddings, with Llama-3 or linear scaling."""
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    scaling = config.rope_scaling or {}
+    rope_type = scaling.get("rope_type", "default")
+    if rope_type == "linear":
+        inv_freq = inv_freq / scaling["factor"]
+    elif rope_type == "llama3":
+        factor = scaling["factor"]
+        low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old_context = scaling["original_max_position_embeddings"]
+        wavelength = 2 * math.pi / inv_freq
+        low_wavelength, high_wavelength = old_context / low, old_context / high
+        smooth = (old_context / wavelength - low) / (high - low)
+        smoothed = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+        inv_freq = torch.where(wavelength > low_wavelength, inv_freq / factor, inv_freq)
+        middle = (wavelength >= high_wavelength) & (wavelength <= low_wavelength)
+        inv_freq = torch.where(middle, smoothed, inv_freq)
+    return inv_freq.float()
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, layer_index: int) -> None:
+        super().__init__()
+        self.layer_index = layer_index
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        qkv_out = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
+        self.qkv_proj = nn.Linear(config.hidden_size, qkv_out, bias=config.attention_bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
+
+    def forward(
+        self,
+        x: Tensor,  # [B, T, H]
+        cos: Tensor,  # [B, T, 1, D]
+        sin: Tensor,  # [B, T, 1, D], sign-folded (see Transformer.rope_tables)
+        cache: KVCache | None,
+        write_at: int | Tensor,  # int start slot, or slots [B, T]
+        kv_len: int,
+        mask: Tensor | None,  # [B, 1, T, S] bool, or None (attend to all S slots)
+    ) -> Tensor:
+        batch, length, _ = x.shape
+        heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = self.qkv_proj(x).view(batch, length, heads + 2 * kv_heads, head_dim)
+        if self.q_norm is not None:
+            qkv = torch.cat(
+                [self.q_norm(qkv[:, :, :heads]), self.k_norm(qkv[:, :, heads : heads + kv_heads]),
+                 qkv[:, :, heads + kv_heads :]], dim=2)
+        # Rotary embedding on q and k together: x * cos + rotate_half(x) * sin, where
+        # rotate_half(x) * sin == roll(x, D/2) * sign-folded sin.
+        qk = qkv[:, :, : heads + kv_heads]  # [B, T, Hq + KV, D]
+        qk = torch.addcmul(qk * cos, qk.roll(head_dim // 2, dims=-1), sin)
+        q = qk[:, :, :heads].transpose(1, 2)  # [B, Hq, T, D]
+        k = qk[:, :, heads:].transpose(1, 2)  # [B, KV, T, D]
+        v = qkv[:, :, heads + kv_heads :].transpose(1, 2)  # [B, KV, T, D]
+        if cache is not None:
+            cache.write(self.layer_index, write_at, k, v)
+            k, v = cache.read(self.layer_index, kv_len)  # [B, KV, S, D]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        return self.o_proj(out.transpose(1, 2).reshape(batch, length, heads * head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.intermediate_size = config.intermediate_size
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:  # [B, T, H] -> [B, T, H]
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer_index: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, layer_index)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache, write_at, kv_len, mask) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, write_at, kv_len, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.register_buffer("inv_freq", rope_inverse_frequencies(config), persistent=False)
+        self._rope_cache: tuple[Tensor, Tensor] | None = None
+
+    # ---- rotary tables -------------------------------------------------------------------
+    def rope_tables(self, length: int) -> tuple[Tensor, Tensor]:
+        """cos, sign-folded sin [length, D] for positions 0..length-1, grown on demand.
+
+        The sin table is negated on its first half so that rotate_half(x) * sin equals
+        roll(x, D/2) * table, one op instead of four.
+        """
+        dtype = self.embed_tokens.weight.dtype
+        cached = self._rope_cache
+        if cached is None or cached[0].shape[0] < length or cached[0].dtype != dtype:
+            size = max(length, 2048)
+            angles = torch.outer(torch.arange(size, dtype=torch.float32), self.inv_freq.float().cpu())
+            angles = torch.cat((angles, angles), dim=-1).to(self.inv_freq.device)
+            half = angles.shape[-1] // 2
+            sign = torch.cat([-torch.ones(half), torch.ones(half)]).to(angles.device)
+            self._rope_cache = (angles.cos().to(dtype), (angles.sin() * sign).to(dtype))
+        return self._rope_cache
+
+    # ---- forward -------------------------------------------------------------------------
+    def forward(
+        self,
+        input_ids: Tensor,  # [B, T]
+        positions: Tensor | None = None,  # [B, T]; default 0..T-1 (no cache) or write_at + 0..T-1
+        cache: KVCache | None = None,
+        write_at: int | Tensor = 0,  # cache slots of the new tokens: int start or [B, T]
+        attn_mask: Tensor | None = None,  # [B, T, S] bool, True = may attend; S = kv_len
+        kv_len: int | None = None,  # cache slots visible to attention; default write_at + T
+        tap_layers: Sequence[int] = (),  # boundary ids: k = residual entering layer k (0 = embeddings)
+        logits_at: Tensor | str | None = "all",  # "all", "last", None, or row indices [T_sel]
+        input_embeds: Tensor | None = None,  # [B, T, H] instead of input_ids
+    ) -> ForwardOutput:
+        x = self.embed_tokens(input_ids) if input_embeds is None else input_embeds  # [B, T, H]
+        batch, length = x.shape[:2]
+        # 1. Positions, visible slots and the attention mask.
+        if positions is None:
+            start = write_at if isinstance(write_at, int) and cache is not None else 0
+            positions = torch.arange(start, start + length, device=x.device).expand(batch, length)
+        if cache is None:
+            kv_len = length
+        elif kv_len is None:
+            if not isinstance(write_at, int):
+                raise ValueError("kv_len is required when write_at is a tensor of slots")
+            kv_len = write_at + length
+        if attn_mask is None and length > 1:
+            offset = kv_len - length  # queries occupy the last `length` slots: causal
+            attn_mask = torch.ones(length, kv_len, dtype=torch.bool, device=x.device).tril(offset)
+            attn_mask = attn_mask.expand(batch, length, kv_len)
+        mask = attn_mask[:, None] if attn_mask is not None else None  # [B, 1, T, S]
+        cos_table, sin_table = self.rope_tables(int(positions.max()) + 1)
+        cos, sin = cos_table[positions][:, :, None], sin_table[positions][:, :, None]  # [B, T, 1, D]
+        # 2. The decoder stack, collecting the taps on the way.
+        taps: list[Tensor] = []
+        wanted = set(tap_layers)
+        for index, layer in enumerate(self.layers):
+            if index in wanted:
+                taps.append(x)
+            x = layer(x, cos, sin, cache, write_at, kv_len, mask)
+        if len(self.layers) in wanted:
+            taps.append(x)
+        hidden = self.norm(x)
+        # 3. Output layer, only where asked (it is the widest matmul of a small model).
+        logits = None
+        if isinstance(logits_at, str):
+            if logits_at == "all":
+                logits = self.lm_head(hidden)
+            elif logits_at == "last":
+                logits = self.lm_head(hidden[:, -1:])
+            else:
+                raise ValueError(f"logits_at must be 'all', 'last', None or a tensor, not {logits_at!r}")
+        elif logits_at is not None:
+            logits = self.lm_head(hidden[:, logits_at])
+        tap_tensor = None
+        if tap_layers:
+            order = sorted(wanted)
+            by_layer = dict(zip(order, taps))
+            tap_tensor = torch.cat([by_layer[k] for k in tap_layers], dim=-1)
+        return ForwardOutput(logits=logits, hidden=hidden, taps=tap_tensor)
+
+    # ---- weights -------------------------------------------------------------------------
+    def load_hf_state_dict(self, state: dict[str, Tensor]) -> None:
+        """Load Hugging Face parameter names, fusing q/k/v and gate/up on the way."""
+        prefix = "model." if any(name.startswith("model.") for name in state) else ""
+        own: dict[str, Tensor] = {"embed_tokens.weight": state[f"{prefix}embed_tokens.weight"]}
+        own["norm.weight"] = state[f"{prefix}norm.weight"]
+        if not self.config.tie_word_embeddings:
+            own["lm_head.weight"] = state.get("lm_head.weight", own["embed_tokens.weight"])
+        for i in range(self.config.num_hidden_layers):
+            src, dst = f"{prefix}layers.{i}.", f"layers.{i}."
+            attn = src + "self_attn."
+            own[dst + "self_attn.qkv_proj.weight"] = torch.cat(
+                [state[attn + f"{p}_proj.weight"] for p in "qkv"], dim=0
+            )
+            if self.config.attention_bias:
+                own[dst + "self_attn.qkv_proj.bias"] = torch.cat(
+                    [state[attn + f"{p}_proj.bias"] for p in "qkv"], dim=0
+                )
+            own[dst + "self_attn.o_proj.weight"] = state[attn + "o_proj.weight"]
+            if self.config.qk_norm:
+                own[dst + "self_attn.q_norm.weight"] = state[attn + "q_norm.weight"]
+                own[dst + "self_attn.k_norm.weight"] = state[attn + "k_norm.weight"]
+            own[dst + "mlp.gate_up_proj.weight"] = torch.cat(
+                [state[src + "mlp.gate_proj.weight"], state[src + "mlp.up_proj.weight"]], dim=0
+            )
+            own[dst + "mlp.down_proj.weight"] = state[src + "mlp.down_proj.weight"]
+            for norm in ("input_layernorm", "post_attention_layernorm"):
+                own[dst + f"{norm}.weight"] = state[src + f"{norm}.weight"]
+        missing, unexpected = self.load_state_dict(own, strict=False)
+        missing = [m for m in missing if not (m == "lm_head.weight" and self.config.tie_word_embeddings)]
+        if missing or unexpected:
+            raise ValueError(f"checkpoint mismatch: missing {missing}, unexpected {unexpected}")
+        self._rope_cache = None
