@@ -1,0 +1,250 @@
+"""`eyas data regenerate`: let the target write the answers, turn by turn, resumably.
+
+Usage:
+    eyas data regenerate --input data/prepared/train.jsonl --output data/regen.jsonl \
+        --endpoint http://gpu-1:8000 --endpoint http://gpu-2:8000 --concurrency 32
+    eyas data regenerate --input data/prepared/train.jsonl --output data/regen.jsonl \
+        --model smollm2-135m --batch-size 8 --max-tokens 256
+
+Each input record's user turns (and system prompt) are kept; its answers, if any, are thrown
+away and written again by the target: turn 1 is answered, the answer joins the history, turn 2
+is answered on that regenerated history, and so on. Records whose id is already in the output
+are skipped, and each finished record is appended in one atomic write, so a run stopped at any
+point (Ctrl-C, a crash, an endpoint that went down) resumes where it stopped, with no record
+written twice and none lost. A report lands beside the output (`OUTPUT.report.json`).
+
+Greedy (temperature 0, the default) or sampled: greedy answers are the target's most likely
+continuation, which is what a greedy serving deployment verifies against, and reproducible; a
+sampled dataset (e.g. temperature 0.7, top-p 0.95) covers more of what the target may write,
+which helps acceptance when the head will serve sampling requests, at the cost of noisier
+targets and no reproducibility without a seed. See docs/data.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from tqdm import tqdm
+
+from eyas.data.endpoint import Answer, EndpointClient, EndpointConfig, EndpointDown, RequestFailed, SamplingConfig
+from eyas.data.records import Conversation, RecordError, conversation_from_dict
+from eyas.data.resume import ResumableJsonl
+from eyas.data.sources import RawError, read_raw_records, resolve_source
+from eyas.errors import EyasError
+from eyas.utils.io import write_json_atomic
+
+
+@dataclass
+class RegenerateConfig:
+    input: str  # a prepared jsonl (or any source `eyas data prepare` reads)
+    output: Path
+    endpoint: EndpointConfig | None = None  # answers from a server ...
+    model: str | None = None  # ... or from the target in-process (alias, folder or .gguf)
+    dtype: str = "auto"  # in-process precision (eyas.engine.target.PRECISIONS)
+    batch_size: int = 8  # in-process conversations decoded together
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    limit: int | None = None  # regenerate at most this many records (after skipping done ones)
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if (self.endpoint is None) == (self.model is None):
+            raise EyasError("give exactly one of --endpoint URL (a server) or --model SPEC (in-process)")
+        if self.batch_size < 1:
+            raise EyasError(f"--batch-size must be >= 1, got {self.batch_size}")
+        if self.limit is not None and self.limit < 1:
+            raise EyasError(f"--limit must be >= 1, got {self.limit}")
+        self.output = Path(self.output)
+
+
+@dataclass
+class RegenerateReport:
+    written: int = 0
+    already_done: int = 0
+    failed: Counter[str] = field(default_factory=Counter)  # records not written, by reason
+    malformed_lines: list[int] = field(default_factory=list)
+    completion_tokens: int = 0
+    finish_reasons: Counter[str] = field(default_factory=Counter)
+    seconds: float = 0.0
+    stopped: str = ""  # why the run stopped early, if it did
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "written": self.written,
+            "already_done": self.already_done,
+            "failed": dict(self.failed),
+            "malformed_lines": self.malformed_lines[:200],
+            "malformed": len(self.malformed_lines),
+            "completion_tokens": self.completion_tokens,
+            "finish_reasons": dict(self.finish_reasons),
+            "seconds": round(self.seconds, 2),
+            "tokens_per_second": round(self.completion_tokens / self.seconds, 2) if self.seconds else 0.0,
+            "stopped": self.stopped,
+        }
+
+
+def prompt_history(conversation: Conversation) -> tuple[list[dict[str, str]], list[str]]:
+    """(the system prompt as a message list, the user turns to answer in order)."""
+    system = conversation.system_prompt
+    history = [{"role": "system", "content": system}] if system else []
+    return history, conversation.user_turns
+
+
+def regenerated_record(conversation: Conversation, history: list[dict[str, str]], answers: list[Answer], by: str) -> dict[str, Any]:
+    meta = dict(conversation.meta)
+    meta["regenerated"] = {
+        "by": by,
+        "finish_reasons": [answer.finish_reason for answer in answers],
+        "completion_tokens": sum(answer.completion_tokens for answer in answers),
+    }
+    return {"id": conversation.id, "source": conversation.source, "conversations": history, "meta": meta}
+
+
+def _pending(config: RegenerateConfig, done: set[str], report: RegenerateReport) -> list[Conversation]:
+    source = resolve_source(config.input)
+    pending: list[Conversation] = []
+    for item in read_raw_records(source):
+        if isinstance(item, RawError):
+            report.malformed_lines.append(item.line)
+            continue
+        try:
+            conversation = conversation_from_dict(item.value, source.name, f"{source.name}-{item.line}")
+        except RecordError:
+            report.malformed_lines.append(item.line)
+            continue
+        if conversation.id in done:
+            report.already_done += 1
+        elif not conversation.user_turns:
+            report.failed["no_user_turn"] += 1
+        else:
+            pending.append(conversation)
+    if not pending and not report.already_done:
+        raise EyasError(f"'{config.input}' has no usable record ({len(report.malformed_lines)} malformed lines)")
+    return pending[: config.limit] if config.limit is not None else pending
+
+
+def run_regenerate(config: RegenerateConfig) -> RegenerateReport:
+    report = RegenerateReport()
+    output = ResumableJsonl(config.output)
+    done = output.done_ids()
+    pending = _pending(config, done, report)
+    started = time.perf_counter()
+    bar = tqdm(total=len(pending), desc="regenerate", unit=" rec", disable=not config.progress)
+    try:
+        if config.endpoint is not None:
+            asyncio.run(_run_endpoint(config, pending, output, report, bar, started))
+        else:
+            _run_in_process(config, pending, output, report, bar, started)
+    except EndpointDown as error:
+        report.stopped = str(error)
+        raise EyasError(
+            f"{error}. Stopped: {report.written} records written in this run "
+            f"({report.written + report.already_done} in total) are kept in {config.output}; "
+            "run the same command again to resume"
+        ) from error
+    finally:
+        bar.close()
+        report.seconds = time.perf_counter() - started
+        write_json_atomic(config.output.with_name(config.output.name + ".report.json"), report.to_dict())
+    return report
+
+
+def _record_written(report: RegenerateReport, answers: list[Answer], bar: Any, started: float) -> None:
+    report.written += 1
+    report.completion_tokens += sum(answer.completion_tokens for answer in answers)
+    report.finish_reasons.update(answer.finish_reason for answer in answers)
+    elapsed = max(time.perf_counter() - started, 1e-9)
+    bar.set_postfix_str(f"{report.completion_tokens / elapsed:.1f} tok/s", refresh=False)
+    bar.update(1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Through an OpenAI-compatible endpoint: `concurrency` conversations in flight.
+async def _run_endpoint(config: RegenerateConfig, pending: list[Conversation], output: ResumableJsonl,
+                        report: RegenerateReport, bar: Any, started: float) -> None:
+    assert config.endpoint is not None
+    queue: Iterator[Conversation] = iter(pending)
+    async with EndpointClient(config.endpoint, config.sampling) as client:
+
+        async def worker() -> None:
+            for conversation in queue:  # shared iterator: each record goes to one worker
+                history, user_turns = prompt_history(conversation)
+                answers: list[Answer] = []
+                try:
+                    for user_turn in user_turns:
+                        history.append({"role": "user", "content": user_turn})
+                        answer = await client.chat(history)
+                        history.append({"role": "assistant", "content": answer.text})
+                        answers.append(answer)
+                except RequestFailed as error:
+                    report.failed[str(error).split(":")[0]] += 1
+                    bar.update(1)
+                    continue
+                output.append(regenerated_record(conversation, history, answers, f"endpoint:{client.model}"))
+                _record_written(report, answers, bar, started)
+
+        workers = [asyncio.create_task(worker()) for _ in range(config.endpoint.concurrency)]
+        try:
+            await asyncio.gather(*workers)
+        finally:
+            for task in workers:
+                task.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# In-process: the engine's batched decoding, one turn of `batch_size` conversations at a time.
+def _run_in_process(config: RegenerateConfig, pending: list[Conversation], output: ResumableJsonl,
+                    report: RegenerateReport, bar: Any, started: float) -> None:
+    from eyas.data.templates import TemplateError, render_prompt
+    from eyas.engine.generate import SamplingParams, generate_batch
+    from eyas.engine.target import load_target
+
+    assert config.model is not None
+    target = load_target(config.model, dtype=config.dtype)
+    sampling = config.sampling
+    params = SamplingParams(
+        max_tokens=sampling.max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
+        top_k=sampling.top_k, seed=sampling.seed,
+    )
+    context = target.config.context_length
+    by = f"in-process:{config.model}"
+    for begin in range(0, len(pending), config.batch_size):
+        batch = pending[begin : begin + config.batch_size]
+        histories = [prompt_history(conversation) for conversation in batch]
+        answers: list[list[Answer]] = [[] for _ in batch]
+        failed: set[int] = set()
+        for turn in range(max(len(user_turns) for _, user_turns in histories)):
+            # 1. The prompt of every conversation that has this turn, rendered by the target's template.
+            rows, prompts = [], []
+            for row, (history, user_turns) in enumerate(histories):
+                if row in failed or turn >= len(user_turns):
+                    continue
+                history.append({"role": "user", "content": user_turns[turn]})
+                try:
+                    prompt = render_prompt(target.tokenizer, history)
+                except TemplateError:
+                    failed.add(row)
+                    report.failed["template_error"] += 1
+                    continue
+                if len(prompt) >= context - 1:
+                    failed.add(row)
+                    report.failed["prompt_too_long"] += 1
+                    continue
+                rows.append(row)
+                prompts.append(prompt)
+            # 2. Decode them together; each answer joins its history.
+            for row, result in zip(rows, generate_batch(target, prompts, params) if prompts else []):
+                histories[row][0].append({"role": "assistant", "content": result.text})
+                answers[row].append(Answer(result.text, len(result.token_ids), result.finish_reason))
+        # 3. Write the finished conversations (one atomic append each).
+        for row, conversation in enumerate(batch):
+            if row in failed:
+                bar.update(1)
+                continue
+            output.append(regenerated_record(conversation, histories[row][0], answers[row], by))
+            _record_written(report, answers[row], bar, started)

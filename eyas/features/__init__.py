@@ -1,0 +1,1 @@
+"""Features: the target run over tokenized conversations, and the offline store of its taps."""

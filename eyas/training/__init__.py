@@ -1,0 +1,1 @@
+"""Training the EAGLE-3 head: training-time test (TTT), data, schedule, the trainer loop."""

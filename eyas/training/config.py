@@ -1,0 +1,119 @@
+"""`TrainConfig`: every setting of `eyas train`, validated; the CLI and YAML presets map onto it.
+
+Usage:
+    config = TrainConfig(model="smollm2-135m", data="train.tokenized.jsonl", output="runs/a")
+    config = TrainConfig.from_yaml("presets/cpu-small.yaml", output="runs/b")  # flags override
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from eyas.errors import EyasError
+
+PRECISIONS = ("auto", "float32", "bfloat16")
+
+# Settings that change the result: a resumed run must use the same values.
+RESULT_SETTINGS = (
+    "model", "data", "features", "draft_vocab_size", "target_layer_ids", "ttt_steps", "ttt_decay",
+    "max_length", "epochs", "max_steps", "learning_rate", "min_lr_ratio", "warmup_ratio",
+    "weight_decay", "adam_beta1", "adam_beta2", "max_grad_norm", "precision",
+    "init_lm_head_from_target", "eval_fraction", "eval_max_samples", "seed",
+)
+
+
+@dataclass
+class TrainConfig:
+    model: str  # the target: alias, HF folder or .gguf (offline mode reads only its config,
+    #             embedding and lm_head)
+    output: str  # run folder: checkpoints/, head/, metrics.csv
+    data: str | None = None  # tokenized conversations (.jsonl): online mode
+    features: str | None = None  # a feature store folder: offline mode
+    draft_vocab_size: int = 32000  # capped at the target vocabulary
+    target_layer_ids: list[int] | None = None  # boundary ids; default {2, L//2, L-3}
+    ttt_steps: int = 7  # K
+    ttt_decay: float = 0.8  # step k weighs decay^k
+    max_length: int = 2048  # online mode: tokens per sample
+    micro_batch_size: int = 1
+    grad_accum: int = 1
+    epochs: float = 1.0
+    max_steps: int | None = None  # overrides epochs
+    learning_rate: float = 1e-4
+    min_lr_ratio: float = 0.0
+    warmup_ratio: float = 0.02
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.95
+    max_grad_norm: float = 0.5
+    precision: str = "auto"  # head autocast: auto (bf16 on GPU, fp32 on CPU), float32, bfloat16
+    target_dtype: str = "auto"  # online mode: precision of the target forward
+    device: str = "cpu"
+    init_lm_head_from_target: bool = True  # start lm_head from the target's rows of the kept ids
+    save_every: int = 500  # checkpoint every N optimizer steps (0: only at the end)
+    keep_checkpoints: int = 2
+    eval_fraction: float = 0.05  # held-out share of the samples
+    eval_max_samples: int = 200
+    eval_every: int = 0  # 0: evaluate at each checkpoint and at the end
+    log_every: int = 10
+    seed: int = 0
+    resume: bool = False
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if (self.data is None) == (self.features is None):
+            raise EyasError("give exactly one of --data (tokenized conversations, online mode) "
+                            "or --features (a feature store, offline mode)")
+        if self.precision not in PRECISIONS:
+            raise EyasError(f"precision '{self.precision}' is not supported; accepted: {', '.join(PRECISIONS)}")
+        for name in ("draft_vocab_size", "ttt_steps", "max_length", "micro_batch_size",
+                     "grad_accum", "keep_checkpoints", "log_every"):
+            if int(getattr(self, name)) <= 0:
+                raise EyasError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        for name in ("save_every", "eval_every"):
+            if int(getattr(self, name)) < 0:
+                raise EyasError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.max_steps is not None and self.max_steps <= 0:
+            raise EyasError(f"max_steps must be positive, got {self.max_steps}")
+        if self.epochs <= 0:
+            raise EyasError(f"epochs must be positive, got {self.epochs}")
+        if not 0.0 <= self.eval_fraction < 1.0:
+            raise EyasError(f"eval_fraction must be in [0, 1), got {self.eval_fraction}")
+        if not 0.0 <= self.warmup_ratio <= 1.0:
+            raise EyasError(f"warmup_ratio must be in [0, 1], got {self.warmup_ratio}")
+        if not 0.0 < self.ttt_decay <= 1.0:
+            raise EyasError(f"ttt_decay must be in (0, 1], got {self.ttt_decay}")
+        if self.learning_rate <= 0 or self.max_grad_norm <= 0:
+            raise EyasError("learning_rate and max_grad_norm must be positive")
+
+    @property
+    def online(self) -> bool:
+        return self.data is not None
+
+    def autocast_dtype(self, device: torch.device) -> torch.dtype | None:
+        """The autocast dtype of the head's forward, or None for plain float32."""
+        if self.precision == "bfloat16":
+            return torch.bfloat16
+        if self.precision == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return None
+
+    def result_settings(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if k in RESULT_SETTINGS}
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, **overrides: Any) -> TrainConfig:
+        """A YAML preset of TrainConfig keys; `overrides` (e.g. from flags) win."""
+        import yaml
+
+        raw = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(raw, dict):
+            raise EyasError(f"{path}: a preset must be a mapping of TrainConfig keys")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise EyasError(f"{path}: unknown keys {unknown}; accepted: {', '.join(sorted(known))}")
+        return cls(**{**raw, **overrides})

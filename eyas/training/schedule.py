@@ -1,0 +1,58 @@
+"""Learning-rate schedule: linear warmup, then cosine decay to `min_lr_ratio * base_lr`.
+
+A pure function of the optimizer step, so that resuming needs only the step number.
+
+Usage:
+    schedule = WarmupCosine(base_lr=1e-4, total_steps=1000, warmup_steps=20)
+    schedule.apply(optimizer, step)      # before optimizer.step() of step `step` (0-based)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from torch.optim import Optimizer
+
+from eyas.errors import EyasError
+
+
+@dataclass
+class WarmupCosine:
+    base_lr: float
+    total_steps: int
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.total_steps <= 0:
+            raise EyasError(f"the schedule needs at least one step, got total_steps={self.total_steps}")
+        if not 0 <= self.warmup_steps <= self.total_steps:
+            raise EyasError(f"warmup_steps must be in 0..{self.total_steps}, got {self.warmup_steps}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise EyasError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+
+    def lr_at(self, step: int) -> float:
+        """Learning rate of optimizer step `step` (0-based)."""
+        if step < self.warmup_steps:
+            return self.base_lr * (step + 1) / self.warmup_steps
+        decay_steps = max(1, self.total_steps - self.warmup_steps)
+        progress = min(1.0, (step - self.warmup_steps) / decay_steps)
+        floor = self.min_lr_ratio * self.base_lr
+        return floor + (self.base_lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    def apply(self, optimizer: Optimizer, step: int) -> float:
+        lr = self.lr_at(step)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        return lr
+
+    def state_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def check_state(self, state: dict[str, Any]) -> None:
+        """A resumed run must continue the same schedule."""
+        if state != self.state_dict():
+            raise EyasError(f"the checkpoint's schedule {state} differs from this run's "
+                            f"{self.state_dict()}; resume with the same settings")

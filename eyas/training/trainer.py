@@ -1,0 +1,325 @@
+"""`Trainer`: the EAGLE-3 head trained with training-time test, offline or online, on 1..N ranks.
+
+One optimizer step = one global batch (micro batch x accumulation x ranks):
+  1. load this rank's micro batches; count the answer tokens of the whole global batch (the
+     loss normalizer, all-reduced), so that any split over ranks and micro batches gives the
+     same gradient as one process;
+  2. per micro batch: the target's taps and last hidden state (stored, or computed now), its
+     distribution over the draft vocabulary, the K-step TTT unroll, backward (DDP syncs
+     gradients on the last micro batch only);
+  3. clip, AdamW step with the warmup + cosine rate; log; checkpoint every N steps.
+
+Usage:
+    trainer = Trainer(TrainConfig(model="smollm2-135m", data="train.jsonl", output="runs/a"))
+    summary = trainer.train()
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
+
+from eyas.eagle3.checkpoint import save_head
+from eyas.eagle3.config import Eagle3Config, check_target_layer_ids
+from eyas.eagle3.head import Eagle3Head
+from eyas.eagle3.vocab import build_draft_vocab, count_answer_tokens
+from eyas.engine.target import Target, load_target
+from eyas.errors import EyasError
+from eyas.features.store import FeatureStore
+from eyas.features.target_io import compute_target_features, describe_target, load_output_weights
+from eyas.features.tokenized import read_tokenized
+from eyas.training.checkpoints import (
+    check_resume_settings,
+    find_latest_checkpoint,
+    restore_checkpoint,
+    save_checkpoint,
+)
+from eyas.training.config import TrainConfig
+from eyas.training.data import BatchPlan, OfflineSource, OnlineSource, collate, split_held_out
+from eyas.training.distributed import DistributedContext
+from eyas.training.metrics import MetricsLogger, acceptance_length
+from eyas.training.schedule import WarmupCosine
+from eyas.training.ttt import TrainingTimeTest, answer_count, target_distribution, weighted_loss
+
+
+@dataclass
+class StepStats:
+    loss: float  # the optimized loss: sum_k decay^k loss_k / answer tokens
+    step_losses: list[float]  # per TTT step, per answer token
+    accuracies: list[float]
+    tokens: int
+    grad_norm: float = 0.0
+
+    @property
+    def accept_length(self) -> float:
+        return acceptance_length(self.accuracies)
+
+
+@dataclass
+class TrainSummary:
+    steps: int
+    head_dir: str
+    train: StepStats | None
+    held_out: StepStats | None
+    tokens_per_second: float
+    seconds: float
+
+
+class Trainer:
+    def __init__(self, config: TrainConfig, target: Target | None = None) -> None:
+        self.config = config
+        self.context = DistributedContext.start(config.device)
+        self.device = self.context.device
+        self.output = Path(config.output)
+        self._load_target_and_data(target)
+        self._build_head()
+        self._build_optimizer()
+
+    # ---- set-up --------------------------------------------------------------------------------
+    def _load_target_and_data(self, target: Target | None) -> None:
+        config = self.config
+        info = describe_target(config.model)
+        num_layers = info.config.num_hidden_layers
+        self.target: Target | None = None
+        if config.online:
+            self.layer_ids = check_target_layer_ids(config.target_layer_ids or info.default_layer_ids, num_layers)
+            samples = read_tokenized(config.data, vocab_size=info.config.vocab_size)  # type: ignore[arg-type]
+            self.source = OnlineSource(samples, config.max_length)
+            self.target = target or load_target(config.model, dtype=config.target_dtype,
+                                                device=str(self.device))
+            self.embedding = self.target.model.embed_tokens.weight.detach().float()
+            self.lm_head_weight = self.target.model.lm_head.weight.detach().float()
+        else:
+            store = FeatureStore(config.features)  # type: ignore[arg-type]
+            meta = store.meta
+            if (meta.hidden_size, meta.vocab_size) != (info.config.hidden_size, info.config.vocab_size):
+                raise EyasError(f"the features in {config.features} were made with a target of hidden "
+                                f"{meta.hidden_size} / vocabulary {meta.vocab_size}, but --model "
+                                f"{config.model} has {info.config.hidden_size} / {info.config.vocab_size}")
+            if config.target_layer_ids and list(config.target_layer_ids) != meta.target_layer_ids:
+                raise EyasError(f"--target-layer-ids {config.target_layer_ids} differ from the layers "
+                                f"stored in {config.features}: {meta.target_layer_ids}")
+            self.layer_ids = list(meta.target_layer_ids)
+            self.source = OfflineSource(store)
+            embedding, lm_head = load_output_weights(info)
+            self.embedding, self.lm_head_weight = embedding.to(self.device), lm_head.to(self.device)
+        self.info = info
+        self.train_indices, self.eval_indices = split_held_out(
+            len(self.source), config.eval_fraction, config.eval_max_samples, config.seed)
+        self.global_batch = config.micro_batch_size * config.grad_accum * self.context.world_size
+        self.plan = BatchPlan(self.train_indices, self.global_batch, config.seed)
+        epochs_steps = int(config.epochs * self.plan.steps_per_epoch)
+        self.total_steps = config.max_steps or max(1, epochs_steps)
+
+    def _build_head(self) -> None:
+        config = self.config
+        torch.manual_seed(config.seed)
+        # 1. The draft vocabulary from the answer tokens of the training split.
+        train = set(self.train_indices)
+        arrays = (pair for i, pair in enumerate(self.source.token_arrays()) if i in train)
+        self.counts = count_answer_tokens(arrays, self.info.config.vocab_size)
+        head_config = Eagle3Config.for_target(
+            self.info.config, config.draft_vocab_size, self.layer_ids, target_model=config.model,
+            target_architectures=self.info.architectures)
+        vocab = build_draft_vocab(self.counts, head_config.draft_vocab_size)
+        self.vocab_coverage = vocab.coverage(self.counts)
+        # 2. The head, sharing the target's embedding; lm_head from the target's kept rows.
+        head = Eagle3Head(head_config)
+        head.set_vocab(vocab)
+        if config.init_lm_head_from_target:
+            with torch.no_grad():
+                head.lm_head.weight.copy_(self.lm_head_weight.cpu()[vocab.kept_ids])
+        head = head.to(self.device)
+        head.set_embedding(self.embedding.to(self.device))
+        self.head = head
+        self.vocab = vocab
+        self.unroll = TrainingTimeTest(head, config.ttt_steps)
+        self.model: torch.nn.Module = self.unroll
+        if self.context.is_distributed:
+            self.model = DistributedDataParallel(self.unroll, broadcast_buffers=False)
+
+    def _build_optimizer(self) -> None:
+        config = self.config
+        parameters = [p for p in self.head.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            parameters, lr=config.learning_rate, weight_decay=config.weight_decay,
+            betas=(config.adam_beta1, config.adam_beta2))
+        self.schedule = WarmupCosine(config.learning_rate, self.total_steps,
+                                     int(config.warmup_ratio * self.total_steps), config.min_lr_ratio)
+        self.start_step = 0
+        if config.resume:
+            latest = find_latest_checkpoint(self.output)
+            if latest is not None:
+                state = restore_checkpoint(latest, self.head, self.optimizer)
+                check_resume_settings(state, config.result_settings(), self.global_batch)
+                self.schedule.check_state(state["schedule"])
+                self.start_step = int(state["step"])
+                if self.context.is_main:
+                    print(f"[eyas] resuming from {latest} (step {self.start_step})", flush=True)
+
+    # ---- one micro batch -----------------------------------------------------------------------
+    def _micro_batch(self, indices: list[int]) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:
+        """(weighted loss sum, loss_sums [K], correct [K], counted [K], tokens) of a micro batch."""
+        batch = collate([self.source.get(i) for i in indices])
+        input_ids = batch.input_ids.to(self.device)
+        loss_mask = batch.loss_mask.to(self.device)
+        if batch.taps is None:  # online: the target runs now
+            assert self.target is not None
+            taps, hidden = compute_target_features(self.target.model, input_ids, self.layer_ids)
+        else:
+            taps, hidden = batch.taps.to(self.device), batch.hidden.to(self.device)
+        target = target_distribution(hidden, self.lm_head_weight, self.vocab)
+        autocast_dtype = self.config.autocast_dtype(self.device)
+        autocast = (torch.autocast(self.device.type, dtype=autocast_dtype) if autocast_dtype
+                    else nullcontext())
+        with autocast:
+            result = self.model(taps.float(), input_ids, loss_mask, target)
+        loss = weighted_loss(result.loss_sums, self.config.ttt_decay)
+        return loss, result.loss_sums.detach(), result.correct, result.counted, batch.num_tokens
+
+    # ---- one optimizer step --------------------------------------------------------------------
+    def train_step(self, step: int) -> StepStats:
+        config, context = self.config, self.context
+        self.model.train()
+        micro_batches = self.plan.micro_batches(step, context.rank, context.world_size,
+                                                config.micro_batch_size)
+        # 1. The loss normalizer: answer tokens of the whole global batch.
+        local = sum(answer_count(collate([self.source.get(i) for i in m]).loss_mask) for m in micro_batches)
+        normalizer = float(context.all_reduce_sum(torch.tensor(float(local))).clamp(min=1.0))
+        lr = self.schedule.apply(self.optimizer, step)
+        k = config.ttt_steps
+        sums = torch.zeros(3 * k + 1)  # loss_sums, correct, counted, tokens
+        # 2. Forward and backward per micro batch; gradients sync on the last one only.
+        for number, indices in enumerate(micro_batches):
+            last = number == len(micro_batches) - 1
+            sync = nullcontext() if last or not context.is_distributed else self.model.no_sync()
+            with sync:
+                loss, loss_sums, correct, counted, tokens = self._micro_batch(indices)
+                # DDP averages gradients over ranks: scale by world size to sum them instead.
+                (loss * context.world_size / normalizer).backward()
+            sums += torch.cat([loss_sums.cpu(), correct.cpu().float(), counted.cpu().float(),
+                               torch.tensor([float(tokens)])])
+        # 3. Clip and step.
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            [p for p in self.head.parameters() if p.requires_grad], config.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        sums = context.all_reduce_sum(sums)
+        stats = _stats_from_sums(sums, k, config.ttt_decay, normalizer)
+        stats.grad_norm = float(grad_norm)
+        self.last_lr = lr
+        return stats
+
+    # ---- held-out evaluation -------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self) -> StepStats | None:
+        if not self.eval_indices:
+            return None
+        context, k = self.context, self.config.ttt_steps
+        self.model.eval()
+        mine = self.eval_indices[context.rank::context.world_size]
+        size = self.config.micro_batch_size
+        sums = torch.zeros(3 * k + 1)
+        answers = torch.zeros(1)
+        for start in range(0, len(mine), size):
+            indices = mine[start:start + size]
+            _, loss_sums, correct, counted, tokens = self._micro_batch(indices)
+            answers += float(answer_count(collate([self.source.get(i) for i in indices]).loss_mask))
+            sums += torch.cat([loss_sums.cpu(), correct.cpu().float(), counted.cpu().float(),
+                               torch.tensor([float(tokens)])])
+        sums = context.all_reduce_sum(sums)
+        answers = context.all_reduce_sum(answers)
+        return _stats_from_sums(sums, k, self.config.ttt_decay, float(answers.clamp(min=1.0)))
+
+    # ---- the loop ------------------------------------------------------------------------------
+    def train(self, stop_after: int | None = None) -> TrainSummary:
+        """Run to the last step; `stop_after` ends the run early, as a kill would (tests)."""
+        config, context = self.config, self.context
+        resumed = self.start_step if config.resume and self.start_step > 0 else None
+        logger = MetricsLogger(self.output, config.ttt_steps, resumed, enabled=context.is_main)
+        if context.is_main:
+            print(f"[eyas] train: {len(self.train_indices)} samples ({len(self.eval_indices)} held out), "
+                  f"{self.total_steps} steps of {self.global_batch} samples, {context.world_size} "
+                  f"rank(s); draft vocabulary {self.vocab.size} covers {self.vocab_coverage:.1%} of "
+                  f"answer tokens", flush=True)
+        bar = tqdm(total=self.total_steps, initial=self.start_step, unit="step", desc="train",
+                   disable=not (config.progress and context.is_main), dynamic_ncols=True)
+        started = time.perf_counter()
+        window_tokens, window_start = 0, started
+        total_tokens = 0
+        stats: StepStats | None = None
+        held_out: StepStats | None = None
+        for step in range(self.start_step, self.total_steps):
+            stats = self.train_step(step)
+            done = step + 1
+            window_tokens += stats.tokens
+            total_tokens += stats.tokens
+            bar.update(1)
+            bar.set_postfix(loss=f"{stats.loss:.3f}", acc0=f"{stats.accuracies[0]:.2f}",
+                            tau=f"{stats.accept_length:.2f}")
+            if done % config.log_every == 0 or done == self.total_steps:
+                now = time.perf_counter()
+                logger.log(self._row(done, "train", stats, window_tokens / max(now - window_start, 1e-9),
+                                     now - started))
+                window_tokens, window_start = 0, now
+            periodic = config.save_every and done % config.save_every == 0
+            if periodic or done == self.total_steps:
+                self._save(done)
+            evaluate_now = (done % config.eval_every == 0) if config.eval_every else periodic
+            if evaluate_now or done == self.total_steps:
+                held_out = self.evaluate()
+                if held_out is not None:
+                    logger.log(self._row(done, "held_out", held_out, 0.0, time.perf_counter() - started))
+            if stop_after is not None and done >= stop_after:
+                break
+        bar.close()
+        logger.close()
+        seconds = time.perf_counter() - started
+        head_dir = self.output / "head"
+        if context.is_main and (stop_after is None or stop_after >= self.total_steps):
+            save_head(self.head, head_dir)
+        context.barrier()
+        return TrainSummary(steps=self.total_steps, head_dir=str(head_dir), train=stats,
+                            held_out=held_out, tokens_per_second=total_tokens / max(seconds, 1e-9),
+                            seconds=seconds)
+
+    def _save(self, step: int) -> None:
+        if self.context.is_main:
+            epoch, offset = divmod(step, self.plan.steps_per_epoch)
+            state = {"epoch": epoch, "data_position": {"epoch": epoch, "step_in_epoch": offset,
+                                                       "samples_seen": step * self.global_batch},
+                     "global_batch": self.global_batch, "world_size": self.context.world_size,
+                     "schedule": self.schedule.state_dict(), "settings": self.config.result_settings()}
+            save_checkpoint(self.output, step, self.head, self.optimizer, state,
+                            self.config.keep_checkpoints)
+        self.context.barrier()
+
+    def _row(self, step: int, split: str, stats: StepStats, tokens_per_s: float, elapsed: float) -> dict:
+        row = {"step": step, "split": split, "epoch": round(step / self.plan.steps_per_epoch, 4),
+               "lr": getattr(self, "last_lr", 0.0), "loss": stats.loss, "accept_length": stats.accept_length,
+               "grad_norm": stats.grad_norm, "tokens": stats.tokens, "tokens_per_s": tokens_per_s,
+               "elapsed_s": elapsed}
+        for k, (loss, accuracy) in enumerate(zip(stats.step_losses, stats.accuracies)):
+            row[f"loss_{k}"], row[f"acc_{k}"] = loss, accuracy
+        return row
+
+    def close(self) -> None:
+        self.context.stop()
+
+
+def _stats_from_sums(sums: Tensor, k: int, decay: float, normalizer: float) -> StepStats:
+    loss_sums, correct, counted, tokens = sums[:k], sums[k:2 * k], sums[2 * k:3 * k], sums[3 * k]
+    weights = decay ** torch.arange(k, dtype=sums.dtype)
+    return StepStats(
+        loss=float((weights * loss_sums).sum() / normalizer),
+        step_losses=(loss_sums / counted.clamp(min=1.0)).tolist(),
+        accuracies=(correct / counted.clamp(min=1.0)).tolist(),
+        tokens=int(tokens),
+    )

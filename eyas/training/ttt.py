@@ -1,0 +1,139 @@
+"""Training-time test (TTT): the head unrolled K steps on its own outputs, as it drafts.
+
+Alignment (T tokens x_0..x_{T-1}; f_t = fused target feature at t; target row j predicts x_{j+1}):
+
+    step k, row t:  hidden  = f_t (k = 0) or the head's row-t output of step k-1
+                    token   = x_{t+1+k}                     position = t + k
+                    target  = softmax(target logits of row t+1+k restricted to the draft vocab)
+                    weight  = loss_mask[t+2+k] * t2d[argmax target logits of row t+1+k]
+
+i.e. inputs, targets and masks shift left by one per step while the hidden state stays in its
+row. Attention at step k: query t sees step-0 keys <= t (causal) plus its own keys of steps 1..k
+(the diagonal); the keys of all steps are concatenated, [T, (k+1) T].
+
+    loss_k = -sum_rows weight * sum_v p_v log q_v        (a sum; the trainer normalizes it)
+    loss   = sum_k decay^k loss_k / (answer tokens in the global batch)
+    acc_k  = rows where argmax q (a draft id) == argmax p and the target token is drafted
+             / answer rows at step k   (tokens outside the draft vocab count as misses)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from eyas.eagle3.head import Eagle3Head
+from eyas.eagle3.vocab import DraftVocab
+
+
+def ttt_attention_mask(length: int, step: int, device: torch.device | str = "cpu") -> Tensor:
+    """[T, (step + 1) * T] bool: step-0 keys causally, then the diagonal of each later step."""
+    causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
+    diagonal = torch.eye(length, dtype=torch.bool, device=device)
+    return torch.cat([causal] + [diagonal] * step, dim=1)
+
+
+def shift_left(x: Tensor, count: int = 1) -> Tensor:
+    """Shift along dim 1 (time) by `count`, filling the end with zeros."""
+    if count == 0:
+        return x
+    out = torch.zeros_like(x)
+    out[:, : x.shape[1] - count] = x[:, count:]
+    return out
+
+
+@dataclass
+class TargetDistribution:
+    probs: Tensor  # [B, T, N] float32: target softmax over the draft vocabulary, row t -> x_{t+1}
+    in_draft: Tensor  # [B, T] bool: the target's argmax at row t lies in the draft vocabulary
+    argmax_draft: Tensor  # [B, T] int64: that argmax as a draft id (0 where not in_draft)
+
+
+@torch.no_grad()
+def target_distribution(hidden: Tensor, lm_head_weight: Tensor, vocab: DraftVocab,
+                        chunk_tokens: int = 1024) -> TargetDistribution:
+    """The target's next-token distribution from its last hidden state [B, T, H] (after the
+    final norm) and lm_head [V, H], in float32, restricted to the draft vocabulary."""
+    device = hidden.device
+    kept = vocab.kept_ids.to(device)  # [N]
+    t2d = vocab.t2d.to(device)  # [V]
+    target_to_draft = t2d.long().cumsum(0) - 1  # [V]: draft id of a drafted target id
+    weight = lm_head_weight.to(device=device, dtype=torch.float32)
+    flat = hidden.reshape(-1, hidden.shape[-1]).float()  # [B*T, H]
+    probs, in_draft, argmax_draft = [], [], []
+    for start in range(0, flat.shape[0], chunk_tokens):
+        logits = flat[start:start + chunk_tokens] @ weight.T  # [c, V]
+        best = logits.argmax(-1)  # [c]
+        in_draft.append(t2d[best])
+        argmax_draft.append(torch.where(t2d[best], target_to_draft[best], 0))
+        probs.append(torch.softmax(logits[:, kept], dim=-1))  # [c, N]
+    shape = hidden.shape[:2]
+    return TargetDistribution(
+        probs=torch.cat(probs).view(*shape, -1),
+        in_draft=torch.cat(in_draft).view(shape),
+        argmax_draft=torch.cat(argmax_draft).view(shape),
+    )
+
+
+def answer_count(loss_mask: Tensor) -> Tensor:
+    """Answer rows at step 0 (rows t with loss_mask[t + 2] == 1): the loss normalizer's share."""
+    return shift_left(loss_mask, 2).sum()
+
+
+@dataclass
+class TTTResult:
+    loss_sums: Tensor  # [K] sum over rows of weight * cross-entropy (carries the graph)
+    correct: Tensor  # [K] rows where the draft's argmax equals the target's
+    counted: Tensor  # [K] answer rows at each step (the accuracy denominator)
+
+
+class TrainingTimeTest(nn.Module):
+    """The whole K-step unroll as one module, so that DDP sees one forward per backward."""
+
+    def __init__(self, head: Eagle3Head, steps: int) -> None:
+        super().__init__()
+        self.head = head
+        self.steps = steps
+
+    def forward(
+        self,
+        taps: Tensor,  # [B, T, 3*Ht] fused-taps input of step 0
+        input_ids: Tensor,  # [B, T] int64, right-padded
+        loss_mask: Tensor,  # [B, T] 0/1
+        target: TargetDistribution,
+    ) -> TTTResult:
+        batch, length = input_ids.shape
+        positions = torch.arange(length, device=input_ids.device).expand(batch, length)
+        # 1. Step-0 alignment: row t reads token t+1 and learns the target's row t+1.
+        ids = shift_left(input_ids, 1)
+        probs = shift_left(target.probs, 1)
+        in_draft = shift_left(target.in_draft, 1)
+        argmax_draft = shift_left(target.argmax_draft, 1)
+        answer = shift_left(loss_mask, 2).bool()
+        hidden, past_kv = taps, None
+        loss_sums, correct, counted = [], [], []
+        for step in range(self.steps):
+            # 2. One draft step over every row at once, attending as the engine would.
+            mask = ttt_attention_mask(length, step, input_ids.device)
+            out = self.head(hidden, ids, positions + step, attn_mask=mask, past_kv=past_kv)
+            log_q = F.log_softmax(out.logits.float(), dim=-1)  # [B, T, N]
+            weight = (answer & in_draft).float()  # [B, T]
+            loss_sums.append(-(weight * (probs * log_q).sum(-1)).sum())
+            hits = (out.logits.argmax(-1) == argmax_draft) & answer & in_draft
+            correct.append(hits.sum())
+            counted.append(answer.sum())
+            # 3. Feed the head's own output back; shift tokens, targets and masks left by one.
+            hidden, past_kv = out.hidden, out.past_kv
+            ids, probs = shift_left(ids), shift_left(probs)
+            in_draft, argmax_draft, answer = shift_left(in_draft), shift_left(argmax_draft), shift_left(answer)
+        return TTTResult(loss_sums=torch.stack(loss_sums), correct=torch.stack(correct),
+                         counted=torch.stack(counted))
+
+
+def weighted_loss(loss_sums: Tensor, decay: float) -> Tensor:
+    """sum_k decay^k loss_k."""
+    weights = decay ** torch.arange(loss_sums.numel(), device=loss_sums.device, dtype=loss_sums.dtype)
+    return (weights * loss_sums).sum()
