@@ -9,13 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from tiny_models import build_tiny_model
+
 warnings.filterwarnings("ignore", category=UserWarning)
 torch.set_num_threads(min(2, os.cpu_count() or 1))
-
-TINY_DEFAULTS = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                     rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
-                     pad_token_id=2)
 
 
 @pytest.fixture(scope="session")
@@ -23,30 +20,6 @@ def smollm_tokenizer():
     from eyas.models.tokenizer import load_tokenizer
 
     return load_tokenizer("smollm2-135m")
-
-
-def build_tiny_model(folder: Path, tokenizer, model_type: str = "llama", seed: int = 0,
-                     **overrides) -> Path:
-    """Save a random Hugging Face model of `model_type` (+ the SmolLM2 tokenizer) to `folder`."""
-    import transformers
-
-    classes = {
-        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
-        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
-        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
-        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
-    }
-    config_class, model_class = classes[model_type]
-    torch.manual_seed(seed)
-    config = config_class(**{**TINY_DEFAULTS, **overrides})
-    model = model_class(config).eval()
-    # Random init gives near-uniform logits; scale the output layer up so that greedy choices
-    # are decisive, as in a trained model (ties would make token equality tests meaningless).
-    with torch.no_grad():
-        model.lm_head.weight.mul_(8.0)
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
 
 
 @pytest.fixture(scope="session")

@@ -105,7 +105,7 @@ def format_prepare_report(report: dict[str, Any], output_dir: Path) -> str:
     lines = ["records by source:"]
     for name, stats in report["sources"].items():
         lines.append(f"  {name:<12} read {stats['read']:>7}  kept {stats['kept']:>7}")
-    lines.append("dropped by reason:")
+    lines.append("dropped by reason:" + ("" if report["dropped"] else " none"))
     for reason, count in report["dropped"].items():
         lines.append(f"  {reason:<24} {count:>7}")
     if report["bad_records"]:
@@ -204,7 +204,7 @@ def _render(args: argparse.Namespace) -> int:
     config = TemplateConfig(last_turn_only=args.last_turn_only or args.split_turns, plain_text=args.plain_text,
                             max_length=args.max_length)
     skipped: dict[str, int] = {}
-    samples, learned, total = 0, 0, 0
+    samples, learned, total, mismatches = 0, 0, 0, 0
     with contextlib.ExitStack() as stack:
         handle = None
         if args.output:
@@ -213,6 +213,7 @@ def _render(args: argparse.Namespace) -> int:
             samples += 1
             learned += sum(rendered.loss_mask)
             total += len(rendered.input_ids)
+            mismatches += rendered.boundary_mismatches
             if handle is not None:
                 handle.write(json.dumps({"id": sample_id, "input_ids": rendered.input_ids,
                                          "loss_mask": rendered.loss_mask, "method": rendered.method}) + "\n")
@@ -224,6 +225,9 @@ def _render(args: argparse.Namespace) -> int:
             raise EyasError(f"no conversation in '{args.input}' could be rendered: {skipped or 'empty input'}")
     print(f"rendered {samples} samples, {learned}/{total} tokens learned ({learned / max(total, 1):.1%}); "
           f"skipped: {skipped or 'none'}", file=sys.stderr)
+    if mismatches:
+        print(f"warning: in {mismatches} turns the tokenizer merges the end of the prompt with the answer, "
+              "so serving-time prompt tokens differ from the training tokens (see docs/data.md)", file=sys.stderr)
     return 0
 
 
@@ -240,14 +244,22 @@ def _rendered_samples(tokenizer: Any, input_spec: str, config: Any, split_turns:
             if isinstance(item, RawError):
                 raise RecordError(item.reason)
             conversation = conversation_from_dict(item.value, source.name, f"{source.name}-{item.line}")
+            unfinished = unfinished_turns(conversation)
             parts = split_per_turn(conversation.messages) if split_turns else [conversation.messages]
-            rendered_parts = [render_conversation(tokenizer, part, config) for part in parts]
+            rendered_parts = [render_conversation(tokenizer, part, config, unfinished) for part in parts]
         except (RecordError, TemplateError) as error:
             reason = str(error).split(";")[0][:80]
             skipped[reason] = skipped.get(reason, 0) + 1
             continue
         for index, rendered in enumerate(rendered_parts):
             yield (conversation.id if len(rendered_parts) == 1 else f"{conversation.id}#{index}"), rendered
+
+
+def unfinished_turns(conversation: Any) -> frozenset[int]:
+    """Message indices of answers that regeneration cut at max_tokens (finish_reason "length")."""
+    reasons = conversation.meta.get("regenerated", {}).get("finish_reasons", [])
+    answers = [index for index, message in enumerate(conversation.messages) if message.role == "assistant"]
+    return frozenset(index for index, reason in zip(answers, reasons) if reason == "length")
 
 
 def marked_text(tokenizer: Any, input_ids: list[int], loss_mask: list[int]) -> str:

@@ -5,6 +5,15 @@ Examples:
     eyas generate --model ./Qwen2.5-0.5B-Instruct --prompt "Hi" --temperature 0.7 --seed 1
     eyas generate --raw --prompt "def fibonacci(n):" --max-tokens 64 --stop "\\n\\n"
     eyas generate --system "You are terse." --prompt "What is a KV cache?"
+    eyas generate --draft ngram --num-draft-tokens 4 --prompt "Repeat: a b c d a b c d"
+    eyas generate --draft model:./Qwen2.5-Coder-0.5B-Instruct --model ./Qwen2.5-Coder-1.5B-Instruct ...
+
+--draft picks the drafting method: none (plain decoding), ngram[:MAX_N[,MIN_N[,MATCHES]]]
+(prompt lookup), model:PATH_OR_ALIAS (a smaller model with the same tokenizer), self (the
+target drafts for itself: a correctness check, never faster). After the answer, the
+acceptance length tau (1 + accepted / verification steps) and the draft/verify time split
+are printed. Speculation that does not pay falls back to plain decoding for a while
+(--no-fallback keeps it on).
 """
 
 from __future__ import annotations
@@ -25,29 +34,59 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--raw", action="store_true",
                         help="feed the prompt as plain text, without the chat template")
     add_sampling_args(parser)
+    parser.add_argument("--draft", default="none",
+                        help="none | ngram[:MAX_N[,MIN_N[,MATCHES]]] | model:PATH_OR_ALIAS | self "
+                             "(default: %(default)s)")
+    parser.add_argument("--num-draft-tokens", type=int, default=4,
+                        help="draft tokens per verification step (default: %(default)s)")
+    parser.add_argument("--no-fallback", action="store_true",
+                        help="keep speculating even when it measures slower than plain decoding")
     parser.add_argument("--quiet-stats", action="store_true", help="do not print timing stats")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from eyas.engine.generate import generate
+    from eyas.engine.speculative.decode import speculative_generate
+    from eyas.engine.speculative.methods import build_proposer
+    from eyas.engine.speculative.policy import PolicyConfig
     from eyas.engine.target import load_target
+    from eyas.errors import EyasError
     from eyas.models.tokenizer import chat_prompt_ids, raw_prompt_ids
 
     params = sampling_from_args(args)
+    if args.num_draft_tokens < 1:
+        raise EyasError("--num-draft-tokens must be >= 1")
     target = load_target(args.model, dtype=args.dtype, device=args.device)
+    proposer = build_proposer(args.draft, target)
     if args.raw:
         prompt_ids = raw_prompt_ids(target.tokenizer, args.prompt)
     else:
         messages = ([{"role": "system", "content": args.system}] if args.system else [])
         messages.append({"role": "user", "content": args.prompt})
         prompt_ids = chat_prompt_ids(target.tokenizer, messages)
-    result = generate(target, prompt_ids, params,
-                      on_text=lambda text: (sys.stdout.write(text), sys.stdout.flush()))
+    def on_text(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    if proposer is None:
+        result = generate(target, prompt_ids, params, on_text=on_text)
+    else:
+        result = speculative_generate(target, prompt_ids, params, proposer, args.num_draft_tokens,
+                                      on_text=on_text,
+                                      policy=PolicyConfig(enabled=not args.no_fallback))
     sys.stdout.write("\n")
     if not args.quiet_stats:
         stats = result.stats
         print(f"[{len(result.token_ids)} tokens, finish={result.finish_reason}, "
               f"precision={target.precision}, TTFT {stats['ttft_s'] * 1000:.0f} ms, "
               f"{stats['tokens_per_s']:.1f} tok/s]", file=sys.stderr)
+        spec = stats.get("speculative")
+        if spec:
+            rates = ", ".join(f"{r:.2f}" for r in spec["acceptance_rate_per_position"])
+            print(f"[{spec['method']}: tau {spec['acceptance_length']:.2f} over "
+                  f"{spec['verification_steps']} verification steps, acceptance by position "
+                  f"[{rates}], draft {spec['draft_seconds']:.2f} s, verify "
+                  f"{spec['verify_seconds']:.2f} s, plain steps {spec['plain_steps']} "
+                  f"({spec['plain_seconds']:.2f} s), fallbacks {spec['fallbacks']}]", file=sys.stderr)
     return 0

@@ -70,9 +70,11 @@ class RegenerateReport:
     completion_tokens: int = 0
     finish_reasons: Counter[str] = field(default_factory=Counter)
     seconds: float = 0.0
+    model_load_seconds: float = 0.0  # in-process: loading the target, not counted in tokens/s
     stopped: str = ""  # why the run stopped early, if it did
 
     def to_dict(self) -> dict[str, Any]:
+        generating = self.seconds - self.model_load_seconds
         return {
             "written": self.written,
             "already_done": self.already_done,
@@ -82,7 +84,8 @@ class RegenerateReport:
             "completion_tokens": self.completion_tokens,
             "finish_reasons": dict(self.finish_reasons),
             "seconds": round(self.seconds, 2),
-            "tokens_per_second": round(self.completion_tokens / self.seconds, 2) if self.seconds else 0.0,
+            "model_load_seconds": round(self.model_load_seconds, 2),
+            "tokens_per_second": round(self.completion_tokens / generating, 2) if generating > 0 else 0.0,
             "stopped": self.stopped,
         }
 
@@ -206,6 +209,8 @@ def _run_in_process(config: RegenerateConfig, pending: list[Conversation], outpu
 
     assert config.model is not None
     target = load_target(config.model, dtype=config.dtype)
+    report.model_load_seconds = time.perf_counter() - started
+    started = time.perf_counter()  # tokens/s counts decoding only
     sampling = config.sampling
     params = SamplingParams(
         max_tokens=sampling.max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,

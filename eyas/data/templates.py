@@ -61,6 +61,9 @@ class RenderedConversation:
     loss_mask: list[int]  # [T], 1 where the assistant wrote the token
     answer_spans: list[tuple[int, int]]  # character spans of the learned answers in `text`
     method: str  # "generation-markers", "prefix-render" or "plain"
+    # Learned turns whose prompt, tokenized alone (as at serving time), is not a prefix of these
+    # ids: the tokenizer merges across the prompt/answer boundary (prefix-render only).
+    boundary_mismatches: int = 0
 
 
 def has_generation_markers(template: str | None) -> bool:
@@ -120,12 +123,14 @@ def _spans_from_markers(tokenizer: Any, messages: list[dict[str, str]], config: 
     return rendered[0], [(start, end) for start, end in indices[0] if end > start]
 
 
-def _spans_from_prefixes(tokenizer: Any, messages: list[dict[str, str]], config: TemplateConfig) -> tuple[str, list[tuple[int, int]]]:
+def _spans_from_prefixes(
+    tokenizer: Any, messages: list[dict[str, str]], config: TemplateConfig
+) -> tuple[str, list[tuple[int, int]], list[str], list[int]]:
     full = _render(tokenizer, messages, False, config)
     turns = [index for index, message in enumerate(messages) if message["role"] == "assistant"]
     if config.last_turn_only:
         turns = turns[-1:]
-    spans = []
+    spans, prompts, kept_turns = [], [], []
     for index in turns:
         if not any(message["role"] == "user" for message in messages[:index]):
             raise TemplateError(f"message {index} is an assistant turn with no user turn before it")
@@ -143,8 +148,11 @@ def _spans_from_prefixes(tokenizer: Any, messages: list[dict[str, str]], config:
                 "use last_turn_only (--last-turn-only) or split the conversation into one sample per turn"
             )
         answer = through[len(prompt) :]
-        spans.append((len(prompt), len(prompt) + len(answer.rstrip())))
-    return full, [(start, end) for start, end in spans if end > start]
+        if answer.rstrip():
+            spans.append((len(prompt), len(prompt) + len(answer.rstrip())))
+            prompts.append(prompt)
+            kept_turns.append(index)
+    return full, spans, prompts, kept_turns
 
 
 def _plain_text(messages: list[dict[str, str]], eos: str = "") -> tuple[str, list[tuple[int, int]]]:
@@ -160,30 +168,52 @@ def _plain_text(messages: list[dict[str, str]], eos: str = "") -> tuple[str, lis
     return "".join(pieces), spans
 
 
+def _cut_after_content(text: str, span: tuple[int, int], content: str) -> tuple[int, int]:
+    """An answer cut off by max_tokens: learn its text, not the end-of-turn token the template adds."""
+    start, end = span
+    position = text.find(content.strip(), start, end) if content.strip() else -1
+    return (start, position + len(content.strip())) if position >= 0 else span
+
+
 def render_conversation(
-    tokenizer: Any, messages: Sequence[Message | dict[str, str]], config: TemplateConfig | None = None
+    tokenizer: Any,
+    messages: Sequence[Message | dict[str, str]],
+    config: TemplateConfig | None = None,
+    unfinished: frozenset[int] = frozenset(),
 ) -> RenderedConversation:
-    """Render `messages` with the tokenizer's template; see the module docstring for the mask."""
+    """Render `messages` with the tokenizer's template; see the module docstring for the mask.
+
+    `unfinished` holds the indices (in `messages`) of answers that stopped at max_tokens: the
+    template still closes them with an end-of-turn token, which the target never wrote there, so
+    that token is not learned.
+    """
     config = config or TemplateConfig()
     dicts = _as_dicts(messages)
-    if not any(message["role"] == "assistant" for message in dicts):
+    prompts: list[str] = []
+    assistant_turns = [index for index, message in enumerate(dicts) if message["role"] == "assistant"]
+    if not assistant_turns:
         raise TemplateError("the conversation has no assistant turn to learn from")
-    # 1. Text and the character spans the assistant wrote.
+    # 1. Text and the character spans the assistant wrote (one per assistant turn, in order).
     if config.plain_text:
         warnings.warn(
             "rendering without a chat template: the draft head learns a format the target was not tuned on",
             stacklevel=2,
         )
         text, spans = _plain_text(dicts, tokenizer.eos_token or "")
-        method = "plain"
+        turns, method = assistant_turns, "plain"
     elif has_generation_markers(_chat_template(tokenizer)):
         text, spans = _spans_from_markers(tokenizer, dicts, config)
-        method = "generation-markers"
+        turns, method = assistant_turns[-len(spans) :] if spans else [], "generation-markers"
     else:
-        text, spans = _spans_from_prefixes(tokenizer, dicts, config)
+        text, spans, prompts, turns = _spans_from_prefixes(tokenizer, dicts, config)
         method = "prefix-render"
+    if unfinished and len(turns) == len(spans):
+        spans = [
+            _cut_after_content(text, span, dicts[turn]["content"]) if turn in unfinished else span
+            for span, turn in zip(spans, turns)
+        ]
     if config.last_turn_only:
-        spans = spans[-1:]
+        spans, prompts = spans[-1:], prompts[-1:]
     # 2. Tokens, and the mask from their character offsets.
     encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     input_ids = list(encoding["input_ids"])
@@ -191,9 +221,13 @@ def render_conversation(
         int(any(token_start < span_end and token_end > span_start for span_start, span_end in spans))
         for token_start, token_end in encoding["offset_mapping"]
     ]
+    mismatches = 0
+    for prompt in prompts:
+        prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        mismatches += input_ids[: len(prompt_ids)] != list(prompt_ids)
     if config.max_length is not None:
         input_ids, loss_mask = input_ids[: config.max_length], loss_mask[: config.max_length]
-    return RenderedConversation(text, input_ids, loss_mask, spans, method)
+    return RenderedConversation(text, input_ids, loss_mask, spans, method, mismatches)
 
 
 def split_per_turn(messages: Sequence[Message | dict[str, str]]) -> list[list[dict[str, str]]]:

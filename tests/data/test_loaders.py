@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from data_support import FIXTURES
 from eyas.data.json_stream import Element, ElementError, iter_json_array
 from eyas.data.records import Message, RecordError, conversation_from_dict
 from eyas.data.sources import RawError, RawRecord, read_raw_records, resolve_source
@@ -19,8 +20,8 @@ def line_of(path: Path, needle: str) -> int:
     return next(index for index, line in enumerate(lines, start=1) if needle in line) - 1
 
 
-def test_truncated_sharegpt_keeps_every_whole_record(fixtures: Path) -> None:
-    path = fixtures / "sharegpt_truncated.json"
+def test_truncated_sharegpt_keeps_every_whole_record() -> None:
+    path = FIXTURES / "sharegpt_truncated.json"
     items = list(iter_json_array(path))
     whole = [item for item in items if isinstance(item, Element)]
     broken = [item for item in items if isinstance(item, ElementError)]
@@ -54,25 +55,25 @@ def test_not_an_array_is_a_clear_error(tmp_path: Path) -> None:
         list(read_raw_records(resolve_source(str(path))))
 
 
-def test_jsonl_reports_bad_lines_with_their_numbers(fixtures: Path) -> None:
-    items = list(read_raw_records(resolve_source(str(fixtures / "specforge.jsonl"))))
+def test_jsonl_reports_bad_lines_with_their_numbers() -> None:
+    items = list(read_raw_records(resolve_source(str(FIXTURES / "specforge.jsonl"))))
     assert [type(item) for item in items] == [RawRecord, RawRecord, RawError, RawRecord, RawRecord]
     assert items[2].line == 3 and items[2].reason.startswith("invalid JSON")
     with pytest.raises(RecordError, match="must be a list"):
         conversation_from_dict(items[3].value, "specforge", "x")
 
 
-def test_record_shapes_normalise_roles(fixtures: Path) -> None:
+def test_record_shapes_normalise_roles() -> None:
     sharegpt = conversation_from_dict(
         {"id": "s", "conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]}, "sg", "f")
     assert sharegpt.messages == [Message("user", "q"), Message("assistant", "a")]
-    openai_items = list(read_raw_records(resolve_source(str(fixtures / "openai.jsonl"))))
+    openai_items = list(read_raw_records(resolve_source(str(FIXTURES / "openai.jsonl"))))
     poem = conversation_from_dict(openai_items[0].value, "openai", "openai-1")
     assert poem.id == "openai-1" and poem.messages[1] == Message("user", "Write about the sea.")
     with pytest.raises(RecordError, match="non-text content part 'image_url'"):
         conversation_from_dict(openai_items[1].value, "openai", "openai-2")
     assert openai_items[2].line == 4  # the blank line 3 is skipped, numbering is kept
-    mtbench = list(read_raw_records(resolve_source(str(fixtures / "mtbench_question.jsonl"))))
+    mtbench = list(read_raw_records(resolve_source(str(FIXTURES / "mtbench_question.jsonl"))))
     first = conversation_from_dict(mtbench[0].value, "mtbench", "x")
     assert first.id == "81" and len(first.user_turns) == 2 and first.meta == {"category": "writing"}
     with pytest.raises(RecordError, match="unknown role 'alien'"):

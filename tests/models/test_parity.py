@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import build_tiny_model
+from tiny_models import build_tiny_model
 from eyas.engine.target import load_target
 
 ARCHITECTURES = {

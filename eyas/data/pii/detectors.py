@@ -195,10 +195,17 @@ def detect_ssns(text: str) -> list[Finding]:
 
 
 # ---------------------------------------------------------------------------------------------
-# IP addresses (v4 and v6), globally routable ones only
-_IPV4 = re.compile(r"(?<![\w.-])(?:\d{1,3}\.){3}\d{1,3}(?![\w]|\.\d|-\w)")
-_IPV6 = re.compile(r"(?<![\w:.])(?:[0-9A-Fa-f]{0,4}:){2,7}(?:[0-9A-Fa-f]{1,4}|(?:\d{1,3}\.){3}\d{1,3})?(?![\w:])")
-_VERSION_CONTEXT = re.compile(r"(?i)\b(?:version|ver|v|release|build|firmware|driver)\.?\s*$")
+# IP addresses (v4 and v6) that can point at a person's machine: globally routable hosts only.
+# Left alone: private, loopback, link-local and documentation ranges; networks in CIDR notation
+# (`22.1.11.0/24`); all-single-digit quads (section numbers like 1.1.2.1, and public resolvers
+# such as 8.8.8.8 or 1.1.1.1, which identify no one); versions (`Chrome/110.0.0.0`, `v1.2.3.4`).
+_IPV4 = re.compile(r"(?<![\w.-])(?:\d{1,3}\.){3}\d{1,3}(?![\w]|\.\d|-\w|/\d)")
+_IPV6 = re.compile(
+    r"(?<![\w:.])(?:[0-9A-Fa-f]{0,4}:){2,7}(?:[0-9A-Fa-f]{1,4}|(?:\d{1,3}\.){3}\d{1,3})?(?![\w:]|/\d)"
+)
+_VERSION_CONTEXT = re.compile(
+    r"(?i)(?:\b(?:version|ver|v|release|build|firmware|driver)(?:\.|:|\s+is)?\s*|[a-z]/)$"
+)
 
 
 def _global_address(candidate: str) -> bool:
@@ -209,13 +216,19 @@ def _global_address(candidate: str) -> bool:
     return address.is_global
 
 
+def _looks_like_an_address(candidate: str) -> bool:
+    if ":" in candidate:  # IPv6: at least two written groups ("1::" is an AutoHotkey hotkey)
+        return sum(bool(group) for group in re.split(r"[:.]", candidate)) >= 2
+    return not all(len(octet) == 1 for octet in candidate.split("."))
+
+
 def detect_ip_addresses(text: str) -> list[Finding]:
     findings = []
     for pattern in (_IPV4, _IPV6):
         for match in pattern.finditer(text):
-            if _VERSION_CONTEXT.search(text[max(0, match.start() - 12) : match.start()]):
-                continue  # "version 1.2.3.4"
-            if _global_address(match.group(0)):
+            if _VERSION_CONTEXT.search(text[max(0, match.start() - 16) : match.start()]):
+                continue
+            if _looks_like_an_address(match.group(0)) and _global_address(match.group(0)):
                 findings.append(Finding("IP_ADDRESS", match.start(), match.end()))
     return findings
 

@@ -147,6 +147,7 @@ _SECRET_PAIRS = frozenset(
     {("api", "key"), ("private", "key"), ("access", "token"), ("auth", "token"), ("refresh", "token"),
      ("api", "token"), ("bot", "token"), ("session", "token"), ("bearer", "token"), ("client", "secret")}
 )
+_NAMES_A_SECRET = re.compile(r"(?i)password|passwd|secret|token")
 _NOT_VALUES = frozenset({"none", "null", "nil", "true", "false", "undefined", "required", "string", "str", "optional"})
 
 
@@ -163,6 +164,8 @@ def _is_literal_secret(value: str, quoted: bool) -> bool:
         return False
     if looks_like_placeholder(value) or value.count(" ") >= 3:
         return False  # a template or a sentence ("Password must be at least 8 characters")
+    if _NAMES_A_SECRET.search(value):
+        return False  # the name of a secret, not its value (`my_database_password`, `app-secrets-7c4b`)
     if any(character in value for character in "\"'`(){}[]") or " + " in value:
         return False  # code: a call, an index, a concatenation
     if not quoted:
@@ -182,7 +185,10 @@ def detect_passwords(text: str) -> list[Finding]:
     if not _SECRET_HINT.search(text):
         return []
     findings = []
-    for match in _ASSIGNMENT.finditer(text):
+    position = 0
+    while (match := _ASSIGNMENT.search(text, position)) is not None:
+        # Matches may nest (`conn = connect(password="x")`): go on right after a non-secret key.
+        position = match.end("key")
         if not is_secret_key(match.group("key")):
             continue
         for group, quoted in (("double", True), ("single", True), ("bare", False)):
@@ -190,6 +196,7 @@ def detect_passwords(text: str) -> list[Finding]:
             if value is not None:
                 if _is_literal_secret(value, quoted):
                     findings.append(Finding("PASSWORD", match.start(group), match.end(group)))
+                    position = match.end(group)
                 break
     return findings
 

@@ -1,0 +1,9 @@
+"""Speculative decoding: proposers draft chains or trees, one target pass verifies them.
+
+draft.py       DraftTree / VerifyResult dataclasses handed between steps
+tree.py        tree attention masks, positions and paths
+acceptance.py  lossless acceptance rules (greedy, chain sampling, tree sampling)
+verifier.py    the target pass over root + drafts, acceptance, KV compaction
+proposers/     ngram, model (separate draft model), self (the target drafts for itself)
+decode.py      the speculative decode loop with metrics and the never-slower fallback
+"""

@@ -1,0 +1,103 @@
+"""The speculative decode loop: propose -> verify -> accept -> emit, one request.
+
+Usage:
+    from eyas.engine.speculative.decode import speculative_generate
+    from eyas.engine.speculative.proposers.ngram import NgramProposer
+    result = speculative_generate(target, prompt_ids, SamplingParams(max_tokens=128),
+                                  NgramProposer(), num_draft_tokens=4)
+    result.stats["speculative"]["acceptance_length"]
+
+Greedy output equals plain greedy decoding (up to floating-point near-ties, see the tests);
+sampled output follows the target's distribution exactly (acceptance.py).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+
+from eyas.engine.generate import check_lengths, new_cache
+from eyas.engine.sampling import SamplingParams, next_tokens
+from eyas.engine.sequence import GenerationResult, Sequence
+from eyas.engine.speculative.draft import DraftTree, SpecMetrics
+from eyas.engine.speculative.policy import PolicyConfig, SpeculationPolicy
+from eyas.engine.speculative.proposers.base import Proposer
+from eyas.engine.speculative.tree import node_depths
+from eyas.engine.speculative.verifier import verify
+from eyas.engine.target import Target
+
+
+@torch.inference_mode()
+def speculative_generate(
+    target: Target,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    proposer: Proposer,
+    num_draft_tokens: int = 4,
+    on_text: Callable[[str], None] | None = None,
+    policy: PolicyConfig | None = None,
+) -> GenerationResult:
+    new_tokens = check_lengths(target, len(prompt_ids), params)
+    sequence = Sequence(prompt_ids, params, target.tokenizer, target.eos_token_ids, new_tokens)
+    generator = params.generator(target.device)
+    cache = new_cache(target, 1, len(prompt_ids) + new_tokens + num_draft_tokens + 2)
+    metrics = SpecMetrics()
+    switch = SpeculationPolicy(policy)
+    proposer.begin(target, prompt_ids, params)
+    # 1. Prefill, then the first token comes from the prompt's last logits.
+    started = time.perf_counter()
+    ids = torch.tensor([prompt_ids], device=target.device)
+    logits = target.model(ids, cache=cache, write_at=0, logits_at="last",
+                          tap_layers=proposer.tap_layers)
+    proposer.observe(DraftTree.empty(), None, logits)
+    root = int(next_tokens(logits.logits[:, -1], params, generator)[0])
+    sequence.append([root])
+    first_token_at = time.perf_counter()
+    emit(sequence, on_text)
+    context_length = len(prompt_ids)
+    # 2. Steps: draft under the root, verify in one pass, emit accepted + recovered/bonus.
+    while not sequence.finished:
+        step_started = time.perf_counter()
+        remaining = sequence.max_new_tokens - len(sequence.output_ids)
+        speculate = switch.speculate_now()
+        tree = DraftTree.empty()
+        if speculate:
+            tree = proposer.propose(sequence.all_ids, min(num_draft_tokens, remaining - 1))
+            tree = tree.truncated(min(num_draft_tokens, remaining - 1))
+        drafted_at = time.perf_counter()
+        result, output = verify(target, cache, context_length, root, tree, params, generator,
+                                proposer.tap_layers)
+        proposer.observe(tree, result, output)
+        sequence.append(result.emitted)
+        context_length += 1 + len(result.accepted_nodes)
+        root = result.next_token
+        finished_at = time.perf_counter()
+        if tree.size:
+            metrics.record(tree, node_depths(tree), result)
+            metrics.draft_seconds += drafted_at - step_started
+            metrics.verify_seconds += finished_at - drafted_at
+            switch.record_speculative(finished_at - step_started, len(result.emitted))
+        else:
+            metrics.plain_steps += 1
+            metrics.plain_seconds += finished_at - step_started
+            switch.record_plain(finished_at - step_started)
+        emit(sequence, on_text)
+    done = time.perf_counter()
+    metrics.fallbacks = switch.fallbacks
+    decode_tokens = max(len(sequence.output_ids) - 1, 0)
+    stats = {
+        "ttft_s": first_token_at - started,
+        "decode_s": done - first_token_at,
+        "tokens_per_s": decode_tokens / max(done - first_token_at, 1e-9),
+        "speculative": {"method": proposer.name, **metrics.as_dict()},
+    }
+    return sequence.result(stats)
+
+
+def emit(sequence: Sequence, on_text: Callable[[str], None] | None) -> None:
+    if on_text is not None:
+        delta = sequence.take_new_text()
+        if delta:
+            on_text(delta)

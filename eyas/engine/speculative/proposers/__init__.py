@@ -1,0 +1,1 @@
+"""Proposers: every drafting method behind one interface (see base.py)."""
