@@ -35,26 +35,47 @@ class OfflineConfig:
     max_tokens: int = 128
     systems: list[str] = field(default_factory=lambda: ["eyas:auto", "eyas:float32", "hf"])
     warmup: int = 1
+    num_draft_tokens: int = 4
 
     def __post_init__(self) -> None:
         if self.num_prompts < 1 or self.max_tokens < 1:
             raise EyasError("num_prompts and max_tokens must be >= 1")
         for system in self.systems:
             if system.split(":")[0] not in SYSTEM_KINDS:
-                raise EyasError(f"unknown system '{system}'; accepted: eyas[:PRECISION], hf, "
-                                f"hf-lookup, llama.cpp")
+                raise EyasError(f"unknown system '{system}'; accepted: eyas[:PRECISION[+DRAFT]], "
+                                f"hf, hf-lookup, llama.cpp")
 
 
 Runner = Callable[[list[int]], list[int]]  # prompt ids -> generated ids
 
 
-def eyas_runner(model: str, precision: str, max_tokens: int) -> tuple[Runner, str]:
+_TARGETS: dict[tuple[str, str], Any] = {}  # one loaded target per (model, precision) per run
+
+
+def eyas_runner(model: str, option: str, max_tokens: int, num_draft_tokens: int,
+                spec_stats: list[dict]) -> tuple[Runner, str]:
+    """option = PRECISION[+DRAFT], e.g. 'auto', 'float32+ngram', 'int4+ngram:3,1,3'."""
     from eyas.engine.generate import SamplingParams, generate
+    from eyas.engine.speculative.decode import speculative_generate
+    from eyas.engine.speculative.methods import build_proposer
     from eyas.engine.target import load_target
 
-    target = load_target(model, dtype=precision)
+    precision, _, draft = option.partition("+")
+    key = (model, precision or "auto")
+    if key not in _TARGETS:
+        _TARGETS[key] = load_target(model, dtype=precision or "auto")
+    target = _TARGETS[key]
     params = SamplingParams(max_tokens=max_tokens)
-    return (lambda ids: generate(target, ids, params).token_ids), f"eyas plain ({target.precision})"
+    proposer = build_proposer(draft or "none", target)
+    if proposer is None:
+        return (lambda ids: generate(target, ids, params).token_ids), f"eyas plain ({target.precision})"
+
+    def run(ids: list[int]) -> list[int]:
+        result = speculative_generate(target, ids, params, proposer, num_draft_tokens)
+        spec_stats.append(result.stats["speculative"])
+        return result.token_ids
+
+    return run, f"eyas {draft} k={num_draft_tokens} ({target.precision})"
 
 
 def hf_runner(folder: str, max_tokens: int, lookup: bool) -> tuple[Runner, str]:
@@ -98,21 +119,24 @@ def llama_cpp_runner(model: str, max_tokens: int) -> tuple[Runner, str] | None:
     return run, "llama.cpp (GGUF, plain)"
 
 
-def build_runners(config: OfflineConfig, folder: str) -> list[tuple[Runner, str]]:
+def build_runners(config: OfflineConfig, folder: str) -> list[tuple[Runner, str, list[dict]]]:
     runners = []
     for system in config.systems:
         kind, _, option = system.partition(":")
+        stats: list[dict] = []
         if kind == "eyas":
-            runners.append(eyas_runner(config.model, option or "auto", config.max_tokens))
+            run, name = eyas_runner(config.model, option or "auto", config.max_tokens,
+                                    config.num_draft_tokens, stats)
+            runners.append((run, name, stats))
         elif kind in ("hf", "hf-lookup"):
-            runners.append(hf_runner(folder, config.max_tokens, lookup=kind == "hf-lookup"))
+            runners.append((*hf_runner(folder, config.max_tokens, lookup=kind == "hf-lookup"), stats))
         elif kind == "llama.cpp":
             runner = llama_cpp_runner(config.model, config.max_tokens)
             if runner is None:
                 print("[eyas] llama.cpp skipped: llama-cpp-python is not installed "
                       "(or the model is not an embedded GGUF alias)")
             else:
-                runners.append(runner)
+                runners.append((*runner, stats))
     return runners
 
 
@@ -127,19 +151,27 @@ def run_offline(config: OfflineConfig, progress: bool = True) -> dict[str, Any]:
     questions = load_prompt_set(config.dataset, config.num_prompts)
     prompts = [chat_prompt_ids(tokenizer, [{"role": "user", "content": q}]) for q in questions]
     runners = build_runners(config, folder)
-    for run, _ in runners:  # warm-up: first-call allocations and kernel selection
+    for run, _, stats in runners:  # warm-up: first-call allocations and kernel selection
         for ids in prompts[: config.warmup]:
             run(ids)
+        stats.clear()
     per_system: list[dict[str, Any]] = [{"system": name, "tokens": [], "seconds": [], "outputs": []}
-                                        for _, name in runners]
+                                        for _, name, _ in runners]
     for ids in tqdm(prompts, desc="prompts", disable=not progress):
-        for (run, _), record in zip(runners, per_system):
+        for (run, _, _), record in zip(runners, per_system):
             started = time.perf_counter()
             output = run(ids)
             record["seconds"].append(time.perf_counter() - started)
             record["tokens"].append(len(output))
             record["outputs"].append(output)
     reference = per_system[-1] if runners else None
+    for (_, _, stats), record in zip(runners, per_system):
+        if stats:
+            steps = sum(s["verification_steps"] for s in stats)
+            accepted = sum(s["accepted_tokens"] for s in stats)
+            record["acceptance_length"] = 1 + accepted / steps if steps else None
+            record["plain_steps"] = sum(s["plain_steps"] for s in stats)
+            record["fallbacks"] = sum(s["fallbacks"] for s in stats)
     for record in per_system:
         rates = [t / s for t, s in zip(record["tokens"], record["seconds"])]
         record["median_tokens_per_s"] = statistics.median(rates)
@@ -168,11 +200,12 @@ def format_report(report: dict[str, Any]) -> str:
         f"{report['config']['max_tokens']} new tokens max, greedy; {report['machine']}, "
         f"{report['date']}",
         "",
-        "| system | median tok/s | total tok/s | vs transformers | tokens |",
-        "|---|---|---|---|---|",
+        "| system | median tok/s | total tok/s | vs transformers | tau | tokens |",
+        "|---|---|---|---|---|---|",
     ]
     for r in report["results"]:
         ratio = f"{r['ratio_vs_transformers']:.2f}x" if "ratio_vs_transformers" in r else "-"
+        tau = f"{r['acceptance_length']:.2f}" if r.get("acceptance_length") else "-"
         lines.append(f"| {r['system']} | {r['median_tokens_per_s']:.1f} | "
-                     f"{r['total_tokens_per_s']:.1f} | {ratio} | {sum(r['tokens'])} |")
+                     f"{r['total_tokens_per_s']:.1f} | {ratio} | {tau} | {sum(r['tokens'])} |")
     return "\n".join(lines)

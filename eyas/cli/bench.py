@@ -5,25 +5,44 @@ Examples:
     eyas bench offline --systems eyas:int4,eyas:float32,hf,hf-lookup,llama.cpp --num-prompts 8
     eyas bench offline --dataset code --max-tokens 64 --output runs/offline.json
 
+    eyas bench serve --url http://127.0.0.1:8000 --label eagle3 --concurrency 1,2,4,8,16
+    eyas bench serve --url http://127.0.0.1:8000 --dataset random --input-len 512 --ignore-eos
+    eyas bench plot runs/bench/plain/result.json runs/bench/eagle3/result.json --output-dir runs/bench/both
+    eyas bench compare --model smollm2-135m --draft none --draft ngram --draft eagle3=eagle3:runs/head
+
 `offline` runs MT-Bench first turns (or the code set) single-stream through each system in one
 run, interleaved prompt by prompt, and prints tokens/s and the ratio to transformers `generate`.
 Systems: eyas[:PRECISION] (auto, float32, bfloat16, int4), hf (transformers generate, float32),
 hf-lookup (its prompt lookup decoding), llama.cpp (when llama-cpp-python is installed).
+
+`serve` sweeps concurrency levels against any OpenAI-compatible server (eyas, vLLM, SGLang):
+TTFT, TPOT, ITL, end-to-end latency, throughput, and acceptance from /metrics; it writes
+result.json, report.md and two PNG plots. `plot` merges runs into one report; `compare` starts
+`eyas serve` once per --draft configuration and sweeps each. See docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+from datetime import datetime
 
+from eyas.errors import EyasError
 from eyas.utils.io import write_json_atomic
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("bench", help="benchmarks (offline single-stream, ...)",
+    parser = subparsers.add_parser("bench", help="benchmarks (offline single-stream, serving sweeps)",
                                    description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="bench_command", metavar="BENCH")
+    _register_offline(sub)
+    _register_serve(sub)
+    _register_plot(sub)
+    _register_compare(sub)
+    parser.set_defaults(func=lambda args: parser.print_help() or 2)
+
+
+def _register_offline(sub: argparse._SubParsersAction) -> None:
     offline = sub.add_parser("offline", help="single-stream tokens/s of eyas beside its peers",
                              description=__doc__,
                              formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -35,7 +54,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                          help="comma-separated systems (default: %(default)s)")
     offline.add_argument("--output", default=None, help="write the JSON report here")
     offline.set_defaults(func=run_offline_cli)
-    parser.set_defaults(func=lambda args: parser.print_help() or 2)
 
 
 def run_offline_cli(args: argparse.Namespace) -> int:
@@ -48,4 +66,150 @@ def run_offline_cli(args: argparse.Namespace) -> int:
     if args.output:
         write_json_atomic(args.output, report)
         print(f"report written to {args.output}")
+    return 0
+
+
+# ----- serving sweeps: serve, plot, compare -----
+
+def _concurrency_list(text: str) -> list[int]:
+    try:
+        return [int(level) for level in text.split(",") if level.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 1,2,4,8,16, "
+                                         f"got '{text}'") from None
+
+
+def _add_sweep_args(parser: argparse.ArgumentParser) -> None:
+    """Flags of SweepConfig; their defaults are the dataclass's own."""
+    from eyas.bench.serve_client import ENDPOINTS, SweepConfig
+
+    d = SweepConfig()
+    parser.add_argument("--dataset", default=d.dataset,
+                        help="mtbench, sharegpt, random or jsonl:PATH (default: %(default)s)")
+    parser.add_argument("--num-prompts", type=int, default=d.num_prompts,
+                        help="requests per concurrency level (default: %(default)s)")
+    parser.add_argument("--concurrency", type=_concurrency_list, default=d.concurrency,
+                        help=f"levels of requests in flight (default: {','.join(map(str, d.concurrency))})")
+    parser.add_argument("--max-tokens", type=int, default=d.max_tokens, help="default: %(default)s")
+    parser.add_argument("--endpoint", choices=list(ENDPOINTS), default=d.endpoint,
+                        help="chat = /v1/chat/completions, completions = /v1/completions "
+                             "(default: %(default)s)")
+    parser.add_argument("--temperature", type=float, default=d.temperature, help="default: %(default)s")
+    parser.add_argument("--ignore-eos", action="store_true",
+                        help="ask the server to generate max_tokens every time (vLLM/SGLang/eyas)")
+    parser.add_argument("--continuous-usage-stats", action="store_true",
+                        help="ask for usage in every chunk (vLLM), for exact tokens per chunk")
+    parser.add_argument("--input-len", type=int, default=d.input_len,
+                        help="prompt tokens of the random dataset (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=d.seed, help="random dataset seed (default: 0)")
+    parser.add_argument("--warmup", type=int, default=d.warmup,
+                        help="warm-up rounds per level, each `concurrency` short requests "
+                             "(default: %(default)s)")
+    parser.add_argument("--tokenizer", default=d.tokenizer,
+                        help="counts tokens the server does not report; 'none' for no tokenizer "
+                             "(default: %(default)s)")
+    parser.add_argument("--request-timeout", type=float, default=d.request_timeout,
+                        help="seconds per request (default: %(default)s)")
+    parser.add_argument("--level-timeout", type=float, default=d.level_timeout,
+                        help="seconds per concurrency level (default: %(default)s)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def _sweep_from_args(args: argparse.Namespace):  # -> SweepConfig
+    from eyas.bench.serve_client import SweepConfig
+
+    return SweepConfig(dataset=args.dataset, num_prompts=args.num_prompts,
+                       concurrency=args.concurrency, max_tokens=args.max_tokens,
+                       endpoint=args.endpoint, temperature=args.temperature,
+                       ignore_eos=args.ignore_eos, continuous_usage_stats=args.continuous_usage_stats,
+                       input_len=args.input_len, seed=args.seed, warmup=args.warmup,
+                       tokenizer=args.tokenizer, request_timeout=args.request_timeout,
+                       level_timeout=args.level_timeout)
+
+
+def _register_serve(sub: argparse._SubParsersAction) -> None:
+    serve = sub.add_parser("serve", help="latency/throughput sweep against an OpenAI-compatible server",
+                           description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    serve.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
+    serve.add_argument("--model", default=None,
+                       help="model name sent to the server (default: the first of /v1/models)")
+    serve.add_argument("--label", default="default",
+                       help="this configuration's name in tables and plots (default: %(default)s)")
+    serve.add_argument("--output-dir", default=None,
+                       help="where result.json, report.md and the plots go "
+                            "(default: runs/bench/LABEL-DATE)")
+    _add_sweep_args(serve)
+    serve.set_defaults(func=run_serve_cli)
+
+
+def run_serve_cli(args: argparse.Namespace) -> int:
+    from eyas.bench.report import markdown_report, write_run
+    from eyas.bench.serve_bench import run_serve_benchmark
+    from eyas.bench.serve_client import ServeBenchConfig
+
+    config = ServeBenchConfig(url=args.url, label=args.label, model=args.model,
+                              sweep=_sweep_from_args(args))
+    run = run_serve_benchmark(config, progress=not args.no_progress)
+    output_dir = args.output_dir or f"runs/bench/{args.label}-{datetime.now():%Y%m%d-%H%M%S}"
+    paths = write_run(run, output_dir)
+    print(markdown_report([run]))
+    print("written: " + ", ".join(str(path) for path in paths))
+    return 0
+
+
+def _register_plot(sub: argparse._SubParsersAction) -> None:
+    plot = sub.add_parser("plot", help="merge serve runs into one report and plots",
+                          description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    plot.add_argument("runs", nargs="+", metavar="RUN.json", help="result.json files of serve runs")
+    plot.add_argument("--output-dir", required=True, help="where report.md and the plots go")
+    plot.set_defaults(func=run_plot_cli)
+
+
+def run_plot_cli(args: argparse.Namespace) -> int:
+    from eyas.bench.report import load_run, markdown_report, write_report
+
+    runs = [load_run(path) for path in args.runs]
+    paths = write_report(runs, args.output_dir)
+    print(markdown_report(runs))
+    print("written: " + ", ".join(str(path) for path in paths))
+    return 0
+
+
+def _register_compare(sub: argparse._SubParsersAction) -> None:
+    from eyas.bench.compare import CompareConfig
+
+    d = CompareConfig()
+    compare = sub.add_parser("compare", help="start eyas serve per draft configuration, sweep each",
+                             description=__doc__,
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
+    compare.add_argument("--model", default=d.model, help="target model spec (default: %(default)s)")
+    compare.add_argument("--draft", action="append", dest="drafts", default=None,
+                         metavar="DRAFT|LABEL=DRAFT",
+                         help="a configuration for `eyas serve --draft` (repeatable; "
+                              "default: none and ngram)")
+    compare.add_argument("--output-dir", default=d.output_dir, help="default: %(default)s")
+    compare.add_argument("--server-command", default=d.server_command,
+                         help="server command template with {python} {model} {draft} {host} "
+                              "{port} (default: %(default)s)")
+    compare.add_argument("--start-timeout", type=float, default=d.start_timeout,
+                         help="seconds to wait for /health (default: %(default)s)")
+    compare.add_argument("--stop-timeout", type=float, default=d.stop_timeout,
+                         help="seconds from SIGTERM to SIGKILL (default: %(default)s)")
+    _add_sweep_args(compare)
+    compare.set_defaults(func=run_compare_cli)
+
+
+def run_compare_cli(args: argparse.Namespace) -> int:
+    from eyas.bench.compare import CompareConfig, run_compare
+    from eyas.bench.report import markdown_report
+
+    config = CompareConfig(model=args.model, drafts=args.drafts or CompareConfig().drafts,
+                           output_dir=args.output_dir, server_command=args.server_command,
+                           start_timeout=args.start_timeout, stop_timeout=args.stop_timeout,
+                           sweep=_sweep_from_args(args))
+    outcome = run_compare(config, progress=not args.no_progress)
+    print(markdown_report(outcome["runs"], outcome["failures"]))
+    print(f"report and plots written to {config.output_dir}")
+    if outcome["failures"]:
+        raise EyasError(f"not measured: {', '.join(outcome['failures'])} (see the report)")
     return 0

@@ -10,7 +10,8 @@ Examples:
 
 --draft picks the drafting method: none (plain decoding), ngram[:MAX_N[,MIN_N[,MATCHES]]]
 (prompt lookup), model:PATH_OR_ALIAS (a smaller model with the same tokenizer), self (the
-target drafts for itself: a correctness check, never faster). After the answer, the
+target drafts for itself: a correctness check, never faster), eagle3:DIR (an EAGLE-3 head
+trained with `eyas train`; --tree sets its draft tree). After the answer, the
 acceptance length tau (1 + accepted / verification steps) and the draft/verify time split
 are printed. Speculation that does not pay falls back to plain decoding for a while
 (--no-fallback keeps it on).
@@ -35,10 +36,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="feed the prompt as plain text, without the chat template")
     add_sampling_args(parser)
     parser.add_argument("--draft", default="none",
-                        help="none | ngram[:MAX_N[,MIN_N[,MATCHES]]] | model:PATH_OR_ALIAS | self "
+                        help="none | ngram[:MAX_N[,MIN_N[,MATCHES]]] | model:PATH_OR_ALIAS | self | "
+                             "eagle3:DIR "
                              "(default: %(default)s)")
     parser.add_argument("--num-draft-tokens", type=int, default=4,
-                        help="draft tokens per verification step (default: %(default)s)")
+                        help="most draft tokens per verification step (default: %(default)s)")
+    parser.add_argument("--tree", default="auto",
+                        help="EAGLE-3 draft tree: auto, chain:K or DEPTH,TOPK,TOTAL (default: auto)")
     parser.add_argument("--no-fallback", action="store_true",
                         help="keep speculating even when it measures slower than plain decoding")
     parser.add_argument("--quiet-stats", action="store_true", help="do not print timing stats")
@@ -58,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     if args.num_draft_tokens < 1:
         raise EyasError("--num-draft-tokens must be >= 1")
     target = load_target(args.model, dtype=args.dtype, device=args.device)
-    proposer = build_proposer(args.draft, target)
+    proposer = build_proposer(args.draft, target, tree=args.tree)
     if args.raw:
         prompt_ids = raw_prompt_ids(target.tokenizer, args.prompt)
     else:

@@ -1,18 +1,20 @@
 """`--draft` specs -> proposers. A plain dict is the registry of drafting methods.
 
-Accepted: none | ngram[:MAX_N[,MIN_N[,MATCHES]]] | model:PATH_OR_ALIAS | self
+Accepted: none | ngram[:MAX_N[,MIN_N[,MATCHES]]] | model:PATH_OR_ALIAS | self | eagle3:DIR
 """
 
 from __future__ import annotations
 
 from typing import Callable
 
+import torch
+
 from eyas.engine.speculative.proposers.base import Proposer
 from eyas.engine.target import Target
 from eyas.errors import EyasError
 
 
-def _ngram(target: Target, option: str) -> Proposer:
+def _ngram(target: Target, option: str, tree: str | None) -> Proposer:
     from eyas.engine.speculative.proposers.ngram import NgramConfig, NgramProposer
 
     numbers = [int(x) for x in option.split(",")] if option else []
@@ -20,7 +22,7 @@ def _ngram(target: Target, option: str) -> Proposer:
     return NgramProposer(NgramConfig(**dict(zip(keys, numbers))))
 
 
-def _model(target: Target, option: str) -> Proposer:
+def _model(target: Target, option: str, tree: str | None) -> Proposer:
     from eyas.engine.speculative.proposers.draft_model import DraftModelProposer
     from eyas.engine.target import load_target
 
@@ -31,28 +33,47 @@ def _model(target: Target, option: str) -> Proposer:
     return DraftModelProposer(draft, name="model")
 
 
-def _self(target: Target, option: str) -> Proposer:
+def _self(target: Target, option: str, tree: str | None) -> Proposer:
     from eyas.engine.speculative.proposers.draft_model import DraftModelProposer
 
     return DraftModelProposer(target, name="self")
 
 
-METHODS: dict[str, Callable[[Target, str], Proposer]] = {
+def _eagle3(target: Target, option: str, tree: str | None) -> Proposer:
+    from eyas.eagle3 import load_head
+    from eyas.engine.speculative.proposers.eagle3 import Eagle3Proposer, TreeShape
+
+    if not option:
+        raise EyasError("--draft eagle3 needs a head folder: eagle3:DIR")
+    head = load_head(option, embedding=target.model.embed_tokens.weight, device=target.device,
+                     dtype=torch.float32 if target.precision == "int4" else target.dtype)
+    if head.config.target_num_hidden_layers not in (None, target.config.num_hidden_layers):
+        raise EyasError(f"the head in {option} was trained for a target with "
+                        f"{head.config.target_num_hidden_layers} layers; this one has "
+                        f"{target.config.num_hidden_layers}")
+    return Eagle3Proposer(head, TreeShape.parse(tree) if tree and tree != "auto" else None)
+
+
+METHODS: dict[str, Callable[[Target, str, str | None], Proposer]] = {
+    "eagle3": _eagle3,
     "ngram": _ngram,
     "model": _model,
     "self": _self,
 }
 
 
-def build_proposer(spec: str, target: Target) -> Proposer | None:
-    """None for 'none'; otherwise the proposer named by `spec`."""
+def build_proposer(spec: str, target: Target, tree: str | None = None) -> Proposer | None:
+    """None for 'none'; otherwise the proposer named by `spec`.
+
+    `tree` (EAGLE-3 only): 'auto', 'chain:K' or 'DEPTH,TOPK,TOTAL'.
+    """
     name, _, option = spec.partition(":")
     if name == "none":
         return None
     if name not in METHODS:
         raise EyasError(f"unknown draft method '{spec}'; accepted: none, "
-                        "ngram[:MAX_N[,MIN_N[,MATCHES]]], model:PATH_OR_ALIAS, self")
+                        "ngram[:MAX_N[,MIN_N[,MATCHES]]], model:PATH_OR_ALIAS, self, eagle3:DIR")
     try:
-        return METHODS[name](target, option)
+        return METHODS[name](target, option, tree)
     except ValueError as error:
         raise EyasError(f"bad --draft '{spec}': {error}") from error

@@ -1,0 +1,94 @@
+"""EAGLE-3 proposer: committed-row alignment, tree expansion against explicit head passes,
+and greedy output equal to plain decoding (with a random head: acceptance is not the point)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eyas.eagle3.config import Eagle3Config
+from eyas.eagle3.head import Eagle3Head
+from eyas.eagle3.vocab import build_draft_vocab
+from eyas.engine.generate import generate
+from eyas.engine.sampling import SamplingParams
+from eyas.engine.speculative.decode import speculative_generate
+from eyas.engine.speculative.policy import PolicyConfig
+from eyas.engine.speculative.proposers.eagle3 import Eagle3Proposer, TreeShape
+
+PROMPT = list(range(300, 316))
+
+
+@pytest.fixture(scope="module")
+def random_head(tiny_target):
+    torch.manual_seed(0)
+    config = Eagle3Config.for_target(tiny_target.config, draft_vocab_size=512,
+                                     target_layer_ids=[0, 1, 2])
+    head = Eagle3Head(config)
+    counts = torch.zeros(tiny_target.config.vocab_size)
+    counts[torch.randperm(tiny_target.config.vocab_size)[:2000]] = 1.0
+    head.set_vocab(build_draft_vocab(counts, 512))
+    head.set_embedding(tiny_target.model.embed_tokens.weight)
+    with torch.no_grad():
+        head.lm_head.weight.mul_(10)  # decisive top-k
+    return head.eval()
+
+
+def test_tree_shape_parsing():
+    assert TreeShape.parse("chain:3") == TreeShape(depth=3, top_k=1, total_tokens=4)
+    assert TreeShape.parse("5,3,16") == TreeShape(depth=5, top_k=3, total_tokens=16)
+    with pytest.raises(Exception, match="DEPTH,TOPK,TOTAL"):
+        TreeShape.parse("big")
+
+
+@pytest.mark.parametrize("shape", ["chain:3", "3,2,7", "4,3,10"])
+def test_greedy_eagle3_equals_plain(tiny_target, random_head, shape):
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    expected = generate(tiny_target, PROMPT, params).token_ids
+    proposer = Eagle3Proposer(random_head, TreeShape.parse(shape))
+    result = speculative_generate(tiny_target, PROMPT, params, proposer, 16,
+                                  policy=PolicyConfig(enabled=False))
+    assert result.token_ids == expected
+    assert result.stats["speculative"]["draft_tokens"] > 0
+
+
+@torch.inference_mode()
+def test_committed_rows_equal_one_causal_pass_over_the_final_sequence(tiny_target, random_head):
+    proposer = Eagle3Proposer(random_head, TreeShape.parse("3,2,6"))
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    result = speculative_generate(tiny_target, PROMPT, params, proposer, 8,
+                                  policy=PolicyConfig(enabled=False))
+    sequence = PROMPT + result.token_ids
+    rows = proposer.committed
+    taps = tiny_target.model(torch.tensor([sequence]), tap_layers=proposer.tap_layers).taps
+    reference = random_head(taps[:, :rows], torch.tensor([sequence[1 : rows + 1]]),
+                            torch.arange(rows)[None])
+    keys, values = proposer.past
+    assert keys.shape[2] == rows
+    assert torch.allclose(keys, reference.past_kv[0], atol=1e-4)
+    assert torch.allclose(values, reference.past_kv[1], atol=1e-4)
+
+
+@torch.inference_mode()
+def test_second_level_scores_match_an_explicit_head_pass(tiny_target, random_head):
+    from eyas.engine.generate import new_cache
+
+    proposer = Eagle3Proposer(random_head, TreeShape(depth=2, top_k=2, total_tokens=7))
+    proposer.begin(tiny_target, PROMPT, SamplingParams())
+    cache = new_cache(tiny_target, 1, 64)
+    out = tiny_target.model(torch.tensor([PROMPT]), cache=cache, write_at=0,
+                            tap_layers=proposer.tap_layers)
+    proposer.observe(None, None, out)
+    root = int(out.logits[0, -1].argmax())
+    tree = proposer.propose(PROMPT + [root], 6)
+    depth1 = [i for i, p in enumerate(tree.parents.tolist()) if p == 0]
+    assert len(depth1) == 2
+    # explicit: last committed row's output + depth-1 token at position n
+    log_probs = torch.log_softmax(proposer.last_logits[0].float(), -1)
+    parent_token = int(tree.tokens[depth1[0]])
+    parent_draft_id = int(random_head.t2d[: parent_token].sum())  # draft ids are sorted target ids
+    step = random_head(proposer.last_hidden, torch.tensor([[parent_token]]),
+                       torch.tensor([[len(PROMPT)]]), past_kv=proposer.past)
+    child_scores = log_probs[parent_draft_id] + torch.log_softmax(step.logits[0, 0].float(), -1)
+    best_child = int(random_head.draft_to_target(child_scores.argmax()[None])[0])
+    children = [int(tree.tokens[i]) for i, p in enumerate(tree.parents.tolist()) if p == depth1[0] + 1]
+    assert best_child in children
