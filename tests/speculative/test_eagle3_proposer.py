@@ -92,3 +92,21 @@ def test_second_level_scores_match_an_explicit_head_pass(tiny_target, random_hea
     best_child = int(random_head.draft_to_target(child_scores.argmax()[None])[0])
     children = [int(tree.tokens[i]) for i, p in enumerate(tree.parents.tolist()) if p == depth1[0] + 1]
     assert best_child in children
+
+
+def test_auto_tree_measures_costs_once_and_stays_lossless(tiny_target, random_head, tmp_path,
+                                                          monkeypatch):
+    monkeypatch.setenv("EYAS_CACHE", str(tmp_path))
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
+    expected = generate(tiny_target, PROMPT, params).token_ids
+    proposer = Eagle3Proposer(random_head, None, resize_every=2)
+    result = speculative_generate(tiny_target, PROMPT, params, proposer, 32,
+                                  policy=PolicyConfig(enabled=False))
+    assert result.token_ids == expected
+    spec = result.stats["speculative"]
+    assert spec["tree_mode"] == "auto"
+    depth, top_k, total = (int(x) for x in spec["tree"].split(","))
+    assert depth >= 1 and top_k >= 1 and total >= 2
+    # a random head is almost never right: the rank estimate fell below the prior
+    assert spec["rank_probabilities"][0] < 0.55
+    assert len(list((tmp_path / "costs").glob("*.json"))) == 1  # measured once, cached

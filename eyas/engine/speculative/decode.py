@@ -91,7 +91,8 @@ def speculative_generate(
         "ttft_s": first_token_at - started,
         "decode_s": done - first_token_at,
         "tokens_per_s": decode_tokens / max(done - first_token_at, 1e-9),
-        "speculative": {"method": proposer.name, **metrics.as_dict()},
+        "speculative": {"method": proposer.name, **metrics.as_dict(),
+                        **(proposer.stats() if hasattr(proposer, "stats") else {})},
     }
     return sequence.result(stats)
 

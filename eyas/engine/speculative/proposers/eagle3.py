@@ -13,6 +13,10 @@ Per step:
 3. Rerank: the best `total_tokens - 1` candidates by cumulative score (a child never outscores
    its parent, so they form a connected subtree), ordered parents first.
 Tree rows are scratch: only committed rows stay in the head's KV.
+
+With no fixed shape (`--tree auto`), the shape comes from sizing.py: the target's measured
+verification costs, the head's measured step costs, and the acceptance ranks observed so far;
+it is chosen again every `resize_every` steps.
 """
 
 from __future__ import annotations
@@ -55,15 +59,24 @@ class _Node:
     parent: int  # index into the candidate list, -1 = the root
     score: float  # cumulative log-probability
     depth: int
-    hidden_row: int  # row of the head pass that produced this node's distribution's input
+    rank: int  # 1-based rank among its parent's top-k children
 
 
 class Eagle3Proposer:
     name = "eagle3"
 
-    def __init__(self, head, shape: TreeShape | None = None) -> None:
+    def __init__(self, head, shape: TreeShape | None = None, resize_every: int = 16) -> None:
+        from eyas.engine.speculative.sizing import RankStats
+
         self.head = head
+        self.auto = shape is None
         self.shape = shape or TreeShape()
+        self.resize_every = resize_every
+        self.cost = None  # CostModel, measured on first use in auto mode
+        self.ranks = RankStats()
+        self.steps_since_resize = 0
+        self.node_ranks: list[int] = []  # rank of each node of the last tree
+        self.choice = None  # last TreeChoice (auto mode)
         self.tap_layers = tuple(head.config.target_layer_ids)
         self.past: tuple[Tensor, Tensor] | None = None  # committed KV [1, KV, n, D]
         self.committed = 0  # committed rows (= positions 0..committed-1)
@@ -76,11 +89,38 @@ class Eagle3Proposer:
             raise EyasError("the EAGLE-3 head was trained for a target with another vocabulary")
         self.past, self.committed, self.pending_taps = None, 0, None
         self.last_hidden = self.last_logits = None
+        if self.auto:
+            from eyas.engine.speculative.sizing import load_or_measure
+
+            if self.cost is None:
+                self.cost = load_or_measure(target, self.head)
+            self._resize()
+
+    def _resize(self) -> None:
+        from eyas.engine.speculative.sizing import choose_shape
+
+        choice = choose_shape(self.cost, self.ranks.probabilities)
+        self.choice = choice
+        if choice.depth == 0:  # speculation cannot pay: a one-token chain keeps statistics alive
+            self.shape = TreeShape(depth=1, top_k=1, total_tokens=2)
+        else:
+            self.shape = TreeShape(choice.depth, choice.top_k, choice.total_tokens)
+        self.steps_since_resize = 0
+
+    def stats(self) -> dict:
+        shape = {"tree": f"{self.shape.depth},{self.shape.top_k},{self.shape.total_tokens}",
+                 "tree_mode": "auto" if self.auto else "fixed",
+                 "rank_probabilities": [round(p, 3) for p in self.ranks.probabilities]}
+        if self.choice is not None:
+            shape["expected_tokens_per_step"] = round(self.choice.expected_tokens, 3)
+        return shape
 
     # -- feedback from the target ---------------------------------------------------------
     def observe(self, tree, result, output) -> None:
         """Keep the taps of the rows that became final: all prompt rows after the prefill,
         the root and the accepted nodes after a verification."""
+        if result is not None and tree is not None and tree.size:
+            self._record_ranks(tree, result)
         if output is None or output.taps is None:
             return
         if result is None:  # the prefill
@@ -90,6 +130,19 @@ class Eagle3Proposer:
             taps = output.taps[:, rows]
         # Plain steps (no propose in between) pile up rows; the next catch-up takes them all.
         self.pending_taps = taps if self.pending_taps is None else torch.cat([self.pending_taps, taps], 1)
+
+    def _record_ranks(self, tree: DraftTree, result) -> None:
+        """Rank of the accepted child at each depth of the path; a miss where it stopped."""
+        parents = tree.parents.tolist()
+        for node in result.accepted_nodes:
+            self.ranks.record(self.node_ranks[node - 1])
+        last = result.accepted_nodes[-1] if result.accepted_nodes else 0
+        if last in parents:  # the last accepted node had drafted children: none was right
+            self.ranks.record(None)
+        if self.auto:
+            self.steps_since_resize += 1
+            if self.steps_since_resize >= self.resize_every:
+                self._resize()
 
     # -- drafting -------------------------------------------------------------------------
     @torch.inference_mode()
@@ -128,7 +181,8 @@ class Eagle3Proposer:
         k = min(shape.top_k, budget)
         top = torch.topk(log_probs, k)
         targets = head.draft_to_target(top.indices).tolist()
-        candidates = [_Node(t, -1, float(s), 1, -1) for t, s in zip(targets, top.values.tolist())]
+        candidates = [_Node(t, -1, float(s), 1, r + 1)
+                      for r, (t, s) in enumerate(zip(targets, top.values.tolist()))]
         frontier = list(range(len(candidates)))
         hidden_of: dict[int, Tensor] = {}  # candidate -> its row's output hidden [H]
         parent_hidden = self.last_hidden[0, 0]
@@ -154,8 +208,9 @@ class Eagle3Proposer:
             for row, parent in enumerate(frontier):
                 hidden_of[parent] = out.hidden[0, row]
                 child_targets = head.draft_to_target(child_top.indices[row]).tolist()
-                for token, score in zip(child_targets, child_top.values[row].tolist()):
-                    candidates.append(_Node(token, parent, candidates[parent].score + score, depth, row))
+                for rank, (token, score) in enumerate(zip(child_targets, child_top.values[row].tolist())):
+                    candidates.append(_Node(token, parent, candidates[parent].score + score, depth,
+                                            rank + 1))
                     children.append(len(candidates) - 1)
             children.sort(key=lambda c: -candidates[c].score)
             frontier = children[: shape.top_k]
@@ -182,11 +237,13 @@ class Eagle3Proposer:
         kept = set(order[:budget])
         kept_sorted = sorted(kept, key=lambda c: (candidates[c].depth, -candidates[c].score))
         node_of = {c: i + 1 for i, c in enumerate(kept_sorted)}
-        tokens, parents = [], []
+        tokens, parents, ranks = [], [], []
         for c in kept_sorted:
             parent = candidates[c].parent
             if parent >= 0 and parent not in node_of:
                 continue  # cannot happen with log-probabilities; guards ties
             tokens.append(candidates[c].token)
             parents.append(node_of.get(parent, 0))
+            ranks.append(candidates[c].rank)
+        self.node_ranks = ranks
         return DraftTree(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long))

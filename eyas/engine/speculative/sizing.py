@@ -1,0 +1,199 @@
+"""Draft-tree sizing from measured costs, not GPU defaults.
+
+On a GPU verifying 60 tokens costs about one token's step; on a CPU it does not (SmolLM2-135M:
+8 tokens ~2.2 single-token steps). So the best tree is chosen from:
+
+- `CostModel`: the measured wall time of one target pass over T tokens (T = 1..64) and of one
+  draft-head pass over R rows, at the batch size in use; measured once per machine, model and
+  precision and cached as JSON under the eyas cache.
+- `RankStats`: acceptance observed online: at depth d, how often the target's token was the
+  draft's rank-r child (r = 1..k) or none of them.
+- `expected_tokens(shape, ranks)`: builds the candidate set the EAGLE-2 expansion would build
+  for that shape (a node's probability of lying on the accepted path = the product of its rank
+  probabilities along the path), keeps the best total - 1, and sums their probabilities: the
+  expected accepted tokens per step; + 1 for the bonus token.
+- `choose_shape`: the (depth, top_k, total) that maximises expected tokens per second.
+
+A steep verification curve picks a short chain; a flat one picks a wide, deep tree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import json
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from eyas.utils.io import cache_dir, write_json_atomic
+
+TOKEN_SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64)
+PRIOR_RANKS = (0.55, 0.12, 0.05, 0.03)  # P(target token = rank-r child), before any data
+
+
+@dataclass
+class CostModel:
+    verify_seconds: dict[int, float]  # tokens in one target pass -> seconds
+    draft_seconds: dict[int, float] = field(default_factory=lambda: {1: 0.0})  # head rows -> s
+
+    @staticmethod
+    def _interpolate(table: dict[int, float], x: int) -> float:
+        points = sorted(table.items())
+        if x <= points[0][0]:
+            return points[0][1]
+        for (x0, y0), (x1, y1) in zip(points, points[1:]):
+            if x <= x1:
+                return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+        (x0, y0), (x1, y1) = points[-2], points[-1]  # extrapolate the last segment
+        return y1 + (y1 - y0) * (x - x1) / max(x1 - x0, 1)
+
+    def verify(self, tokens: int) -> float:
+        return self._interpolate(self.verify_seconds, tokens)
+
+    def draft(self, rows: int) -> float:
+        return self._interpolate(self.draft_seconds, rows)
+
+    def relative(self) -> dict[int, float]:
+        """Verification cost relative to a single-token step (what the docs quote)."""
+        one = self.verify(1)
+        return {t: round(s / one, 3) for t, s in sorted(self.verify_seconds.items())}
+
+
+def _median_seconds(fn: Callable[[], None], repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return sorted(times)[len(times) // 2]
+
+
+@torch.inference_mode()
+def measure_verify_costs(target, context: int = 256, sizes=TOKEN_SIZES, repeats: int = 5
+                         ) -> dict[int, float]:
+    """Seconds of one target pass over T new tokens after `context` cached tokens."""
+    from eyas.engine.generate import new_cache
+
+    cache = new_cache(target, 1, context + max(sizes) + 1)
+    device = target.device
+    target.model(torch.zeros(1, context, dtype=torch.long, device=device), cache=cache, write_at=0,
+                 logits_at=None)
+    costs = {}
+    for size in sizes:
+        ids = torch.zeros(1, size, dtype=torch.long, device=device)
+        mask = torch.ones(1, size, context + size, dtype=torch.bool, device=device)
+
+        def step() -> None:
+            target.model(ids, cache=cache, write_at=context, attn_mask=mask if size > 1 else None,
+                         kv_len=context + size)
+
+        costs[size] = _median_seconds(step, repeats)
+    return costs
+
+
+@torch.inference_mode()
+def measure_draft_costs(head, context: int = 256, rows=(1, 2, 3, 4, 6, 8), repeats: int = 5
+                        ) -> dict[int, float]:
+    """Seconds of one head pass over R rows after `context` committed rows."""
+    config = head.config
+    device = head.fc.weight.device
+    dtype = head.fc.weight.dtype
+    past_taps = torch.zeros(1, context, config.fused_input_size, dtype=dtype, device=device)
+    past = head(past_taps, torch.zeros(1, context, dtype=torch.long, device=device),
+                torch.arange(context, device=device)[None]).past_kv
+    costs = {}
+    for count in rows:
+        hidden = torch.zeros(1, count, config.hidden_size, dtype=dtype, device=device)
+        ids = torch.zeros(1, count, dtype=torch.long, device=device)
+        positions = torch.full((1, count), context, device=device)
+        mask = torch.ones(1, count, context + count, dtype=torch.bool, device=device)
+        costs[count] = _median_seconds(lambda: head(hidden, ids, positions, attn_mask=mask,
+                                                    past_kv=past), repeats)
+    return costs
+
+
+def cost_cache_path(key: str) -> Path:
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return cache_dir() / "costs" / f"{digest}.json"
+
+
+def load_or_measure(target, head=None) -> CostModel:
+    """The cost model of this machine + model + precision (+ head), measured once and cached."""
+    head_key = "" if head is None else json.dumps(head.config.to_dict(), sort_keys=True)
+    key = "|".join([str(target.folder), target.precision, str(target.device),
+                    str(torch.get_num_threads()), platform.processor() or platform.machine(),
+                    torch.__version__, head_key])
+    path = cost_cache_path(key)
+    if path.is_file():
+        raw = json.loads(path.read_text())
+        return CostModel({int(k): v for k, v in raw["verify_seconds"].items()},
+                         {int(k): v for k, v in raw["draft_seconds"].items()})
+    model = CostModel(measure_verify_costs(target),
+                      measure_draft_costs(head) if head is not None else {1: 0.0})
+    write_json_atomic(path, {"key": key, **asdict(model)})
+    return model
+
+
+@dataclass
+class TreeChoice:
+    depth: int
+    top_k: int
+    total_tokens: int
+    expected_tokens: float  # per step, bonus included
+    seconds: float  # per step: verification + drafting
+    tokens_per_second: float
+
+
+def expected_tokens(depth: int, top_k: int, total: int, ranks: list[float]) -> float:
+    """Expected tokens per step (bonus included) of an EAGLE-2 tree under rank probabilities."""
+    rank_probs = [ranks[r] if r < len(ranks) else 0.0 for r in range(top_k)]
+    candidates = [p for p in rank_probs]  # depth 1
+    frontier = heapq.nlargest(top_k, candidates)
+    for _ in range(2, depth + 1):
+        children = [parent * p for parent in frontier for p in rank_probs]
+        candidates.extend(children)
+        frontier = heapq.nlargest(top_k, children)
+    kept = heapq.nlargest(max(total - 1, 0), candidates)
+    return 1.0 + sum(kept)
+
+
+def choose_shape(cost: CostModel, ranks: list[float], max_depth: int = 8, max_top_k: int = 4,
+                 max_total: int = 64) -> TreeChoice:
+    """The shape with the most expected tokens per second (plain decoding = depth 0)."""
+    plain = cost.verify(1)
+    best = TreeChoice(0, 0, 1, 1.0, plain, 1.0 / plain)
+    for depth in range(1, max_depth + 1):
+        for top_k in range(1, max_top_k + 1):
+            draft_seconds = sum(cost.draft(top_k if level > 1 else 1) for level in range(1, depth + 1))
+            largest = min(max_total, 1 + sum(top_k ** min(level, 2) for level in range(1, depth + 1)))
+            for total in range(2, largest + 1):
+                tokens = expected_tokens(depth, top_k, total, ranks)
+                seconds = cost.verify(total) + draft_seconds
+                if tokens / seconds > best.tokens_per_second:
+                    best = TreeChoice(depth, top_k, total, tokens, seconds, tokens / seconds)
+    return best
+
+
+class RankStats:
+    """Online estimate of P(target token = rank-r child) with the prior as pseudo-counts."""
+
+    def __init__(self, max_rank: int = 4, prior_weight: float = 20.0) -> None:
+        self.counts = [p * prior_weight for p in PRIOR_RANKS[:max_rank]]
+        self.counts += [0.0] * (max_rank - len(self.counts))
+        self.total = prior_weight
+
+    def record(self, rank: int | None) -> None:
+        """rank: 1-based rank of the accepted child among the drafted children, None = miss."""
+        self.total += 1
+        if rank is not None and rank <= len(self.counts):
+            self.counts[rank - 1] += 1
+
+    @property
+    def probabilities(self) -> list[float]:
+        return [c / self.total for c in self.counts]

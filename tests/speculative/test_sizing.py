@@ -1,0 +1,63 @@
+"""Tree sizing from measured costs: synthetic cost curves and rank probabilities."""
+
+from __future__ import annotations
+
+import pytest
+
+from eyas.engine.speculative.sizing import CostModel, RankStats, choose_shape, expected_tokens
+
+RANKS = [0.6, 0.15, 0.06, 0.03]
+
+
+def curve(per_token: float, draft: float = 0.02) -> CostModel:
+    """Verification of T tokens costs 1 + per_token * (T - 1) single-token steps."""
+    return CostModel({t: 1.0 + per_token * (t - 1) for t in (1, 2, 4, 8, 16, 32, 64)},
+                     {r: draft for r in (1, 2, 4, 8)})
+
+
+def test_expected_tokens_of_a_chain_is_the_geometric_sum():
+    # chain of 3 with top-1 probability 0.6: 1 + 0.6 + 0.36 + 0.216
+    assert expected_tokens(3, 1, 4, RANKS) == pytest.approx(1 + 0.6 + 0.36 + 0.216)
+
+
+def test_expected_tokens_of_a_tree_counts_the_best_nodes():
+    # depth 2, top-2, total 4 (3 drafts): depth-1 {0.6, 0.15}, depth-2 children of 0.6 and
+    # 0.15: {0.36, 0.09, 0.09, 0.0225}: the best three are 0.6, 0.36, 0.15
+    assert expected_tokens(2, 2, 4, RANKS) == pytest.approx(1 + 0.6 + 0.36 + 0.15)
+
+
+def test_interpolation_and_extrapolation():
+    cost = CostModel({1: 1.0, 8: 2.4})
+    assert cost.verify(1) == 1.0 and cost.verify(8) == 2.4
+    assert cost.verify(4) == pytest.approx(1.0 + 1.4 * 3 / 7)
+    assert cost.verify(15) == pytest.approx(2.4 + 1.4)
+
+
+def test_expensive_verification_picks_a_chain():
+    choice = choose_shape(curve(per_token=0.25), RANKS)
+    assert choice.top_k == 1 and choice.depth >= 1
+    assert choice.total_tokens == choice.depth + 1
+
+
+def test_cheap_verification_picks_a_wider_deeper_tree():
+    steep = choose_shape(curve(per_token=0.25), RANKS)
+    flat = choose_shape(curve(per_token=0.005), RANKS)
+    assert flat.top_k >= 2
+    assert flat.total_tokens > steep.total_tokens
+    assert flat.tokens_per_second > steep.tokens_per_second
+
+
+def test_speculation_that_cannot_pay_picks_plain_decoding():
+    choice = choose_shape(curve(per_token=1.0, draft=0.5), [0.05, 0.01])
+    assert choice.depth == 0 and choice.total_tokens == 1
+
+
+def test_rank_stats_move_from_the_prior_towards_the_data():
+    stats = RankStats(max_rank=2, prior_weight=10)
+    for _ in range(90):
+        stats.record(1)
+    for _ in range(10):
+        stats.record(None)
+    probability = stats.probabilities[0]
+    assert 0.8 < probability < 0.9  # (5.5 + 90) / 110
+    assert probability == pytest.approx((0.55 * 10 + 90) / 110)
