@@ -4,6 +4,8 @@ Examples:
     eyas bench offline                                   # eyas (auto, float32) vs transformers
     eyas bench offline --systems eyas:int4,eyas:float32,hf,hf-lookup,llama.cpp --num-prompts 8
     eyas bench offline --dataset code --max-tokens 64 --output runs/offline.json
+    eyas bench offline --draft ngram                     # plain beside n-gram speculation
+    eyas bench offline --systems "eyas:float32;eyas:float32+ngram:3,1,3" --num-draft-tokens 6
 
     eyas bench serve --url http://127.0.0.1:8000 --label eagle3 --concurrency 1,2,4,8,16
     eyas bench serve --url http://127.0.0.1:8000 --dataset random --input-len 512 --ignore-eos
@@ -12,8 +14,10 @@ Examples:
 
 `offline` runs MT-Bench first turns (or the code set) single-stream through each system in one
 run, interleaved prompt by prompt, and prints tokens/s and the ratio to transformers `generate`.
-Systems: eyas[:PRECISION] (auto, float32, bfloat16, int4), hf (transformers generate, float32),
+Systems: eyas[:PRECISION[+DRAFT]] (precision auto, float32, bfloat16, int4; DRAFT as in
+`eyas generate --draft`, e.g. eyas:float32+ngram), hf (transformers generate, float32),
 hf-lookup (its prompt lookup decoding), llama.cpp (when llama-cpp-python is installed).
+Speculative rows show tau, the acceptance length (1 + accepted / verification steps).
 
 `serve` sweeps concurrency levels against any OpenAI-compatible server (eyas, vLLM, SGLang):
 TTFT, TPOT, ITL, end-to-end latency, throughput, and acceptance from /metrics; it writes
@@ -25,9 +29,13 @@ from __future__ import annotations
 
 import argparse
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from eyas.errors import EyasError
 from eyas.utils.io import write_json_atomic
+
+if TYPE_CHECKING:
+    from eyas.bench.serve_client import SweepConfig
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -50,17 +58,46 @@ def _register_offline(sub: argparse._SubParsersAction) -> None:
     offline.add_argument("--dataset", default="mtbench", help="mtbench or code (default: %(default)s)")
     offline.add_argument("--num-prompts", type=int, default=8, help="default: %(default)s")
     offline.add_argument("--max-tokens", type=int, default=128, help="default: %(default)s")
-    offline.add_argument("--systems", default="eyas:auto,eyas:float32,hf",
-                         help="comma-separated systems (default: %(default)s)")
+    offline.add_argument("--systems", default=None,
+                         help="systems separated by ';' or ',' (default: eyas:auto,eyas:float32,hf; "
+                              "with --draft D: eyas:auto,eyas:auto+D,hf)")
+    offline.add_argument("--draft", default=None, help="add a speculative row with this method")
+    offline.add_argument("--num-draft-tokens", type=int, default=4,
+                         help="draft tokens per step for speculative rows (default: %(default)s)")
     offline.add_argument("--output", default=None, help="write the JSON report here")
     offline.set_defaults(func=run_offline_cli)
+
+
+def split_systems(text: str) -> list[str]:
+    """'eyas:int4,eyas:int4+ngram:3,1,3,hf' -> systems; commas inside a draft option stay.
+
+    ';' always separates; ',' separates unless the next piece is a number (a draft option).
+    """
+    systems: list[str] = []
+    for chunk in text.split(";"):
+        for piece in chunk.split(","):
+            piece = piece.strip()
+            if not piece:
+                continue
+            if systems and piece.isdigit():
+                systems[-1] += "," + piece
+            else:
+                systems.append(piece)
+    return systems
 
 
 def run_offline_cli(args: argparse.Namespace) -> int:
     from eyas.bench.offline import OfflineConfig, format_report, run_offline
 
+    if args.systems:
+        systems = split_systems(args.systems)
+    elif args.draft:
+        systems = ["eyas:auto", f"eyas:auto+{args.draft}", "hf"]
+    else:
+        systems = ["eyas:auto", "eyas:float32", "hf"]
     config = OfflineConfig(model=args.model, dataset=args.dataset, num_prompts=args.num_prompts,
-                           max_tokens=args.max_tokens, systems=args.systems.split(","))
+                           max_tokens=args.max_tokens, systems=systems,
+                           num_draft_tokens=args.num_draft_tokens)
     report = run_offline(config)
     print(format_report(report))
     if args.output:
@@ -115,7 +152,7 @@ def _add_sweep_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
-def _sweep_from_args(args: argparse.Namespace):  # -> SweepConfig
+def _sweep_from_args(args: argparse.Namespace) -> SweepConfig:
     from eyas.bench.serve_client import SweepConfig
 
     return SweepConfig(dataset=args.dataset, num_prompts=args.num_prompts,
