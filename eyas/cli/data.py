@@ -1,7 +1,7 @@
 """`eyas data`: prepare prompts, regenerate answers with the target, render with loss masks.
 
 Usage:
-    eyas data prepare --source sharegpt --source mtbench --output-dir data/prepared
+    eyas data prepare --source sharegpt --output-dir data/prepared
     eyas data prepare --source chats.jsonl --keep conversation --pii EMAIL=keep,secrets=drop
     eyas data regenerate --input data/prepared/train.jsonl --output data/regen.jsonl --endpoint http://host:8000
     eyas data regenerate --input data/prepared/train.jsonl --output data/regen.jsonl --model smollm2-135m
