@@ -23,7 +23,11 @@ from eyas.errors import EyasError
 # Subcommand modules, in pipeline order (a plain list is the registry).
 SUBCOMMAND_MODULES = [
     "eyas.cli.data",
+    "eyas.cli.features",
+    "eyas.cli.train",
+    "eyas.cli.export",
     "eyas.cli.generate",
+    "eyas.cli.serve",
     "eyas.cli.bench",
 ]
 

@@ -32,12 +32,24 @@ from torch import Tensor, nn
 
 from eyas.eagle3.config import Eagle3Config
 from eyas.eagle3.vocab import DraftVocab
-from eyas.models.llama import RMSNorm, rope_inverse_frequencies
+from eyas.models.llama import rope_inverse_frequencies
 
 
 def rotate_half(x: Tensor) -> Tensor:  # [..., D]: (x1, x2) -> (-x2, x1)
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm computed in float32 whatever the input dtype (bf16 autocast included)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:  # [..., D]
+        return F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps).to(x.dtype)
 
 
 class DraftStepOutput(NamedTuple):

@@ -175,16 +175,20 @@ def _extract(config: FeatureConfig, context: DistributedContext, target: Target 
     )
     if context.is_main:
         print(f"[eyas] features: {plan.describe()}", flush=True)
-    if config.check_space and plan.remaining_bytes * SPACE_MARGIN > plan.free_bytes:
-        raise EyasError(
-            f"not enough disk space in {output}: the features need {gib(plan.remaining_bytes)} more "
-            f"but {gib(plan.free_bytes)} are free. Free space, choose another --out, store "
-            f"--dtype float16/bfloat16, lower --max-length, or use online training (`eyas train "
-            f"--data`), which stores nothing"
-        )
+    fits = plan.remaining_bytes * SPACE_MARGIN <= plan.free_bytes
     if config.dry_run:
+        if context.is_main and not fits:
+            print(f"[eyas] features: this would not fit in {output} ({gib(plan.free_bytes)} free)")
         return ExtractionSummary(str(output), plan.num_samples, plan.num_tokens, plan.total_bytes,
                                  0.0, 0)
+    if config.check_space and not fits:
+        smaller = "store --dtype bfloat16 (half the size), " if config.dtype == "float32" else ""
+        raise EyasError(
+            f"not enough disk space in {output}: the features need {gib(plan.remaining_bytes)} more "
+            f"but {gib(plan.free_bytes)} are free. Free space, choose another --out, {smaller}lower "
+            f"--max-length, use fewer samples, or train online (`eyas train --data`), which stores "
+            f"nothing"
+        )
     output.mkdir(parents=True, exist_ok=True)
     if context.is_main:
         write_json_atomic(output / SETTINGS_NAME, settings)

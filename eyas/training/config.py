@@ -2,7 +2,7 @@
 
 Usage:
     config = TrainConfig(model="smollm2-135m", data="train.tokenized.jsonl", output="runs/a")
-    config = TrainConfig.from_yaml("presets/cpu-small.yaml", output="runs/b")  # flags override
+    config = TrainConfig.from_yaml("preset.yaml", output="runs/b")  # keyword arguments override
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class TrainConfig:
     adam_beta2: float = 0.95
     max_grad_norm: float = 0.5
     precision: str = "auto"  # head autocast: auto (bf16 on GPU, fp32 on CPU), float32, bfloat16
-    target_dtype: str = "auto"  # online mode: precision of the target forward
+    target_dtype: str = "float32"  # online mode: precision of the target forward (load_target's)
     device: str = "cpu"
     init_lm_head_from_target: bool = True  # start lm_head from the target's rows of the kept ids
     save_every: int = 500  # checkpoint every N optimizer steps (0: only at the end)
@@ -107,13 +107,29 @@ class TrainConfig:
     @classmethod
     def from_yaml(cls, path: str | Path, **overrides: Any) -> TrainConfig:
         """A YAML preset of TrainConfig keys; `overrides` (e.g. from flags) win."""
-        import yaml
+        return cls.from_dict({**read_preset(path), **overrides})
 
-        raw = yaml.safe_load(Path(path).read_text()) or {}
-        if not isinstance(raw, dict):
-            raise EyasError(f"{path}: a preset must be a mapping of TrainConfig keys")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(raw) - known)
-        if unknown:
-            raise EyasError(f"{path}: unknown keys {unknown}; accepted: {', '.join(sorted(known))}")
-        return cls(**{**raw, **overrides})
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> TrainConfig:
+        missing = [name for name in ("model", "output") if raw.get(name) is None]
+        if missing:
+            flags = {"model": "--model", "output": "--out"}
+            raise EyasError(f"eyas train needs {' and '.join(flags[m] for m in missing)}")
+        return cls(**raw)
+
+
+def read_preset(path: str | Path) -> dict[str, Any]:
+    """The TrainConfig keys of a YAML preset, checked against the known ones."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise EyasError(f"no such preset file: {path}")
+    raw = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(raw, dict):
+        raise EyasError(f"{path}: a preset must be a mapping of TrainConfig keys")
+    known = {f.name for f in fields(TrainConfig)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise EyasError(f"{path}: unknown keys {unknown}; accepted: {', '.join(sorted(known))}")
+    return raw

@@ -42,7 +42,7 @@ from eyas.training.checkpoints import (
     save_checkpoint,
 )
 from eyas.training.config import TrainConfig
-from eyas.training.data import BatchPlan, OfflineSource, OnlineSource, collate, split_held_out
+from eyas.training.data import Batch, BatchPlan, OfflineSource, OnlineSource, collate, split_held_out
 from eyas.training.distributed import DistributedContext
 from eyas.training.metrics import MetricsLogger, acceptance_length
 from eyas.training.schedule import WarmupCosine
@@ -94,8 +94,6 @@ class Trainer:
             self.source = OnlineSource(samples, config.max_length)
             self.target = target or load_target(config.model, dtype=config.target_dtype,
                                                 device=str(self.device))
-            self.embedding = self.target.model.embed_tokens.weight.detach().float()
-            self.lm_head_weight = self.target.model.lm_head.weight.detach().float()
         else:
             store = FeatureStore(config.features)  # type: ignore[arg-type]
             meta = store.meta
@@ -106,10 +104,15 @@ class Trainer:
             if config.target_layer_ids and list(config.target_layer_ids) != meta.target_layer_ids:
                 raise EyasError(f"--target-layer-ids {config.target_layer_ids} differ from the layers "
                                 f"stored in {config.features}: {meta.target_layer_ids}")
+            if meta.target_model != config.model and self.context.is_main:
+                print(f"[eyas] note: the features were made with --model {meta.target_model}; training "
+                      f"with --model {config.model} (same shape; make sure it is the same target)",
+                      flush=True)
             self.layer_ids = list(meta.target_layer_ids)
             self.source = OfflineSource(store)
-            embedding, lm_head = load_output_weights(info)
-            self.embedding, self.lm_head_weight = embedding.to(self.device), lm_head.to(self.device)
+        # Both modes read the embedding and lm_head from the target's files, in float32.
+        embedding, lm_head = load_output_weights(info)
+        self.embedding, self.lm_head_weight = embedding.to(self.device), lm_head.to(self.device)
         self.info = info
         self.train_indices, self.eval_indices = split_held_out(
             len(self.source), config.eval_fraction, config.eval_max_samples, config.seed)
@@ -143,7 +146,8 @@ class Trainer:
         self.unroll = TrainingTimeTest(head, config.ttt_steps)
         self.model: torch.nn.Module = self.unroll
         if self.context.is_distributed:
-            self.model = DistributedDataParallel(self.unroll, broadcast_buffers=False)
+            # d2t and t2d are equal on every rank and never change: no buffer sync per forward.
+            self.model = DistributedDataParallel(self.unroll, forward_sync_buffers=False)
 
     def _build_optimizer(self) -> None:
         config = self.config
@@ -165,9 +169,8 @@ class Trainer:
                     print(f"[eyas] resuming from {latest} (step {self.start_step})", flush=True)
 
     # ---- one micro batch -----------------------------------------------------------------------
-    def _micro_batch(self, indices: list[int]) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:
+    def _micro_batch(self, batch: Batch) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:
         """(weighted loss sum, loss_sums [K], correct [K], counted [K], tokens) of a micro batch."""
-        batch = collate([self.source.get(i) for i in indices])
         input_ids = batch.input_ids.to(self.device)
         loss_mask = batch.loss_mask.to(self.device)
         if batch.taps is None:  # online: the target runs now
@@ -188,20 +191,21 @@ class Trainer:
     def train_step(self, step: int) -> StepStats:
         config, context = self.config, self.context
         self.model.train()
-        micro_batches = self.plan.micro_batches(step, context.rank, context.world_size,
-                                                config.micro_batch_size)
+        micro_batches = [collate([self.source.get(i) for i in indices]) for indices in
+                         self.plan.micro_batches(step, context.rank, context.world_size,
+                                                 config.micro_batch_size)]
         # 1. The loss normalizer: answer tokens of the whole global batch.
-        local = sum(answer_count(collate([self.source.get(i) for i in m]).loss_mask) for m in micro_batches)
+        local = sum(answer_count(batch.loss_mask) for batch in micro_batches)
         normalizer = float(context.all_reduce_sum(torch.tensor(float(local))).clamp(min=1.0))
         lr = self.schedule.apply(self.optimizer, step)
         k = config.ttt_steps
         sums = torch.zeros(3 * k + 1)  # loss_sums, correct, counted, tokens
         # 2. Forward and backward per micro batch; gradients sync on the last one only.
-        for number, indices in enumerate(micro_batches):
+        for number, batch in enumerate(micro_batches):
             last = number == len(micro_batches) - 1
             sync = nullcontext() if last or not context.is_distributed else self.model.no_sync()
             with sync:
-                loss, loss_sums, correct, counted, tokens = self._micro_batch(indices)
+                loss, loss_sums, correct, counted, tokens = self._micro_batch(batch)
                 # DDP averages gradients over ranks: scale by world size to sum them instead.
                 (loss * context.world_size / normalizer).backward()
             sums += torch.cat([loss_sums.cpu(), correct.cpu().float(), counted.cpu().float(),
@@ -229,9 +233,9 @@ class Trainer:
         sums = torch.zeros(3 * k + 1)
         answers = torch.zeros(1)
         for start in range(0, len(mine), size):
-            indices = mine[start:start + size]
-            _, loss_sums, correct, counted, tokens = self._micro_batch(indices)
-            answers += float(answer_count(collate([self.source.get(i) for i in indices]).loss_mask))
+            batch = collate([self.source.get(i) for i in mine[start:start + size]])
+            _, loss_sums, correct, counted, tokens = self._micro_batch(batch)
+            answers += float(answer_count(batch.loss_mask))
             sums += torch.cat([loss_sums.cpu(), correct.cpu().float(), counted.cpu().float(),
                                torch.tensor([float(tokens)])])
         sums = context.all_reduce_sum(sums)

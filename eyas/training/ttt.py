@@ -38,10 +38,9 @@ def ttt_attention_mask(length: int, step: int, device: torch.device | str = "cpu
 
 def shift_left(x: Tensor, count: int = 1) -> Tensor:
     """Shift along dim 1 (time) by `count`, filling the end with zeros."""
-    if count == 0:
-        return x
     out = torch.zeros_like(x)
-    out[:, : x.shape[1] - count] = x[:, count:]
+    if count < x.shape[1]:
+        out[:, : x.shape[1] - count] = x[:, count:]
     return out
 
 
@@ -107,28 +106,32 @@ class TrainingTimeTest(nn.Module):
     ) -> TTTResult:
         batch, length = input_ids.shape
         positions = torch.arange(length, device=input_ids.device).expand(batch, length)
-        # 1. Step-0 alignment: row t reads token t+1 and learns the target's row t+1.
+        # 1. Step-0 alignment: row t reads token t+1 and learns the target's row t+1, counted when
+        #    token t+2 is an answer token.
         ids = shift_left(input_ids, 1)
-        probs = shift_left(target.probs, 1)
-        in_draft = shift_left(target.in_draft, 1)
-        argmax_draft = shift_left(target.argmax_draft, 1)
-        answer = shift_left(loss_mask, 2).bool()
+        answer = shift_left(loss_mask, 2).bool()  # [B, T]
         hidden, past_kv = taps, None
         loss_sums, correct, counted = [], [], []
         for step in range(self.steps):
             # 2. One draft step over every row at once, attending as the engine would.
             mask = ttt_attention_mask(length, step, input_ids.device)
-            out = self.head(hidden, ids, positions + step, attn_mask=mask, past_kv=past_kv)
-            log_q = F.log_softmax(out.logits.float(), dim=-1)  # [B, T, N]
-            weight = (answer & in_draft).float()  # [B, T]
-            loss_sums.append(-(weight * (probs * log_q).sum(-1)).sum())
-            hits = (out.logits.argmax(-1) == argmax_draft) & answer & in_draft
+            out = self.head(hidden, ids, positions + step, attn_mask=mask, past_kv=past_kv,
+                            compute_logits=False)
+            # 3. Logits only where they are scored: answer rows (the output layer is the widest
+            #    matmul). Row t of step k is scored against target row t+1+k.
+            rows, times = answer.nonzero(as_tuple=True)  # [M] each
+            target_times = times + 1 + step
+            logits = self.head.compute_logits(out.hidden[rows, times])  # [M, N]
+            log_q = F.log_softmax(logits.float(), dim=-1)
+            drafted = target.in_draft[rows, target_times]  # [M]
+            probs = target.probs[rows, target_times]  # [M, N]
+            loss_sums.append(-(drafted.float() * (probs * log_q).sum(-1)).sum())
+            hits = (logits.argmax(-1) == target.argmax_draft[rows, target_times]) & drafted
             correct.append(hits.sum())
             counted.append(answer.sum())
-            # 3. Feed the head's own output back; shift tokens, targets and masks left by one.
+            # 4. Feed the head's own output back; tokens and masks move left by one.
             hidden, past_kv = out.hidden, out.past_kv
-            ids, probs = shift_left(ids), shift_left(probs)
-            in_draft, argmax_draft, answer = shift_left(in_draft), shift_left(argmax_draft), shift_left(answer)
+            ids, answer = shift_left(ids), shift_left(answer)
         return TTTResult(loss_sums=torch.stack(loss_sums), correct=torch.stack(correct),
                          counted=torch.stack(counted))
 

@@ -11,6 +11,13 @@ from pathlib import Path
 from typing import Any, Iterator
 
 
+def _default_mode() -> int:
+    """0o666 less the process umask: what a plain open() would create."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def cache_dir() -> Path:
     """The eyas cache folder: $EYAS_CACHE, else $XDG_CACHE_HOME/eyas, else ~/.cache/eyas."""
     if os.environ.get("EYAS_CACHE"):
@@ -28,6 +35,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     os.close(fd)
     try:
         yield Path(tmp)
+        os.chmod(tmp, _default_mode())  # mkstemp makes 0600 files; others may need to read them
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

@@ -1,0 +1,62 @@
+"""One training step online (target run on the fly) and offline (stored features) on the same
+data gives the same loss and the same weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eyas.training.config import TrainConfig
+from eyas.training.data import collate
+from eyas.training.trainer import Trainer
+
+
+def make_trainer(tmp_path, name: str, tiny_target_dir, tiny_target=None, **mode) -> Trainer:
+    config = TrainConfig(model=str(tiny_target_dir), output=str(tmp_path / name), draft_vocab_size=64,
+                         micro_batch_size=2, grad_accum=2, max_steps=3, progress=False, **mode)
+    return Trainer(config, target=tiny_target)
+
+
+def test_one_step_online_equals_offline(tmp_path, tiny_target_dir, tiny_target, tokenized_file,
+                                        feature_store_dir) -> None:
+    online = make_trainer(tmp_path, "online", tiny_target_dir, tiny_target, data=str(tokenized_file))
+    offline = make_trainer(tmp_path, "offline", tiny_target_dir, features=str(feature_store_dir))
+    assert online.train_indices == offline.train_indices
+    assert torch.equal(online.vocab.d2t, offline.vocab.d2t)
+    first_online, first_offline = online.train_step(0), offline.train_step(0)
+    assert first_online.tokens == first_offline.tokens > 0
+    assert first_online.loss > 0
+    assert abs(first_online.loss - first_offline.loss) < 1e-6 * first_online.loss
+    assert first_online.accuracies == first_offline.accuracies
+    for (name, a), (_, b) in zip(online.head.named_parameters(), offline.head.named_parameters()):
+        assert torch.allclose(a, b, atol=1e-7, rtol=1e-5), name
+    # both modes count the same answer tokens: per-step losses agree too
+    assert all(abs(x - y) < 1e-5 for x, y in zip(first_online.step_losses, first_offline.step_losses))
+
+
+def test_training_lowers_the_loss(tmp_path, tiny_target_dir, feature_store_dir) -> None:
+    config = TrainConfig(model=str(tiny_target_dir), output=str(tmp_path / "run"), features=str(feature_store_dir),
+                         draft_vocab_size=64, ttt_steps=2, micro_batch_size=4, max_steps=40, learning_rate=3e-3,
+                         warmup_ratio=0.0, eval_fraction=0.0, save_every=0, progress=False)
+    trainer = Trainer(config)
+    batch = collate([trainer.source.get(i) for i in trainer.train_indices[:8]])
+
+    def fixed_loss() -> float:
+        with torch.no_grad():
+            return trainer._micro_batch(batch)[0].item()
+
+    before = fixed_loss()
+    for step in range(40):
+        trainer.train_step(step)
+    assert fixed_loss() < 0.7 * before
+
+
+def test_bfloat16_autocast_step_is_close_to_float32(tmp_path, tiny_target_dir, feature_store_dir) -> None:
+    losses = {}
+    for precision in ("float32", "bfloat16"):
+        trainer = make_trainer(tmp_path, precision, tiny_target_dir, features=str(feature_store_dir),
+                               precision=precision)
+        assert (trainer.config.autocast_dtype(trainer.device) is None) == (precision == "float32")
+        losses[precision] = trainer.train_step(0).loss
+        assert all(p.dtype == torch.float32 for p in trainer.head.parameters())  # fp32 master weights
+    assert losses["bfloat16"] == pytest.approx(losses["float32"], rel=0.02)

@@ -1,0 +1,80 @@
+"""Resume: N steps + kill + resume N steps equals 2N steps; checkpoints; the settings guard."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+import torch
+
+from eyas.errors import EyasError
+from eyas.training.checkpoints import list_checkpoints
+from eyas.training.config import TrainConfig
+from eyas.training.trainer import Trainer
+
+STEPS = 4
+
+
+def config(tmp_path, name: str, features, **overrides) -> TrainConfig:
+    values = dict(model=str(overrides.pop("model")), output=str(tmp_path / name), features=str(features),
+                  draft_vocab_size=64, ttt_steps=3, micro_batch_size=2, grad_accum=2, max_steps=2 * STEPS,
+                  save_every=STEPS, log_every=1, learning_rate=1e-3, progress=False)
+    values.update(overrides)
+    return TrainConfig(**values)
+
+
+def weights(trainer: Trainer) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in trainer.head.state_dict().items()}
+
+
+def test_kill_and_resume_equals_an_uninterrupted_run(tmp_path, tiny_target_dir, feature_store_dir) -> None:
+    straight = Trainer(config(tmp_path, "straight", feature_store_dir, model=tiny_target_dir))
+    straight.train()
+    # a run that dies one step after its checkpoint at STEPS (that step is lost, as in a kill)
+    first = Trainer(config(tmp_path, "resumed", feature_store_dir, model=tiny_target_dir))
+    first.train(stop_after=STEPS + 1)
+    assert [step for step, _ in list_checkpoints(tmp_path / "resumed")] == [STEPS]
+    assert not (tmp_path / "resumed" / "head").exists()
+    # a fresh process: everything comes from the checkpoint on disk
+    second = Trainer(config(tmp_path, "resumed", feature_store_dir, model=tiny_target_dir, resume=True))
+    assert second.start_step == STEPS
+    second.train()
+    for name, tensor in weights(straight).items():
+        assert torch.allclose(weights(second)[name], tensor, atol=1e-6, rtol=1e-5), name
+    # the optimizer state continued too (AdamW's step counter and moments)
+    state_a, state_b = straight.optimizer.state_dict()["state"], second.optimizer.state_dict()["state"]
+    assert all(torch.allclose(state_a[i]["exp_avg_sq"], state_b[i]["exp_avg_sq"], rtol=1e-5, atol=1e-12)
+               for i in state_a)
+    assert int(state_b[0]["step"]) == 2 * STEPS
+    # the metrics log holds each step once: rows of the lost step were dropped on resume
+    with open(tmp_path / "resumed" / "metrics.csv") as handle:
+        train_steps = [int(row["step"]) for row in csv.DictReader(handle) if row["split"] == "train"]
+    assert train_steps == list(range(1, 2 * STEPS + 1))
+    with open(tmp_path / "straight" / "metrics.csv") as a, open(tmp_path / "resumed" / "metrics.csv") as b:
+        losses_a = [float(r["loss"]) for r in csv.DictReader(a) if r["split"] == "train"]
+        losses_b = [float(r["loss"]) for r in csv.DictReader(b) if r["split"] == "train"]
+    assert losses_a == pytest.approx(losses_b, rel=1e-5)
+
+
+def test_checkpoint_contents(tmp_path, tiny_target_dir, feature_store_dir) -> None:
+    trainer = Trainer(config(tmp_path, "run", feature_store_dir, model=tiny_target_dir, max_steps=STEPS))
+    trainer.train()
+    folder = list_checkpoints(tmp_path / "run")[-1][1]
+    assert {p.name for p in folder.iterdir()} == {"config.json", "model.safetensors", "optimizer.pt",
+                                                   "rng.safetensors", "trainer_state.json"}
+    state = json.loads((folder / "trainer_state.json").read_text())
+    assert state["step"] == STEPS and state["global_batch"] == 4
+    assert state["data_position"] == {"epoch": 0, "step_in_epoch": STEPS, "samples_seen": 4 * STEPS}
+    assert state["schedule"]["total_steps"] == STEPS
+    assert (tmp_path / "run" / "head" / "model.safetensors").is_file()
+
+
+def test_resume_with_other_settings_is_refused(tmp_path, tiny_target_dir, feature_store_dir) -> None:
+    Trainer(config(tmp_path, "run", feature_store_dir, model=tiny_target_dir, max_steps=2, save_every=1)).train()
+    with pytest.raises(EyasError, match=r"cannot resume: settings differ .*learning_rate: 0.001 -> 0.002"):
+        Trainer(config(tmp_path, "run", feature_store_dir, model=tiny_target_dir, max_steps=2, save_every=1,
+                       learning_rate=2e-3, resume=True))
+    with pytest.raises(EyasError, match=r"global_batch \(4 -> 2\)"):
+        Trainer(config(tmp_path, "run", feature_store_dir, model=tiny_target_dir, max_steps=2, save_every=1,
+                       grad_accum=1, resume=True))

@@ -1,0 +1,142 @@
+"""Training-time test: masks, positions and inputs per step, loss masking, and parity of the
+train-time unroll with serve-time drafting through an external KV state."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from eyas.eagle3.config import Eagle3Config
+from eyas.eagle3.head import Eagle3Head
+from eyas.eagle3.vocab import build_draft_vocab
+from eyas.training.ttt import (
+    TargetDistribution,
+    TrainingTimeTest,
+    shift_left,
+    target_distribution,
+    ttt_attention_mask,
+    weighted_loss,
+)
+
+V, N, H = 40, 16, 16
+
+
+def tiny_head(seed: int = 0) -> Eagle3Head:
+    torch.manual_seed(seed)
+    config = Eagle3Config(hidden_size=H, intermediate_size=32, num_attention_heads=2, num_key_value_heads=1,
+                          head_dim=8, vocab_size=V, draft_vocab_size=N, target_hidden_size=H,
+                          target_layer_ids=[2, 4, 5], target_num_hidden_layers=8)
+    head = Eagle3Head(config)
+    head.set_embedding(torch.randn(V, H))
+    head.set_vocab(build_draft_vocab(torch.arange(V).flip(0), N))  # keeps ids 0..15
+    return head
+
+
+def random_target(batch: int, length: int, seed: int = 1) -> TargetDistribution:
+    generator = torch.Generator().manual_seed(seed)
+    probs = torch.softmax(torch.randn(batch, length, N, generator=generator), -1)
+    in_draft = torch.rand(batch, length, generator=generator) > 0.3
+    return TargetDistribution(probs=probs, in_draft=in_draft, argmax_draft=probs.argmax(-1))
+
+
+def test_mask_by_hand() -> None:
+    expected = torch.tensor([
+        # step-0 keys (causal) | step-1 keys (diagonal) | step-2 keys (diagonal)
+        [1, 0, 0, 1, 0, 0, 1, 0, 0],
+        [1, 1, 0, 0, 1, 0, 0, 1, 0],
+        [1, 1, 1, 0, 0, 1, 0, 0, 1],
+    ], dtype=torch.bool)
+    assert torch.equal(ttt_attention_mask(3, 2), expected)
+    assert torch.equal(ttt_attention_mask(3, 0), expected[:, :3])
+
+
+def test_shift_left() -> None:
+    x = torch.tensor([[1, 2, 3, 4]])
+    assert shift_left(x, 1).tolist() == [[2, 3, 4, 0]]
+    assert shift_left(x, 2).tolist() == [[3, 4, 0, 0]]
+
+
+def test_inputs_positions_and_masks_of_each_step() -> None:
+    head = tiny_head()
+    calls = []
+
+    def record(module, args, kwargs, output):
+        calls.append({"width": args[0].shape[-1], "hidden": args[0], "ids": args[1].clone(),
+                      "positions": args[2].clone(), "mask": kwargs["attn_mask"],
+                      "past": 0 if kwargs["past_kv"] is None else kwargs["past_kv"][0].shape[2],
+                      "output": output.hidden})
+
+    head.register_forward_hook(record, with_kwargs=True)
+    ids = torch.tensor([[11, 12, 13, 14]])
+    TrainingTimeTest(head, steps=3)(torch.randn(1, 4, 3 * H), ids, torch.ones(1, 4, dtype=torch.int64),
+                                    random_target(1, 4))
+    assert [c["width"] for c in calls] == [3 * H, H, H]  # fused taps, then the head's own output
+    assert torch.equal(calls[1]["hidden"], calls[0]["output"])
+    assert torch.equal(calls[2]["hidden"], calls[1]["output"])
+    assert [c["ids"].tolist() for c in calls] == [[[12, 13, 14, 0]], [[13, 14, 0, 0]], [[14, 0, 0, 0]]]
+    assert [c["positions"].tolist() for c in calls] == [[[0, 1, 2, 3]], [[1, 2, 3, 4]], [[2, 3, 4, 5]]]
+    assert [c["past"] for c in calls] == [0, 4, 8]
+    for step, call in enumerate(calls):
+        assert torch.equal(call["mask"], ttt_attention_mask(4, step))
+
+
+def test_loss_counts_answer_rows_in_the_draft_vocab_only() -> None:
+    head = tiny_head()
+    taps = torch.randn(1, 6, 3 * H)
+    ids = torch.randint(0, V, (1, 6))
+    loss_mask = torch.tensor([[0, 0, 0, 1, 1, 0]])  # rows t with loss_mask[t + 2]: t = 1, 2
+    target = random_target(1, 6)
+    target.in_draft[0, 2] = True  # row 1 reads target row 2: drafted
+    target.in_draft[0, 3] = False  # row 2 reads target row 3: outside the draft vocabulary
+    unroll = TrainingTimeTest(head, steps=1)
+    result = unroll(taps, ids, loss_mask, target)
+    # by hand: only row 1 counts at step 0
+    out = head(taps, shift_left(ids), torch.arange(6)[None], attn_mask=ttt_attention_mask(6, 0))
+    expected = -(target.probs[0, 2] * F.log_softmax(out.logits[0, 1], -1)).sum()
+    assert result.loss_sums[0].item() == pytest.approx(expected.item(), rel=1e-6)
+    assert result.counted.tolist() == [2]  # both answer rows are counted for accuracy
+    # target rows outside the weighted ones do not matter at all
+    changed = TargetDistribution(target.probs.clone(), target.in_draft, target.argmax_draft)
+    changed.probs[0, [0, 1, 3, 4, 5]] = torch.softmax(torch.randn(5, N), -1)
+    assert torch.equal(unroll(taps, ids, loss_mask, changed).loss_sums, result.loss_sums)
+
+
+def test_weighted_loss_decays() -> None:
+    assert weighted_loss(torch.tensor([1.0, 1.0, 1.0]), 0.8).item() == pytest.approx(1 + 0.8 + 0.64)
+
+
+def test_target_distribution_restricts_to_the_draft_vocab() -> None:
+    vocab = build_draft_vocab(torch.tensor([0, 9, 0, 9, 9, 0]), 3)  # kept ids 1, 3, 4
+    lm_head = torch.zeros(6, 2)
+    lm_head[1] = torch.tensor([1.0, 0.0])
+    lm_head[3] = torch.tensor([0.0, 1.0])
+    lm_head[5] = torch.tensor([0.6, 0.6])  # the argmax when both coordinates are high: not drafted
+    hidden = torch.tensor([[[3.0, 0.0], [0.0, 3.0], [3.0, 3.0]]])
+    out = target_distribution(hidden, lm_head, vocab)
+    assert out.in_draft.tolist() == [[True, True, False]]
+    assert out.argmax_draft.tolist() == [[0, 1, 0]]  # target 1 -> draft 0, target 3 -> draft 1
+    expected = torch.softmax(torch.tensor([3.0, 0.0, 0.0]), -1)  # logits of kept ids 1, 3, 4
+    assert torch.allclose(out.probs[0, 0], expected)
+
+
+def test_train_time_unroll_equals_serve_time_drafting() -> None:
+    """Step k of the unroll at row t == the engine drafting k tokens after position t."""
+    head = tiny_head().eval()
+    length, steps = 8, 3
+    taps, ids = torch.randn(1, length, 3 * H), torch.randint(0, V, (1, length))
+    logits = []
+    head.register_forward_hook(lambda module, args, output: logits.append(module.compute_logits(output.hidden)))
+    TrainingTimeTest(head, steps)(taps, ids, torch.ones(1, length, dtype=torch.int64),
+                                  random_target(1, length))
+    row = 4
+    with torch.no_grad():
+        # prefill over the context: rows 0..row, feature of t with token t + 1, position t
+        prefix = head(taps[:, :row + 1], ids[:, 1:row + 2], torch.arange(row + 1)[None])
+        assert torch.allclose(prefix.logits[0, row], logits[0][0, row], atol=1e-5)
+        hidden, past = prefix.hidden[:, -1:], prefix.past_kv
+        for step in range(1, steps):
+            token = ids[:, row + 1 + step:row + 2 + step]
+            out = head(hidden, token, torch.tensor([[row + step]]), past_kv=past)
+            assert torch.allclose(out.logits[0, 0], logits[step][0, row], atol=1e-5)
+            hidden, past = out.hidden, out.past_kv
