@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 from eyas.errors import EyasError
 from eyas.models.config import ModelConfig
 from eyas.models.llama import Transformer
+from eyas.models.cpu_linear import transpose_linears
 from eyas.models.llama import rope_inverse_frequencies
 from eyas.models.quant import int4_available, quantize_model
 from eyas.models.registry import resolve_model, source_weight_bits
@@ -112,6 +113,8 @@ def load_target(spec: str | Path, dtype: str = "auto", device: str = "cpu",
     model = build_model(config, load_weights(folder), float_dtype, torch_device)
     if precision == "int4":
         quantize_model(model, group_size=32, lm_head="keep")
+    if torch_device.type == "cpu":
+        transpose_linears(model, output_layer_only=precision == "int4")
     tokenizer = AutoTokenizer.from_pretrained(folder)
     return Target(model=model, tokenizer=tokenizer, config=config, folder=folder,
                   device=torch_device, precision=precision)

@@ -90,7 +90,7 @@ def test_int4_holds_the_gguf_codes_exactly(smollm_target, smollm_int4_target):
     """SmolLM2's weights are dequantized Q4_1: re-quantizing recovers them without error."""
     from eyas.models.quant import quantize_groups
 
-    weight = smollm_target.model.layers[5].mlp.gate_up_proj.weight
+    weight = smollm_target.model.layers[5].mlp.gate_up_proj.weight_t.t()  # stored [in, out]
     codes, scale, low = quantize_groups(weight, 32)
     rebuilt = (codes.reshape(weight.shape[0], -1, 32) * scale[..., None] + low[..., None])
     assert torch.equal(rebuilt.reshape(weight.shape), weight)
