@@ -83,13 +83,18 @@ def hf_runner(folder: str, max_tokens: int, lookup: bool) -> tuple[Runner, str]:
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     extra: dict[str, Any] = {"prompt_lookup_num_tokens": 6} if lookup else {}
+    eos = model.generation_config.eos_token_id
+    eos_ids = set([eos] if isinstance(eos, int) else (eos or []))
 
     @torch.inference_mode()
     def run(ids: list[int]) -> list[int]:
         inputs = torch.tensor([ids])
         out = model.generate(inputs, attention_mask=torch.ones_like(inputs), do_sample=False,
                              max_new_tokens=max_tokens, **extra)
-        return out[0, len(ids):].tolist()
+        generated = out[0, len(ids):].tolist()
+        # like eyas and llama.cpp here: the EOS token ends the answer and is not counted
+        cut = next((i for i, token in enumerate(generated) if token in eos_ids), len(generated))
+        return generated[:cut]
 
     name = "transformers generate" + (" + prompt lookup (6)" if lookup else "") + " (float32)"
     return run, name
