@@ -77,6 +77,7 @@ class Attention(nn.Module):
         qkv_out = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
         self.qkv_proj = nn.Linear(config.hidden_size, qkv_out, bias=config.attention_bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
+        self.float64_attention = False  # set by quantize_model (see forward)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
 
@@ -107,7 +108,14 @@ class Attention(nn.Module):
         if cache is not None:
             cache.write(self.layer_index, write_at, k, v)
             k, v = cache.read(self.layer_index, kv_len)  # [B, KV, S, D]
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        if self.float64_attention:
+            # Rounding noise of float32 attention differs between a one-token pass and a
+            # many-token (verification) pass; bf16-activation int4 matmuls downstream amplify it
+            # into different tokens. In float64 the two agree after rounding back.
+            out = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask,
+                                                 enable_gqa=True).to(q.dtype)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
         return self.o_proj(out.transpose(1, 2).reshape(batch, length, heads * head_dim))
 
 

@@ -58,11 +58,17 @@ class Int4Linear(nn.Module):
         self.group_size = group_size
         self.in_features, self.out_features = in_features, out_features
 
+    # PyTorch's kernel has slow paths for some row counts (32 rows: ~12x the time of 16 here),
+    # so passes over many tokens (prefill) go through it 16 rows at a time.
+    max_rows = 16
+
     def forward(self, x: Tensor) -> Tensor:  # [..., I] -> [..., O]
         shape = x.shape
         flat = x.reshape(-1, shape[-1]).to(torch.bfloat16)
-        y = torch._weight_int4pack_mm_for_cpu(flat, self.packed, self.group_size, self.scales_and_zeros)
-        y = y.to(x.dtype)
+        chunks = [torch._weight_int4pack_mm_for_cpu(part, self.packed, self.group_size,
+                                                    self.scales_and_zeros)
+                  for part in flat.split(self.max_rows)]
+        y = (chunks[0] if len(chunks) == 1 else torch.cat(chunks)).to(x.dtype)
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*shape[:-1], self.out_features)
@@ -97,6 +103,7 @@ def quantize_model(model: nn.Module, group_size: int = 32, lm_head: str = "int8"
     if not int4_available():
         raise RuntimeError("this PyTorch build has no CPU int4 kernel (_weight_int4pack_mm_for_cpu)")
     for layer in model.layers:
+        layer.self_attn.float64_attention = True
         for parent in (layer.self_attn, layer.mlp):
             for name, child in list(parent.named_children()):
                 if isinstance(child, nn.Linear):

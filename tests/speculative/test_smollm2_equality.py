@@ -46,3 +46,17 @@ def test_self_drafting_accepts_every_draft_and_equals_plain(smollm_target, mtben
         spec = result.stats["speculative"]
         assert result.token_ids == expected
         assert spec["accepted_tokens"] == spec["draft_tokens"] > 0
+
+
+def test_int4_speculative_equals_int4_plain(smollm_int4_target, mtbench_prompt_ids):
+    """int4 takes bf16 activations, which would amplify the rounding noise that separates a
+    one-token pass from a verification pass; its float64 attention keeps them token-identical."""
+    target = smollm_int4_target
+    params = SamplingParams(max_tokens=NEW_TOKENS)
+    tree_proposer = NgramProposer(NgramConfig(max_n=3, min_n=1, max_matches=3))
+    self_proposer = DraftModelProposer(target, name="self")
+    for prompt in mtbench_prompt_ids[:4]:
+        expected = generate(target, prompt, params).token_ids
+        for proposer, k in ((tree_proposer, 6), (self_proposer, 4)):
+            result = speculative_generate(target, prompt, params, proposer, k, policy=ALWAYS_SPECULATE)
+            assert result.token_ids == expected
