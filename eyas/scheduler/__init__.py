@@ -1,0 +1,16 @@
+"""Continuous batching with speculative decoding across the batch (what `eyas serve` runs).
+
+A request walks through these files in order:
+
+config.py       EngineConfig: rows, queue length, token budget, prefill chunk, draft tokens
+request.py      Request (token-level and text-level state) and the RequestOutput it streams
+proposers.py    --draft spec -> one proposer per request (ngram, model:M, self, eagle3:DIR)
+kv_pool.py      KVPool: one KV cache row per running request, grown on demand, compacted
+scheduler.py    waiting and running queues, admission, chunked prefill -> StepPlan
+speculation.py  measured step costs + per-request acceptance -> draft tokens per step (0 = plain)
+batch.py        one target pass over every row's root + draft tree: ids, positions, masks, slots
+executor.py     runs a StepPlan: drafts, the forward, per-row acceptance and KV compaction
+output.py       detokenization, stop strings, text deltas, finishing (RequestOutput events)
+engine.py       Engine: schedule -> run -> postprocess, optionally overlapped on a worker thread
+measure.py      python -m eyas.scheduler.measure: tokens/s against concurrency, per configuration
+"""

@@ -1,0 +1,98 @@
+"""One target pass over every running request: [root + draft tree] per row, one row each.
+
+Row b of the pass is KV cache row b. Its queries are the root (the last emitted token) and the
+draft nodes, padded to the pass length T; they are written at slots context_b, context_b + 1,
+... of that row. Each row's mask is its own block: columns [0, context_b) (the committed
+context) plus the tree mask over its own root and nodes; rows never see each other, since each
+attends only to its own cache row (the batched form of a block-diagonal tree mask).
+Padding queries (and idle rows inside the span) attend to their own slot only, so that no
+softmax row is empty; their outputs are never read and their slots are scratch.
+
+    rows:  b=0  context 7, chain of 2      b=1  context 4, no draft (plain)
+    T = 3; positions b=0: 7 8 9            b=1: 4 4 4 (padding repeats the root's)
+    write slots      b=0: 7 8 9            b=1: 4 5 6
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from eyas.engine.speculative.draft import DraftTree
+from eyas.engine.speculative.tree import node_depths, tree_mask
+
+
+@dataclass
+class RowInput:
+    row: int  # KV cache row
+    context_length: int  # committed slots of that row
+    root: int | None  # the root token; None for an idle row (padding only)
+    tree: DraftTree | None = None  # drafts under the root (None or empty: a plain row)
+
+    @property
+    def size(self) -> int:
+        """Real queries of the row: root + draft nodes (0 for an idle row)."""
+        if self.root is None:
+            return 0
+        return 1 + (self.tree.size if self.tree is not None else 0)
+
+
+@dataclass
+class DecodeBatch:
+    input_ids: Tensor  # [B, T] long
+    positions: Tensor  # [B, T] long
+    write_slots: Tensor  # [B, T] long: cache slot of each query in its own row
+    attn_mask: Tensor  # [B, T, S] bool, S = kv_len
+    kv_len: int
+    query_rows: Tensor  # [N] long: batch row of each real query (roots and nodes, row-major)
+    query_cols: Tensor  # [N] long: its column in the pass
+    offsets: list[int]  # per RowInput: where its real queries start among the N
+
+    @property
+    def tokens_per_row(self) -> int:
+        return self.input_ids.shape[1]
+
+
+def build_decode_batch(inputs: list[RowInput], device: torch.device | str = "cpu",
+                       pad_id: int = 0) -> DecodeBatch:
+    """`inputs` must cover rows 0..B-1 in order (idle rows included, with root None)."""
+    assert [item.row for item in inputs] == list(range(len(inputs))), "rows must be 0..B-1"
+    batch = len(inputs)
+    length = max(max(item.size for item in inputs), 1)  # T
+    contexts = torch.tensor([item.context_length for item in inputs], dtype=torch.long)  # [B]
+    kv_len = int(contexts.max()) + length
+    columns = torch.arange(length)  # [T]
+    # 1. Slots and default (padding) positions: every query at context_b + column.
+    write_slots = contexts[:, None] + columns[None, :]  # [B, T]
+    positions = contexts[:, None].expand(batch, length).clone()  # [B, T]
+    input_ids = torch.full((batch, length), pad_id, dtype=torch.long)
+    # 2. Padding default: each query sees its own slot only.
+    slot_index = torch.arange(kv_len)  # [S]
+    mask = slot_index[None, None, :] == write_slots[:, :, None]  # [B, T, S]
+    query_rows: list[int] = []
+    query_cols: list[int] = []
+    offsets: list[int] = []
+    # 3. Real queries: context columns, then the row's tree block.
+    for item in inputs:
+        offsets.append(len(query_rows))
+        size = item.size
+        if size == 0:
+            continue
+        b, context = item.row, item.context_length
+        tree = item.tree if item.tree is not None else DraftTree.empty()
+        input_ids[b, 0] = item.root
+        if tree.size:
+            input_ids[b, 1:size] = tree.tokens
+            positions[b, :size] = context + torch.tensor([0] + node_depths(tree))
+        mask[b, :size, :context] = True
+        mask[b, :size, context : context + size] = tree_mask(tree)
+        query_rows.extend([b] * size)
+        query_cols.extend(range(size))
+    return DecodeBatch(
+        input_ids=input_ids.to(device), positions=positions.to(device),
+        write_slots=write_slots.to(device), attn_mask=mask.to(device), kv_len=kv_len,
+        query_rows=torch.tensor(query_rows, dtype=torch.long, device=device),
+        query_cols=torch.tensor(query_cols, dtype=torch.long, device=device), offsets=offsets,
+    )

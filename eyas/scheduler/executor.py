@@ -1,0 +1,247 @@
+"""`StepExecutor`: runs one StepPlan on the target (on the engine's worker thread in overlap
+mode). It owns the token-level state of the requests it runs (see request.py).
+
+A step:
+1. Drafts: each decoding request's proposer drafts up to k tokens under its root (on a plain
+   step, a cheap proposer drafts in the shadow: see speculation.py).
+2. One target pass over rows [0, span): every decoding request's root + drafts (batch.py);
+   logits only where a real query sits (greedy near-ties recomputed one row at a time).
+3. Per row: lossless acceptance (greedy or sampling, eyas.engine.speculative.acceptance),
+   compaction of the accepted path in that row's KV, token-level append, proposer.observe.
+4. Prefill chunks, one single-row pass each; a prompt's last chunk yields its first token.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from eyas.engine.sampling import next_tokens, target_probs
+from eyas.engine.speculative.acceptance import accept_greedy, accept_sampling
+from eyas.engine.speculative.draft import DraftTree
+from eyas.engine.speculative.tree import node_depths
+from eyas.engine.target import Target
+from eyas.models.llama import ForwardOutput
+from eyas.scheduler.batch import RowInput, build_decode_batch
+from eyas.scheduler.kv_pool import KVPool
+from eyas.scheduler.request import Request, RequestStatus
+from eyas.scheduler.scheduler import PrefillChunk, StepPlan
+from eyas.scheduler.speculation import SHADOW_SHARE, AcceptanceEstimate, StepCostModel
+
+NEAR_TIE = 1e-3  # logit gap under which a greedy row's logits are recomputed alone
+
+
+@dataclass
+class StepStats:
+    decode_rows: int = 0  # requests decoded in the pass
+    span: int = 0  # rows in the pass (idle rows included)
+    tokens_per_row: int = 0  # T of the pass
+    planned_draft_tokens: int = 0  # k the scheduler asked for
+    drafts: int = 0  # rows that verified a non-empty draft
+    draft_tokens: int = 0  # draft tokens verified
+    accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)  # by depth 1, 2, ...
+    prefill_tokens: int = 0
+    draft_seconds: float = 0.0
+    forward_seconds: float = 0.0  # the decode pass (what the cost model follows)
+    step_seconds: float = 0.0
+
+
+@dataclass
+class StepResult:
+    emitted: list[tuple[Request, list[int]]] = field(default_factory=list)  # in step order
+    stats: StepStats = field(default_factory=StepStats)
+
+
+class StepExecutor:
+    def __init__(self, target: Target, pool: KVPool, tap_layers: Sequence[int] = (),
+                 costs: StepCostModel | None = None, pooled: AcceptanceEstimate | None = None) -> None:
+        self.target = target
+        self.pool = pool
+        self.tap_layers = tuple(tap_layers)
+        self.costs = costs
+        self.pooled = pooled or AcceptanceEstimate()  # server-wide acceptance (priors of new requests)
+
+    @torch.inference_mode()
+    def run(self, plan: StepPlan) -> StepResult:
+        started = time.perf_counter()
+        result = StepResult()
+        result.stats.planned_draft_tokens = plan.num_draft_tokens
+        decode = [r for r in plan.decode if not r.done and r.root is not None]
+        if decode:
+            self._decode(decode, plan, result)
+        for chunk in plan.prefill:
+            if not chunk.request.done:
+                self._prefill(chunk, result)
+        result.stats.step_seconds = time.perf_counter() - started
+        return result
+
+    # ---- decode: one pass over every running request --------------------------------
+    def _decode(self, decode: list[Request], plan: StepPlan, result: StepResult) -> None:
+        stats = result.stats
+        by_row = {request.row: request for request in decode}
+        span = max(by_row) + 1
+        # 1. Drafts (bounded by what max_tokens still allows); shadow drafts on plain steps.
+        drafting_started = time.perf_counter()
+        trees: dict[int, DraftTree] = {}
+        asked: set[int] = set()  # rows whose proposer was asked for drafts
+        for request in decode:
+            remaining = request.max_new_tokens - request.num_output - 1
+            budget = min(plan.num_draft_tokens, remaining)
+            trees[request.row] = DraftTree.empty()
+            if budget > 0 and request.proposer is not None:
+                asked.add(request.row)
+                request.shadow.clear()
+                trees[request.row] = self._propose(request, budget)
+            elif self._shadow_allowed(request, plan, span) and remaining > 0:
+                shadow = self._propose(request, min(plan.max_draft_tokens, remaining))
+                if shadow.size:
+                    request.shadow.start(shadow)
+                else:
+                    self._observe_acceptance(request, 0, 0)  # nothing to draft here
+        stats.draft_seconds = time.perf_counter() - drafting_started
+        # 2. The pass over rows [0, span); rows without a decoding request are idle.
+        inputs = []
+        for row in range(span):
+            request = by_row.get(row)
+            if request is None:
+                owner = self.pool.owners[row]
+                context = getattr(owner, "context_length", 0) if owner is not None else 0
+                inputs.append(RowInput(row, context, None))
+            else:
+                inputs.append(RowInput(row, request.context_length, request.root, trees[row]))
+        batch = build_decode_batch(inputs, self.target.device)
+        self.pool.ensure_slots(batch.kv_len)
+        model = self.target.model
+        forward_started = time.perf_counter()
+        output = model(batch.input_ids, batch.positions, cache=self.pool.view(0, span),
+                       write_at=batch.write_slots, attn_mask=batch.attn_mask, kv_len=batch.kv_len,
+                       tap_layers=self.tap_layers, logits_at=None)
+        hidden = output.hidden[batch.query_rows, batch.query_cols]  # [N, H]
+        logits = model.lm_head(hidden)  # [N, V]
+        self._settle_near_ties(decode, inputs, batch.offsets, hidden, logits)
+        stats.forward_seconds = time.perf_counter() - forward_started
+        stats.decode_rows, stats.span, stats.tokens_per_row = len(decode), span, batch.tokens_per_row
+        if self.costs is not None:
+            self.costs.observe(span, batch.tokens_per_row, stats.forward_seconds)
+        # 3. Acceptance, KV compaction and token-level state, row by row.
+        for request in decode:
+            row, tree = request.row, trees[request.row]
+            size = inputs[row].size
+            row_logits = logits[batch.offsets[row] : batch.offsets[row] + size]  # [N_row, V]
+            if request.params.greedy:
+                verdict = accept_greedy(tree, row_logits)
+            else:
+                verdict = accept_sampling(tree, target_probs(row_logits, request.params),
+                                          request.generator)
+            context = request.context_length
+            self.pool.cache.compact(row, [context + node for node in verdict.accepted_nodes],
+                                    start=context + 1)
+            request.context_length = context + 1 + len(verdict.accepted_nodes)
+            request.root = verdict.next_token
+            request.append_tokens(verdict.emitted, request.sequence.eos_token_ids)
+            if request.proposer is not None:
+                taps = output.taps[row : row + 1, :size] if output.taps is not None else None
+                request.proposer.observe(tree, verdict, ForwardOutput(
+                    logits=row_logits[None], hidden=output.hidden[row : row + 1, :size], taps=taps))
+            self._record(request, tree, verdict, row in asked, stats)
+            result.emitted.append((request, verdict.emitted))
+
+    def _settle_near_ties(self, decode: list[Request], inputs: list[RowInput], offsets: list[int],
+                          hidden: Tensor, logits: Tensor) -> None:
+        """Greedy rows whose top two logits are within NEAR_TIE: recompute them one row at a
+        time, as single-request decoding does. A float32 matmul's rounding depends on how many
+        rows it multiplies (about 1e-5 on these logits), which can flip an argmax at a near-tie;
+        this removes the output layer's share of that (attention over a padded KV length keeps
+        a smaller one, see docs/serving.md). Costs one top-2 per step and, rarely, one row."""
+        greedy = [r for r in decode if r.params.greedy]
+        if not greedy:
+            return
+        top = logits.topk(2, dim=-1).values  # [N, 2]
+        close = ((top[:, 0] - top[:, 1]) < NEAR_TIE).nonzero().flatten().tolist()
+        if not close:
+            return
+        greedy_rows = set()
+        for request in greedy:
+            start = offsets[request.row]
+            greedy_rows.update(range(start, start + inputs[request.row].size))
+        lm_head = self.target.model.lm_head
+        for index in close:
+            if index in greedy_rows:
+                logits[index] = lm_head(hidden[index][None, None])[0, 0]
+
+    def _propose(self, request: Request, budget: int) -> DraftTree:
+        asked_at = time.perf_counter()
+        tree = request.proposer.propose(request.token_ids, budget).truncated(budget)
+        seconds = time.perf_counter() - asked_at
+        request.acceptance.record_draft_time(seconds, budget)
+        self.pooled.record_draft_time(seconds, budget)
+        return tree
+
+    def _shadow_allowed(self, request: Request, plan: StepPlan, span: int) -> bool:
+        """Shadow drafts only where acceptance drives decisions (auto mode) and only for a
+        proposer that costs at most SHADOW_SHARE of the request's plain step."""
+        if request.proposer is None or self.costs is None or plan.max_draft_tokens < 1:
+            return False
+        if request.shadow.active:
+            return False
+        cost = request.acceptance.draft_seconds_per_token * plan.max_draft_tokens
+        return cost <= SHADOW_SHARE * self.costs.cost(span, 1) / span
+
+    def _observe_acceptance(self, request: Request, drafted: int, accepted: int) -> None:
+        request.acceptance.record(drafted, accepted)
+        self.pooled.record(drafted, accepted)
+
+    def _record(self, request: Request, tree: DraftTree, verdict, asked: bool, stats: StepStats) -> None:
+        accepted = len(verdict.accepted_tokens)
+        if tree.size:
+            depths = node_depths(tree)
+            request.spec_metrics.record(tree, depths, verdict)
+            self._observe_acceptance(request, max(depths), accepted)
+            stats.drafts += 1
+            stats.draft_tokens += tree.size
+            stats.accepted_tokens += accepted
+            if accepted > len(stats.accepted_per_position):
+                stats.accepted_per_position += [0] * (accepted - len(stats.accepted_per_position))
+            for depth in range(accepted):
+                stats.accepted_per_position[depth] += 1
+            return
+        request.spec_metrics.plain_steps += 1
+        if asked:
+            self._observe_acceptance(request, 0, 0)  # asked, found nothing to draft
+        elif request.shadow.active:
+            outcome = request.shadow.follow(verdict.emitted)
+            if outcome is not None:
+                self._observe_acceptance(request, *outcome)
+        else:
+            request.acceptance.relax()
+
+    # ---- prefill: one chunk of one prompt -------------------------------------------
+    def _prefill(self, chunk: PrefillChunk, result: StepResult) -> None:
+        request, start, end = chunk.request, chunk.start, chunk.end
+        target = self.target
+        if start == 0:
+            request.generator = request.params.generator(target.device)
+            if request.proposer is not None:
+                request.proposer.begin(target, request.prompt_ids, request.params)
+        self.pool.ensure_slots(end)
+        row = request.row
+        ids = torch.tensor([request.prompt_ids[start:end]], device=target.device)  # [1, C]
+        output = target.model(ids, cache=self.pool.view(row, row + 1), write_at=start, kv_len=end,
+                              logits_at="last" if chunk.final else None,
+                              tap_layers=self.tap_layers)
+        request.context_length = end
+        result.stats.prefill_tokens += end - start
+        if request.proposer is not None:
+            request.proposer.observe(DraftTree.empty(), None, output)
+        if chunk.final:
+            token = int(next_tokens(output.logits[:, -1], request.params, request.generator)[0])
+            request.root = token
+            request.append_tokens([token], request.sequence.eos_token_ids)
+            if request.status == RequestStatus.PREFILLING:
+                request.status = RequestStatus.DECODING
+            result.emitted.append((request, [token]))

@@ -1,0 +1,154 @@
+"""Measure the serving engine in-process: output tokens/s against concurrency, per configuration.
+
+Usage:
+    python -m eyas.scheduler.measure --model smollm2-135m --prompts code \\
+        --configs none ngram:auto ngram:always --concurrency 1 4 16 --max-tokens 128
+    python -m eyas.scheduler.measure --configs none none+overlap ngram:auto ngram:auto+overlap
+    python -m eyas.scheduler.measure --check-plain      # also check greedy == plain decoding
+
+A configuration is DRAFT[:SPECULATION][+overlap], e.g. `ngram:auto+overlap`. For each
+concurrency C, C requests are kept in flight (closed loop) until every prompt has been answered
+(the prompt list repeats to at least 2C requests); tokens/s = generated tokens / wall time. At
+each concurrency the configurations run one after the other, `--rounds` times, interleaved, so
+that noise from a shared machine hits all alike; the best round is reported. Greedy decoding.
+This measures the engine alone (no HTTP); a load generator against `eyas serve` measures the
+server as deployed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+from dataclasses import dataclass
+
+from eyas.engine.sampling import SamplingParams
+from eyas.engine.target import Target
+from eyas.errors import EyasError
+from eyas.scheduler.config import EngineConfig
+from eyas.scheduler.engine import Engine
+
+
+@dataclass
+class RunConfig:
+    draft: str
+    speculation: str
+    overlap: bool
+
+    @classmethod
+    def parse(cls, text: str) -> RunConfig:
+        spec, _, flag = text.partition("+")
+        if flag not in ("", "overlap"):
+            raise EyasError(f"bad configuration '{text}': the only suffix is +overlap")
+        draft, speculation = spec, "auto"
+        for mode in ("auto", "always", "never"):
+            if spec.endswith(":" + mode):
+                draft, speculation = spec[: -len(mode) - 1], mode
+        return cls(draft, speculation, flag == "overlap")
+
+
+def run_closed_loop(engine: Engine, prompts: list[list[int]], params: SamplingParams,
+                    concurrency: int) -> dict:
+    """Keep `concurrency` requests in flight until all prompts are answered."""
+    lock = threading.Condition()
+    state = {"next": 0, "done": 0, "tokens": 0, "accepted": 0, "drafted": 0}
+    outputs: list[list[int]] = [[] for _ in prompts]
+
+    def submit_next() -> None:
+        index = state["next"]
+        state["next"] += 1
+
+        def on_output(output) -> None:
+            outputs[index].extend(output.token_ids)
+            if output.finished:
+                with lock:
+                    state["done"] += 1
+                    state["tokens"] += output.completion_tokens
+                    spec = output.speculative or {}
+                    state["accepted"] += spec.get("accepted_tokens", 0)
+                    state["drafted"] += spec.get("draft_tokens", 0)
+                    if state["next"] < len(prompts):
+                        submit_next()
+                    lock.notify()
+        engine.submit(prompts[index], params, on_output)
+
+    started = time.perf_counter()
+    with lock:
+        for _ in range(min(concurrency, len(prompts))):
+            submit_next()
+        while state["done"] < len(prompts):
+            lock.wait(1.0)
+    seconds = time.perf_counter() - started
+    return {"tokens_per_s": state["tokens"] / seconds, "seconds": seconds, "tokens": state["tokens"],
+            "accepted": state["accepted"], "drafted": state["drafted"], "outputs": outputs}
+
+
+def load_prompts(target: Target, name: str, count: int) -> list[list[int]]:
+    from eyas.bench.prompts import CODE_PROMPTS, mtbench_first_turns
+    from eyas.models.tokenizer import chat_prompt_ids
+
+    questions = CODE_PROMPTS[:count] if name == "code" else mtbench_first_turns(count)
+    return [chat_prompt_ids(target.tokenizer, [{"role": "user", "content": q}]) for q in questions]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--prompts", default="mtbench", choices=["mtbench", "code"])
+    parser.add_argument("--num-prompts", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--configs", nargs="+", default=["none", "ngram:auto"])
+    parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 2, 4, 8, 16])
+    parser.add_argument("--num-draft-tokens", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--check-plain", action="store_true", help="compare outputs with generate()")
+    parser.add_argument("--json", default=None, help="write the results here")
+    args = parser.parse_args(argv)
+
+    from eyas.engine.generate import generate
+    from eyas.engine.target import load_target
+
+    target = load_target(args.model, dtype=args.dtype)
+    base = load_prompts(target, args.prompts, args.num_prompts)
+    params = SamplingParams(max_tokens=args.max_tokens)
+    configs = [RunConfig.parse(text) for text in args.configs]
+    engines = {}
+    for text, config in zip(args.configs, configs):
+        engines[text] = Engine(target, EngineConfig(
+            max_running=max(args.concurrency), speculation=config.speculation, overlap=config.overlap,
+            num_draft_tokens=args.num_draft_tokens), draft=config.draft).start()
+    expected = [generate(target, p, params).token_ids for p in base] if args.check_plain else None
+    results = []
+    print(f"model {args.model} ({target.precision}), prompts {args.prompts} x {len(base)}, "
+          f"{args.max_tokens} new tokens, greedy")
+    for concurrency in args.concurrency:
+        prompts = base * max(1, -(-2 * concurrency // len(base)))
+        best: dict[str, dict] = {}
+        for _ in range(args.rounds):
+            for text, engine in engines.items():
+                run = run_closed_loop(engine, prompts, params, concurrency)
+                if text not in best or run["tokens_per_s"] > best[text]["tokens_per_s"]:
+                    best[text] = run
+        for text, run in best.items():
+            equal = None
+            if expected is not None:
+                equal = all(out == expected[i % len(base)] for i, out in enumerate(run["outputs"]))
+            accepted = run["accepted"] / run["drafted"] if run["drafted"] else 0.0
+            row = {"concurrency": concurrency, "config": text, "tokens_per_s": round(run["tokens_per_s"], 2),
+                   "seconds": round(run["seconds"], 3), "tokens": run["tokens"],
+                   "draft_tokens": run["drafted"], "accepted_rate": round(accepted, 3),
+                   "equal_to_plain": equal}
+            results.append(row)
+            print(json.dumps(row))
+    for engine in engines.values():
+        engine.shutdown()
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({"args": vars(args), "results": results}, handle, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

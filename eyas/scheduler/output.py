@@ -1,0 +1,91 @@
+"""Postprocessing on the engine thread: tokens -> text deltas, stop strings, finishing.
+
+`OutputProcessor.process` feeds each request's new tokens to its `Sequence` (which cuts at EOS,
+a stop string or max_tokens exactly where plain decoding would), and hands a `RequestOutput` to
+the request's callback. `finish` emits the final output once, with usage, timings and the
+request's speculative statistics, and tells the observer (the server's metrics).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Protocol
+
+from eyas.scheduler.executor import StepResult, StepStats
+from eyas.scheduler.request import Request, RequestOutput, RequestStatus
+
+log = logging.getLogger("eyas.engine")
+
+
+class EngineObserver(Protocol):
+    """What the engine reports (the server's Prometheus metrics implement it)."""
+
+    def step_finished(self, stats: StepStats) -> None: ...
+
+    def request_finished(self, request: Request) -> None: ...
+
+    def queue_changed(self, running: int, waiting: int) -> None: ...
+
+
+class OutputProcessor:
+    def __init__(self, method: str, observer: EngineObserver | None = None) -> None:
+        self.method = method  # drafting method name, for the per-response stats
+        self.observer = observer
+
+    def process(self, result: StepResult) -> None:
+        now = time.perf_counter()
+        for request, tokens in result.emitted:
+            if request.status == RequestStatus.FINISHED:
+                continue  # finished earlier (stop string seen a step late, or cancelled)
+            sequence = request.sequence
+            known = len(sequence.output_ids)
+            taken = sequence.append(tokens)
+            request.completion_tokens += taken
+            if request.first_token_time is None and taken:
+                request.first_token_time = now
+            text, new_ids = sequence.take_new_text(), sequence.output_ids[known:]
+            if sequence.finished:
+                self.finish(request, sequence.finish_reason, text, new_ids)
+            elif text or new_ids:
+                self._emit(request, RequestOutput(
+                    request.request_id, text, new_ids, False, None, request.prompt_len,
+                    request.completion_tokens))
+        if self.observer is not None:
+            self.observer.step_finished(result.stats)
+
+    def finish(self, request: Request, reason: str, text: str = "",
+               token_ids: list[int] | None = None) -> None:
+        if request.status == RequestStatus.FINISHED:
+            return
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        request.finish_time = time.perf_counter()
+        if reason in ("abort", "error"):
+            text = text or request.sequence.take_new_text()
+        speculative = request.speculative_stats(self.method) if request.proposer is not None else None
+        self._emit(request, RequestOutput(
+            request.request_id, text, list(token_ids or []), True, reason, request.prompt_len,
+            request.completion_tokens, speculative, timings(request)))
+        if self.observer is not None:
+            self.observer.request_finished(request)
+
+    @staticmethod
+    def _emit(request: Request, output: RequestOutput) -> None:
+        if request.on_output is None:
+            return
+        try:
+            request.on_output(output)
+        except Exception:  # a broken consumer must not stop the engine
+            log.exception("output callback of %s failed", request.request_id)
+
+
+def timings(request: Request) -> dict[str, float]:
+    end = request.finish_time or time.perf_counter()
+    first = request.first_token_time
+    result = {"e2e_s": end - request.arrival_time}
+    if first is not None:
+        result["ttft_s"] = first - request.arrival_time
+        if request.completion_tokens > 1:
+            result["tpot_s"] = (end - first) / (request.completion_tokens - 1)
+    return result

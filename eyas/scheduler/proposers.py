@@ -1,0 +1,53 @@
+"""`--draft` spec -> a factory of per-request proposers for the serving engine.
+
+Accepted specs: none | ngram[:MAX_N[,MIN_N[,MATCHES]]] | model:PATH_OR_ALIAS | self | eagle3:DIR.
+The drafting methods themselves live in eyas.engine.speculative (its METHODS dict is the one
+registry): a prototype is built once (a draft model is loaded once), then every request gets a
+shallow copy, which shares the weights and keeps its own state (`begin` resets it).
+`eagle3:DIR` takes its tree shape from `tree` (auto, chain:K or DEPTH,TOPK,TOTAL); the serving
+policy caps each request's tree at the step's draft budget.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from eyas.engine.speculative.methods import METHODS, build_proposer
+from eyas.engine.speculative.proposers.base import Proposer
+from eyas.engine.target import Target
+from eyas.errors import EyasError
+
+ACCEPTED = "none, ngram[:MAX_N[,MIN_N[,MATCHES]]], model:PATH_OR_ALIAS, self, eagle3:DIR"
+
+
+def check_spec(spec: str) -> str:
+    """The method name of a --draft spec; raises EyasError for one that cannot be served."""
+    name = spec.partition(":")[0]
+    if name == "eagle3" and "eagle3" not in METHODS:
+        raise EyasError("--draft eagle3:DIR needs the EAGLE-3 drafting method, which this "
+                        f"build does not register yet; accepted now: {ACCEPTED}")
+    if name not in ("none", *METHODS):
+        raise EyasError(f"unknown draft method '{spec}'; accepted: {ACCEPTED}")
+    return name
+
+
+class ProposerFactory:
+    def __init__(self, spec: str, target: Target, max_slots: int, tree: str | None = None) -> None:
+        name = check_spec(spec)
+        self.spec = spec
+        self.method = name
+        prototype = build_proposer(spec, target, tree=tree)
+        if prototype is not None and hasattr(prototype, "slots"):
+            prototype.slots = min(prototype.slots, max_slots)  # a draft cache per request
+        self.prototype: Proposer | None = prototype
+
+    @property
+    def enabled(self) -> bool:
+        return self.prototype is not None
+
+    @property
+    def tap_layers(self) -> tuple[int, ...]:
+        return tuple(self.prototype.tap_layers) if self.prototype is not None else ()
+
+    def new(self) -> Proposer | None:
+        return copy.copy(self.prototype) if self.prototype is not None else None

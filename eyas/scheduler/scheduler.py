@@ -1,0 +1,159 @@
+"""`Scheduler`: waiting and running queues -> one `StepPlan` per step.
+
+Each step, in order:
+1. Decode: every running request whose prompt is (or will be, by the step in flight) fully
+   prefilled gets one row of the step's single target pass: its root plus up to k drafts, k
+   chosen for the whole batch by the speculation policy (speculation.py).
+2. Prefill: what is left of the step's token budget (`max_step_tokens`) goes to prompt chunks
+   (at most `prefill_chunk` tokens per request per step), oldest request first, so that a long
+   prompt never stalls the running requests for more than one chunk.
+3. Admission: waiting requests (first come, first served) take a free KV row while the budget
+   lasts. A row is the request's KV memory: admission needs a free one.
+
+The plan names requests, not rows: rows are read when the step runs, after the engine has
+released finished requests and packed the pool (moves happen only between steps).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from eyas.scheduler.config import EngineConfig
+from eyas.scheduler.kv_pool import KVPool
+from eyas.scheduler.request import Request, RequestStatus
+from eyas.scheduler.speculation import AcceptanceEstimate, StepCostModel, choose_draft_length
+
+MIN_PREFILL_TOKENS = 32  # prefill progress per step even when decoding fills the budget
+PLAIN_PROBE_EVERY = 16  # while speculating, every 16th step is plain: it re-measures c(B, 1)
+
+
+@dataclass
+class PrefillChunk:
+    request: Request
+    start: int  # first prompt token of the chunk
+    end: int  # one past the last
+
+    @property
+    def final(self) -> bool:
+        return self.end == self.request.prompt_len
+
+
+@dataclass
+class StepPlan:
+    decode: list[Request] = field(default_factory=list)  # one row each: root + drafts
+    num_draft_tokens: int = 0  # k for this step (0 = plain decoding)
+    max_draft_tokens: int = 0  # the most k could have been (shadow drafts use it; 0 = none)
+    prefill: list[PrefillChunk] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not self.decode and not self.prefill
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, pool: KVPool, speculative: bool,
+                 costs: StepCostModel | None = None, pooled: AcceptanceEstimate | None = None) -> None:
+        self.config = config
+        self.pool = pool
+        self.speculative = speculative and config.speculation != "never"
+        self.costs = costs
+        self.pooled = pooled  # server-wide acceptance: the priors of newly admitted requests
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []  # admitted, in admission order
+        self._admitted = 0
+        self._dropped: list[Request] = []
+        self._speculative_steps = 0
+        self.last_draft_tokens = 0
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    # ---- the plan --------------------------------------------------------------------
+    def schedule(self) -> StepPlan:
+        plan = StepPlan()
+        live = [r for r in self.running if not r.done]
+        plan.decode = [r for r in live if r.prefill_complete_scheduled]
+        prefilling = [r for r in live if not r.prefill_complete_scheduled]
+        prefill_pending = bool(prefilling or self.waiting)
+        # 1. Decode rows and the step's draft length.
+        plan.num_draft_tokens, plan.max_draft_tokens = self._draft_tokens(plan.decode, prefill_pending)
+        self.last_draft_tokens = plan.num_draft_tokens
+        budget = self.config.max_step_tokens - len(plan.decode) * (1 + plan.num_draft_tokens)
+        if prefill_pending:
+            budget = max(budget, min(self.config.prefill_chunk, MIN_PREFILL_TOKENS))
+        # 2. Chunks of prompts already admitted, oldest first.
+        for request in prefilling:
+            budget -= self._add_chunk(plan, request, budget)
+            if budget <= 0:
+                return plan
+        # 3. Admission while a row and budget are left.
+        while self.waiting and budget > 0 and self.pool.num_free > 0:
+            request = self.waiting.popleft()
+            if request.done:  # cancelled while waiting: the engine finishes it
+                self._dropped.append(request)
+                continue
+            request.row = self.pool.allocate(request)
+            request.status = RequestStatus.PREFILLING
+            if self.pooled is not None:
+                request.acceptance = self.pooled.seeded()
+            request.admitted_order = self._admitted
+            self._admitted += 1
+            self.running.append(request)
+            budget -= self._add_chunk(plan, request, budget)
+        return plan
+
+    def _add_chunk(self, plan: StepPlan, request: Request, budget: int) -> int:
+        start = request.prefill_scheduled
+        size = min(self.config.prefill_chunk, request.prompt_len - start, budget)
+        if size <= 0:
+            return 0
+        plan.prefill.append(PrefillChunk(request, start, start + size))
+        request.prefill_scheduled = start + size
+        return size
+
+    def _draft_tokens(self, decode: list[Request], prefill_pending: bool) -> tuple[int, int]:
+        """(k for this step, the cap it was chosen under)."""
+        if not self.speculative or not decode:
+            return 0, 0
+        budget = self.config.max_step_tokens // (2 if prefill_pending else 1)
+        most = min(self.config.num_draft_tokens, budget // len(decode) - 1)
+        if most < 1:
+            return 0, 0
+        if self.config.speculation == "always" or self.costs is None:
+            return most, most
+        rows = max(r.row for r in decode) + 1
+        k = choose_draft_length([r.acceptance for r in decode], rows, self.costs, most)
+        if k > 0:
+            self._speculative_steps += 1
+            if self._speculative_steps % PLAIN_PROBE_EVERY == 0:
+                k = 0  # a plain probe keeps c(B, 1) measured (speculation must beat it for real)
+        return k, most
+
+    # ---- between steps ----------------------------------------------------------------
+    def release_done(self) -> list[Request]:
+        """Free the rows of requests that need no more steps; pack the pool. Call only when
+        no step is in flight."""
+        released = [r for r in self.running if r.done]
+        if not released:
+            return []
+        for request in released:
+            self.running.remove(request)
+            self.pool.free(request.row)
+            request.row = None
+        for owner, source, target in self.pool.compact():
+            self.pool.move_row(source, target, owner.context_length)
+            owner.row = target
+        return released
+
+    def drop_cancelled_waiting(self) -> list[Request]:
+        """Waiting requests that were cancelled (the engine emits their final output)."""
+        dropped, self._dropped = self._dropped, []
+        if any(r.cancelled for r in self.waiting):
+            dropped += [r for r in self.waiting if r.cancelled]
+            self.waiting = deque(r for r in self.waiting if not r.cancelled)
+        return dropped

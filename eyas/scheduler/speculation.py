@@ -1,0 +1,249 @@
+"""How many draft tokens each request gets per step: from measured costs, so never slower.
+
+The rule. Every running request is one row of the step's single target pass; rows are padded
+to the same length T = 1 + k, so the pass costs c(B, 1 + k) whatever each row drafted (B =
+rows in the pass). A request whose proposer drafts k tokens with per-token acceptance alpha,
+and finds a draft at all with probability p, emits on average
+
+    E(k) = 1 + p * (alpha + alpha^2 + ... + alpha^k)       (accepted + the bonus/recovered)
+
+tokens per step (EAGLE-3 reference, section 7). Drafting itself costs d seconds per token
+(measured per request: ~0 for n-grams, real for a draft model). Each step picks
+
+    k* = argmax_k  sum_i E_i(k) / (c(B, 1 + k) + k * sum_i d_i),   k in 0..max_draft_tokens
+
+and speculates only when that rate beats plain decoding (k = 0: B / c(B, 1)) by `margin`.
+c(B, T) is measured at start-up over the batch sizes and lengths that can occur and then
+follows the measured step times (exponential moving average), so that it tracks the real
+machine, context growth included. As the batch grows, c(B, T) / c(B, 1) rises (the pass is
+compute-bound), so k* shrinks and reaches 0: speculation switches itself off where it stops
+paying and comes back when the batch shrinks.
+
+alpha and p are per request: counts of accepted / tried drafts with exponential forgetting,
+starting from priors that are the server-wide estimates so far (pooled over every request,
+forgetting slowly). While a request is not speculating, a cheap proposer (drafting costs at
+most SHADOW_SHARE of the request's plain step, e.g. n-grams) still drafts in the shadow: the
+draft is not verified but compared with the tokens the target emits next, which measures its
+acceptance for free (exactly, for greedy decoding; for sampling, a point-mass draft matches
+the sampled token with its acceptance probability). An expensive proposer is not asked; its
+estimate relaxes back toward its prior instead, so speculation is tried again later.
+"""
+
+from __future__ import annotations
+
+import time
+from bisect import bisect_left
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+
+from eyas.engine.speculative.draft import DraftTree
+
+SHADOW_SHARE = 0.02  # shadow drafting may cost at most this share of a request's plain step
+
+if TYPE_CHECKING:
+    from eyas.engine.target import Target
+
+
+@dataclass
+class AcceptanceEstimate:
+    """Running per-token acceptance (alpha) and draft availability (p) of one request."""
+
+    prior_alpha: float = 0.5
+    prior_availability: float = 0.5
+    prior_weight: float = 2.0  # pseudo-observations behind each prior
+    forgetting: float = 0.9  # weight kept by old evidence at each new observation
+    relax_rate: float = 0.98  # evidence kept per plain step (drifts back to the prior)
+    accepted: float = 0.0  # accepted draft tokens (decayed)
+    trials: float = 0.0  # accept/reject decisions (decayed)
+    found: float = 0.0  # steps where the proposer drafted something (decayed)
+    asked: float = 0.0  # steps where it was asked to (decayed)
+    draft_seconds_per_token: float = 0.0  # EMA of the proposer's cost per draft token
+
+    @property
+    def alpha(self) -> float:
+        return ((self.accepted + self.prior_alpha * self.prior_weight)
+                / (self.trials + self.prior_weight))
+
+    @property
+    def availability(self) -> float:
+        return ((self.found + self.prior_availability * self.prior_weight)
+                / (self.asked + self.prior_weight))
+
+    def seeded(self) -> AcceptanceEstimate:
+        """A fresh estimate whose priors are this one's current values (a new request starts
+        from what the server has seen so far)."""
+        return AcceptanceEstimate(prior_alpha=self.alpha, prior_availability=self.availability,
+                                  draft_seconds_per_token=self.draft_seconds_per_token)
+
+    def expected_tokens(self, k: int) -> float:
+        alpha = min(self.alpha, 0.999)
+        return 1.0 + self.availability * sum(alpha ** j for j in range(1, k + 1))
+
+    def record(self, drafted_depth: int, accepted: int) -> None:
+        """One verification of a chain (or the deepest path) of `drafted_depth` tokens."""
+        self.asked = self.asked * self.forgetting + 1.0
+        self.found = self.found * self.forgetting + (1.0 if drafted_depth else 0.0)
+        if drafted_depth:
+            trials = accepted + (1 if accepted < drafted_depth else 0)  # geometric MLE
+            self.accepted = self.accepted * self.forgetting + accepted
+            self.trials = self.trials * self.forgetting + trials
+
+    def record_draft_time(self, seconds: float, tokens: int) -> None:
+        if tokens:
+            per_token = seconds / tokens
+            previous = self.draft_seconds_per_token
+            self.draft_seconds_per_token = per_token if previous == 0.0 else 0.8 * previous + 0.2 * per_token
+
+    def relax(self) -> None:
+        for name in ("accepted", "trials", "found", "asked"):
+            setattr(self, name, getattr(self, name) * self.relax_rate)
+
+
+@dataclass
+class ShadowDraft:
+    """A draft proposed during plain steps and checked against what the target emits next."""
+
+    tokens: list[int] = field(default_factory=list)  # the draft's first branch
+    matched: int = 0  # leading draft tokens the target has emitted so far
+
+    @property
+    def active(self) -> bool:
+        return bool(self.tokens)
+
+    def start(self, tree: DraftTree) -> None:
+        self.tokens, self.matched = first_branch(tree), 0
+
+    def follow(self, emitted: list[int]) -> tuple[int, int] | None:
+        """Feed the tokens a step emitted; (drafted, accepted) once the draft is resolved."""
+        for token in emitted:
+            if token != self.tokens[self.matched]:
+                return self.clear()
+            self.matched += 1
+            if self.matched == len(self.tokens):
+                return self.clear()
+        return None
+
+    def clear(self) -> tuple[int, int]:
+        outcome = (len(self.tokens), self.matched)
+        self.tokens, self.matched = [], 0
+        return outcome
+
+
+def first_branch(tree: DraftTree) -> list[int]:
+    """Tokens along the first child of the root, then of that child, and so on."""
+    parents, tokens = tree.parents.tolist(), tree.tokens.tolist()
+    path, node = [], 0
+    while (child := next((i + 1 for i, p in enumerate(parents) if p == node), None)) is not None:
+        path.append(tokens[child - 1])
+        node = child
+    return path
+
+
+class StepCostModel:
+    """Seconds of one decode pass with B rows of T tokens: c(B, T), measured, interpolated."""
+
+    def __init__(self, batch_sizes: Sequence[int], table: dict[tuple[int, int], float],
+                 max_tokens_per_row: int, smoothing: float = 0.25) -> None:
+        self.batch_sizes = sorted(batch_sizes)  # grid of B
+        self.table = dict(table)  # (B, T) -> seconds, for every grid B and T in 1..max
+        self.max_tokens_per_row = max_tokens_per_row
+        self.smoothing = smoothing
+
+    def _neighbours(self, batch: int) -> tuple[int, int, float]:
+        grid = self.batch_sizes
+        if batch <= grid[0]:
+            return grid[0], grid[0], 0.0
+        if batch >= grid[-1]:
+            return grid[-1], grid[-1], 0.0
+        upper = grid[bisect_left(grid, batch)]
+        lower = grid[bisect_left(grid, batch) - 1]
+        return lower, upper, (batch - lower) / (upper - lower) if upper != lower else 0.0
+
+    def cost(self, batch: int, tokens_per_row: int) -> float:
+        tokens = min(max(tokens_per_row, 1), self.max_tokens_per_row)
+        lower, upper, weight = self._neighbours(batch)
+        value = (1 - weight) * self.table[(lower, tokens)] + weight * self.table[(upper, tokens)]
+        largest = self.batch_sizes[-1]
+        if batch > largest:  # beyond the grid: grows in proportion to the rows
+            value *= batch / largest
+        return value
+
+    def observe(self, batch: int, tokens_per_row: int, seconds: float) -> None:
+        """Pull the cells around (B, T) toward a measured step time."""
+        tokens = min(max(tokens_per_row, 1), self.max_tokens_per_row)
+        predicted = self.cost(batch, tokens)
+        if predicted <= 0 or seconds <= 0:
+            return
+        ratio = 1.0 + self.smoothing * (seconds / predicted - 1.0)
+        lower, upper, _ = self._neighbours(batch)
+        for grid_batch in {lower, upper}:
+            self.table[(grid_batch, tokens)] *= ratio
+
+    @classmethod
+    def measure(cls, target: Target, batch_sizes: Sequence[int], max_tokens_per_row: int,
+                context: int = 64, rounds: int = 3) -> StepCostModel:
+        """Time the target's forward for every B in `batch_sizes` and T in 1..max over a
+        `context`-token cache, as the decode step runs it. Every shape is timed once per round,
+        rounds interleaved (so that a burst of load elsewhere does not bias one shape), and
+        the best round is kept."""
+        from eyas.engine.generate import new_cache
+
+        model, device, vocab = target.model, target.device, target.config.vocab_size
+        table: dict[tuple[int, int], float] = {}
+        with torch.inference_mode():
+            caches = {}
+            for batch in batch_sizes:  # prefill a context per batch size (also a warm-up)
+                caches[batch] = new_cache(target, batch, context + max_tokens_per_row)
+                model(torch.randint(0, vocab, (batch, context), device=device), cache=caches[batch],
+                      write_at=0, logits_at=None)
+            for round_index in range(rounds + 1):  # round 0 warms every shape up
+                for batch in batch_sizes:
+                    for tokens in range(1, max_tokens_per_row + 1):
+                        ids = torch.randint(0, vocab, (batch, tokens), device=device)
+                        positions = torch.arange(context, context + tokens, device=device).expand(batch, -1)
+                        mask = torch.ones(batch, tokens, context + tokens, dtype=torch.bool, device=device)
+                        started = time.perf_counter()
+                        out = model(ids, positions, cache=caches[batch], write_at=positions,
+                                    attn_mask=mask, kv_len=context + tokens, logits_at=None)
+                        model.lm_head(out.hidden.reshape(batch * tokens, -1))
+                        seconds = time.perf_counter() - started
+                        if round_index > 0:
+                            table[(batch, tokens)] = min(table.get((batch, tokens), seconds), seconds)
+        return cls(batch_sizes, monotone(table, sorted(batch_sizes), max_tokens_per_row),
+                   max_tokens_per_row)
+
+    def as_dict(self) -> dict[str, float]:
+        return {f"B={b},T={t}": round(s * 1000, 3) for (b, t), s in sorted(self.table.items())}
+
+
+def monotone(table: dict[tuple[int, int], float], batch_sizes: list[int], max_tokens: int
+             ) -> dict[tuple[int, int], float]:
+    """A pass never costs more than a larger one: noise on a shared machine only ever adds
+    time, so each cell is capped by the cells of larger T and larger B (a running minimum from
+    the largest shape down)."""
+    fixed = dict(table)
+    for batch in batch_sizes:
+        for tokens in range(max_tokens - 1, 0, -1):
+            fixed[(batch, tokens)] = min(fixed[(batch, tokens)], fixed[(batch, tokens + 1)])
+    for tokens in range(1, max_tokens + 1):
+        for smaller, larger in reversed(list(zip(batch_sizes, batch_sizes[1:]))):
+            fixed[(smaller, tokens)] = min(fixed[(smaller, tokens)], fixed[(larger, tokens)])
+    return fixed
+
+
+def choose_draft_length(estimates: Sequence[AcceptanceEstimate], rows: int, costs: StepCostModel,
+                        max_draft_tokens: int, margin: float = 1.05) -> int:
+    """k* of the module docstring: 0 (plain) unless speculation is expected to pay."""
+    if not estimates or max_draft_tokens < 1:
+        return 0
+    plain_rate = len(estimates) / costs.cost(rows, 1)
+    draft_seconds = sum(e.draft_seconds_per_token for e in estimates)
+    best_k, best_rate = 0, plain_rate * margin
+    for k in range(1, max_draft_tokens + 1):
+        tokens = sum(e.expected_tokens(k) for e in estimates)
+        rate = tokens / (costs.cost(rows, 1 + k) + k * draft_seconds)
+        if rate > best_rate:
+            best_k, best_rate = k, rate
+    return best_k

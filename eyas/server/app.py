@@ -1,0 +1,229 @@
+"""The OpenAI-compatible HTTP server (FastAPI) in front of the serving engine.
+
+Usage:
+    from eyas.server.app import ServerSettings, create_app
+    app = create_app(engine, ServerSettings(model_name="smollm2-135m"), ServerMetrics("smollm2-135m"))
+    uvicorn.run(app, host="127.0.0.1", port=8000)        # or: eyas serve --model ...
+
+Routes: POST /v1/chat/completions, POST /v1/completions (streaming as SSE `data: {...}` lines
+ending with `data: [DONE]`, or one JSON body), GET /v1/models, GET /health, GET /metrics.
+A request reaches the engine only after the guards (API key, body size), strict schema
+validation, the model name, the unsupported-parameter check and the context check; every
+refusal is an OpenAI-style error body (errors.py). The engine runs on its own thread; its
+outputs come back to the event loop through a per-request asyncio.Queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable
+
+import anyio
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from eyas.errors import EyasError
+from eyas.models.tokenizer import chat_prompt_ids, raw_prompt_ids
+from eyas.scheduler.engine import Engine, QueueFull, RequestRejected
+from eyas.scheduler.request import Request as EngineRequest
+from eyas.scheduler.request import RequestOutput
+from eyas.server import protocol
+from eyas.server.errors import APIError, install_handlers
+from eyas.server.guards import check_api_key, read_json_body
+from eyas.server.metrics import ServerMetrics
+
+
+@dataclass
+class ServerSettings:
+    model_name: str  # the id clients send as "model" (and /v1/models lists)
+    api_key: str | None = None  # when set, /v1 routes need "Authorization: Bearer KEY"
+    max_body_bytes: int = 1 << 20  # larger bodies get 413
+    retry_after_s: int = 1  # Retry-After on 503 (queue full)
+
+    def __post_init__(self) -> None:
+        if not self.model_name:
+            raise EyasError("model_name must be non-empty")
+        if self.max_body_bytes < 1024:
+            raise EyasError("max_body_bytes must be >= 1024")
+        if self.api_key is not None and not self.api_key:
+            raise EyasError("api_key must be non-empty when given")
+
+
+def sse(payload: dict[str, Any] | str) -> str:
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    return f"data: {data}\n\n"
+
+
+def create_app(engine: Engine, settings: ServerSettings, metrics: ServerMetrics) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if not engine.alive:
+            engine.start()
+        yield
+        await anyio.to_thread.run_sync(engine.shutdown)  # in-flight requests finish first
+
+    app = FastAPI(title="eyas", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    install_handlers(app)
+    created = int(time.time())
+    tokenizer = engine.target.tokenizer
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        if not engine.alive:
+            raise APIError(503, "the engine is not running", code="engine_down")
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics_route() -> Response:
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict[str, Any]:
+        check_api_key(request, settings.api_key)
+        return {"object": "list",
+                "data": [protocol.model_card(settings.model_name, created, engine.max_model_len)]}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        parsed = await parse(request, protocol.ChatCompletionRequest)
+        messages = [{"role": m.role, "content": m.text()} for m in parsed.messages]
+        try:
+            prompt_ids = await anyio.to_thread.run_sync(chat_prompt_ids, tokenizer, messages)
+        except Exception as error:  # no chat template, or one that rejects these roles
+            raise APIError(400, f"the chat template cannot render these messages: {error}",
+                           param="messages", code="invalid_value") from error
+        limit_field = "max_completion_tokens" if parsed.max_completion_tokens else "max_tokens"
+        return await respond(request, parsed, prompt_ids, "messages", limit_field, chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        parsed = await parse(request, protocol.CompletionRequest)
+        prompt = parsed.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]  # a list holding one prompt
+        if isinstance(prompt, str):
+            prompt_ids = await anyio.to_thread.run_sync(raw_prompt_ids, tokenizer, prompt)
+        else:
+            prompt_ids = list(prompt)
+            vocab = engine.target.config.vocab_size
+            if any(not 0 <= token < vocab for token in prompt_ids):
+                raise APIError(400, f"prompt token ids must be in [0, {vocab})", param="prompt",
+                               code="invalid_value")
+        return await respond(request, parsed, prompt_ids, "prompt", "max_tokens", chat=False)
+
+    async def parse(request: Request, schema: type[protocol.SamplingRequest]) -> Any:
+        check_api_key(request, settings.api_key)
+        parsed = schema.model_validate(await read_json_body(request, settings.max_body_bytes))
+        if parsed.model != settings.model_name:
+            raise APIError(400, f"the model '{parsed.model}' does not exist here; this server "
+                                f"serves '{settings.model_name}'", param="model", code="model_not_found")
+        unsupported = protocol.unsupported_parameter(parsed)
+        if unsupported is not None:
+            field, message = unsupported
+            raise APIError(400, message, param=field, code="unsupported_parameter")
+        return parsed
+
+    async def respond(http_request: Request, parsed: Any, prompt_ids: list[int], prompt_field: str,
+                      limit_field: str, chat: bool) -> Response:
+        # 1. The context check and the queue, then the engine.
+        if not engine.alive:
+            raise APIError(503, "the engine is not running", code="engine_down")
+        max_tokens = parsed.requested_max_tokens
+        if max_tokens is None:
+            max_tokens = max(engine.max_model_len - len(prompt_ids), 1)
+        params = parsed.sampling_params(max_tokens)
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        try:
+            submitted = engine.submit(prompt_ids, params,
+                                      lambda output: loop.call_soon_threadsafe(queue.put_nowait, output))
+        except RequestRejected as error:
+            field = prompt_field if error.field == "prompt" else limit_field
+            raise APIError(400, str(error), param=field, code=error.code) from error
+        except QueueFull as error:
+            raise APIError(503, f"{error}; retry later", code="queue_full",
+                           headers={"Retry-After": str(settings.retry_after_s)}) from error
+        # 2. Stream the outputs, or collect them into one body.
+        response_id = protocol.new_id("chatcmpl" if chat else "cmpl")
+        if parsed.stream:
+            chunks = stream_chat if chat else stream_completion
+            return StreamingResponse(chunks(submitted, queue, response_id, parsed.include_usage),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Request-Id": response_id})
+        final, text = await collect(http_request, submitted, queue)
+        build = protocol.chat_response if chat else protocol.completion_response
+        return JSONResponse(build(response_id, settings.model_name, text, final))
+
+    async def collect(http_request: Request, submitted: EngineRequest,
+                      queue: asyncio.Queue[RequestOutput]) -> tuple[RequestOutput, str]:
+        watcher = asyncio.create_task(abort_on_disconnect(http_request, submitted.request_id))
+        parts: list[str] = []
+        finished = False
+        try:
+            while not finished:
+                output = await queue.get()
+                parts.append(output.text)
+                finished = output.finished
+        finally:
+            watcher.cancel()
+            if not finished:
+                engine.abort(submitted.request_id)
+        if output.finish_reason == "error":
+            raise APIError(500, "generation failed inside the engine", code="internal_error")
+        return output, "".join(parts)
+
+    async def abort_on_disconnect(http_request: Request, request_id: str) -> None:
+        while True:
+            message = await http_request.receive()
+            if message["type"] == "http.disconnect":
+                engine.abort(request_id)
+                return
+
+    async def stream_outputs(submitted: EngineRequest, queue: asyncio.Queue[RequestOutput],
+                             first: str | None, chunk: Callable[..., dict[str, Any]],
+                             text_delta: Callable[[str], Any], usage_object: str,
+                             include_usage: bool, response_id: str) -> AsyncIterator[str]:
+        created, model = int(time.time()), settings.model_name
+        finished = False
+        try:
+            if first is not None:
+                yield sse(first)
+            while not finished:
+                output = await queue.get()
+                finished = output.finished
+                if output.finish_reason == "error":
+                    yield sse(APIError(500, "generation failed inside the engine",
+                                       code="internal_error").body())
+                    yield sse("[DONE]")
+                    return
+                if output.text or finished:
+                    body = chunk(response_id, model, created, text_delta(output.text),
+                                 output.finish_reason if finished else None, include_usage)
+                    if finished:
+                        body = protocol.with_speculative(body, output)
+                    yield sse(body)
+            if finished and include_usage:
+                yield sse(protocol.usage_chunk(response_id, model, created, usage_object, output))
+            yield sse("[DONE]")
+        finally:
+            if not finished:  # the client went away (the stream was cancelled)
+                engine.abort(submitted.request_id)
+
+    def stream_chat(submitted, queue, response_id, include_usage) -> AsyncIterator[str]:
+        first = json.dumps(protocol.chat_chunk(response_id, settings.model_name, int(time.time()),
+                                               {"role": "assistant", "content": ""},
+                                               include_usage=include_usage), separators=(",", ":"))
+        return stream_outputs(submitted, queue, first, protocol.chat_chunk,
+                              lambda text: {"content": text} if text else {},
+                              "chat.completion.chunk", include_usage, response_id)
+
+    def stream_completion(submitted, queue, response_id, include_usage) -> AsyncIterator[str]:
+        return stream_outputs(submitted, queue, None, protocol.completion_chunk, lambda text: text,
+                              "text_completion", include_usage, response_id)
+
+    return app

@@ -1,0 +1,104 @@
+"""Prometheus metrics under vLLM's names, so that existing dashboards and scrapers read them.
+
+| metric (exposition name)                                   | kind      | meaning |
+|------------------------------------------------------------|-----------|---------|
+| vllm:time_to_first_token_seconds                           | histogram | arrival -> first token |
+| vllm:time_per_output_token_seconds                         | histogram | (finish - first token) / (completion tokens - 1), per request |
+| vllm:e2e_request_latency_seconds                           | histogram | arrival -> finish |
+| vllm:num_requests_running / vllm:num_requests_waiting      | gauge     | holding a KV row / queued |
+| vllm:prompt_tokens_total / vllm:generation_tokens_total    | counter   | tokens in / out |
+| vllm:request_success_total{finished_reason}                | counter   | finished requests (stop, length, abort, error) |
+| vllm:spec_decode_num_drafts_total                          | counter   | verifications of a non-empty draft |
+| vllm:spec_decode_num_draft_tokens_total                    | counter   | draft tokens verified |
+| vllm:spec_decode_num_accepted_tokens_total                 | counter   | draft tokens accepted |
+| vllm:spec_decode_num_accepted_tokens_per_pos_total{position} | counter | drafts accepted at depth position + 1 (0-based) |
+| eyas:spec_decode_draft_tokens_per_request                  | gauge     | k the policy chose for the last step (0 = plain) |
+
+Mean acceptance length = 1 + accepted / drafts (the bonus token counts).
+Every series carries model_name and engine="0" labels, as vLLM's do.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from eyas.scheduler.executor import StepStats
+from eyas.scheduler.request import Request
+
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+TPOT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0)
+E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0, 600.0)
+
+
+class ServerMetrics:
+    """The engine's observer: fed from the engine thread, read by GET /metrics."""
+
+    def __init__(self, model_name: str, num_positions: int = 0) -> None:
+        self.registry = CollectorRegistry()
+        labels = ["model_name", "engine"]
+        self.label_values = {"model_name": model_name, "engine": "0"}
+        r = self.registry
+        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token",
+                              labels, buckets=TTFT_BUCKETS, registry=r)
+        self.tpot = Histogram("vllm:time_per_output_token_seconds", "Time per output token after "
+                              "the first, per request", labels, buckets=TPOT_BUCKETS, registry=r)
+        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "End-to-end request latency",
+                             labels, buckets=E2E_BUCKETS, registry=r)
+        self.running = Gauge("vllm:num_requests_running", "Requests holding a KV row", labels, registry=r)
+        self.waiting = Gauge("vllm:num_requests_waiting", "Requests queued", labels, registry=r)
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens processed", labels, registry=r)
+        self.generation_tokens = Counter("vllm:generation_tokens", "Tokens generated", labels, registry=r)
+        self.success = Counter("vllm:request_success", "Finished requests", labels + ["finished_reason"],
+                               registry=r)
+        self.drafts = Counter("vllm:spec_decode_num_drafts", "Verified drafts", labels, registry=r)
+        self.draft_tokens = Counter("vllm:spec_decode_num_draft_tokens", "Verified draft tokens",
+                                    labels, registry=r)
+        self.accepted_tokens = Counter("vllm:spec_decode_num_accepted_tokens", "Accepted draft tokens",
+                                       labels, registry=r)
+        self.accepted_per_position = Counter("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                             "Accepted draft tokens by position (0-based)",
+                                             labels + ["position"], registry=r)
+        self.draft_length = Gauge("eyas:spec_decode_draft_tokens_per_request",
+                                  "Draft tokens per request chosen for the last step (0 = plain)",
+                                  labels, registry=r)
+        for reason in ("stop", "length", "abort", "error"):  # exported from the start, at 0
+            self.success.labels(**self.label_values, finished_reason=reason)
+        for metric in (self.drafts, self.draft_tokens, self.accepted_tokens, self.prompt_tokens,
+                       self.generation_tokens, self.running, self.waiting, self.draft_length):
+            metric.labels(**self.label_values)
+        for position in range(num_positions):
+            self._l(self.accepted_per_position, position=str(position))
+
+    def _l(self, metric, **extra):
+        return metric.labels(**self.label_values, **extra)
+
+    # ---- EngineObserver --------------------------------------------------------------
+    def step_finished(self, stats: StepStats) -> None:
+        if stats.decode_rows:
+            self._l(self.draft_length).set(stats.planned_draft_tokens)
+        if stats.drafts:
+            self._l(self.drafts).inc(stats.drafts)
+            self._l(self.draft_tokens).inc(stats.draft_tokens)
+            self._l(self.accepted_tokens).inc(stats.accepted_tokens)
+            for position, count in enumerate(stats.accepted_per_position):
+                if count:
+                    self._l(self.accepted_per_position, position=str(position)).inc(count)
+
+    def request_finished(self, request: Request) -> None:
+        self._l(self.success, finished_reason=request.finish_reason or "stop").inc()
+        self._l(self.generation_tokens).inc(request.completion_tokens)
+        if request.first_token_time is None:
+            return
+        self._l(self.prompt_tokens).inc(request.prompt_len)
+        end = request.finish_time or request.first_token_time
+        self._l(self.ttft).observe(request.first_token_time - request.arrival_time)
+        self._l(self.e2e).observe(end - request.arrival_time)
+        if request.completion_tokens > 1:
+            self._l(self.tpot).observe((end - request.first_token_time) / (request.completion_tokens - 1))
+
+    def queue_changed(self, running: int, waiting: int) -> None:
+        self._l(self.running).set(running)
+        self._l(self.waiting).set(waiting)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,42 @@
+"""The batched verification pass: hand-built rows with known ids, positions, slots and masks."""
+
+from __future__ import annotations
+
+import torch
+
+from eyas.engine.speculative.draft import DraftTree
+from eyas.scheduler.batch import RowInput, build_decode_batch
+
+
+def test_two_requests_and_an_idle_row_in_one_pass():
+    # row 0: context 3, root 10, tree: 11 under the root, 12 under 11, 13 under the root
+    tree = DraftTree(torch.tensor([11, 12, 13]), torch.tensor([0, 1, 0]))
+    rows = [RowInput(0, 3, 10, tree), RowInput(1, 2, None), RowInput(2, 5, 20)]  # 1 idle, 2 plain
+    batch = build_decode_batch(rows)
+    assert batch.input_ids.tolist() == [[10, 11, 12, 13], [0, 0, 0, 0], [20, 0, 0, 0]]
+    assert batch.positions.tolist() == [[3, 4, 5, 4], [2, 2, 2, 2], [5, 5, 5, 5]]
+    assert batch.write_slots.tolist() == [[3, 4, 5, 6], [2, 3, 4, 5], [5, 6, 7, 8]]
+    assert batch.kv_len == 9
+    mask = batch.attn_mask.int()
+    # row 0: the context, then the tree block (root; 11 -> root; 12 -> 11 -> root; 13 -> root)
+    assert mask[0].tolist() == [
+        [1, 1, 1, 1, 0, 0, 0, 0, 0],
+        [1, 1, 1, 1, 1, 0, 0, 0, 0],
+        [1, 1, 1, 1, 1, 1, 0, 0, 0],
+        [1, 1, 1, 1, 0, 0, 1, 0, 0],
+    ]
+    # idle row and padding queries: their own slot only
+    assert mask[1].tolist() == [[1 if s == q + 2 else 0 for s in range(9)] for q in range(4)]
+    assert mask[2, 0].tolist() == [1, 1, 1, 1, 1, 1, 0, 0, 0]
+    assert mask[2, 1].tolist() == [0, 0, 0, 0, 0, 0, 1, 0, 0]
+    # logits are taken only at real queries: row 0's four, row 2's root
+    assert batch.query_rows.tolist() == [0, 0, 0, 0, 2]
+    assert batch.query_cols.tolist() == [0, 1, 2, 3, 0]
+    assert batch.offsets == [0, 4, 4]
+
+
+def test_plain_rows_are_one_token_each():
+    batch = build_decode_batch([RowInput(0, 4, 7), RowInput(1, 9, 8, DraftTree.empty())])
+    assert batch.tokens_per_row == 1
+    assert batch.positions.tolist() == [[4], [9]]
+    assert batch.attn_mask[:, 0].sum(-1).tolist() == [5, 10]  # context + root

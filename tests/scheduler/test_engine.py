@@ -1,0 +1,193 @@
+"""The engine end to end on a tiny model: every request's output equals decoding it alone.
+
+Batches mix prompt lengths, chunked prefill, more requests than rows (queueing and row moves),
+KV growth, drafts from every proposer, and overlap on and off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import threading
+
+import pytest
+
+from scheduler_support import run_all
+from eyas.engine.generate import generate
+from eyas.engine.sampling import SamplingParams
+from eyas.engine.speculative.draft import DraftTree
+from eyas.scheduler.config import EngineConfig
+from eyas.scheduler.engine import Engine
+
+
+def prompts() -> list[list[int]]:
+    rng = random.Random(0)
+    varied = [[rng.randrange(100, 5000) for _ in range(rng.randrange(2, 50))] for _ in range(8)]
+    return varied + [[5, 6, 7, 8, 9] * 8, [11, 12, 13] * 10]  # repetitive: n-grams match
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_target):
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    return [generate(tiny_target, p, params) for p in prompts()]
+
+
+def engine(target, draft="none", overlap=False, **overrides) -> Engine:
+    config = EngineConfig(**{"max_running": 4, "prefill_chunk": 16, "initial_kv_slots": 16,
+                             "speculation": "always", "overlap": overlap, **overrides})
+    return Engine(target, config, draft=draft).start()
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["sequential", "overlap"])
+@pytest.mark.parametrize("draft", ["none", "ngram:3,1,3", "self"])
+def test_batched_greedy_equals_plain(tiny_target, plain, draft, overlap):
+    served = engine(tiny_target, draft, overlap)
+    try:
+        results = served.generate_many(prompts(), SamplingParams(max_tokens=24, ignore_eos=True), 60)
+    finally:
+        served.shutdown()
+    for result, expected in zip(results, plain):
+        assert result.token_ids == expected.token_ids
+        assert result.text == expected.text
+        assert result.finish_reason == "length"
+    if draft == "self":  # the target drafting for itself: every draft accepted
+        spec = [r.stats["speculative"] for r in results]
+        assert all(s["accepted_tokens"] == s["draft_tokens"] > 0 for s in spec)
+    if draft.startswith("ngram"):
+        assert sum(r.stats["speculative"]["accepted_tokens"] for r in results) > 0
+
+
+def test_per_request_parameters_in_one_batch(tiny_target, plain):
+    """max_tokens, stop strings and seeded sampling differ per request, in the same steps."""
+    base = prompts()
+    stop_text = plain[1].text[len(plain[1].text) // 2 :][:3]
+    jobs = [
+        (base[0], SamplingParams(max_tokens=5, ignore_eos=True)),
+        (base[1], SamplingParams(max_tokens=24, stop=[stop_text], ignore_eos=True)),
+        (base[2], SamplingParams(max_tokens=12, temperature=0.8, top_p=0.9, seed=7, ignore_eos=True)),
+        (base[8], SamplingParams(max_tokens=24, ignore_eos=True)),
+    ]
+    served = engine(tiny_target, "ngram")
+    try:
+        results = run_all(served, jobs)
+    finally:
+        served.shutdown()
+    for (prompt, params), (tokens, text, final) in zip(jobs, results):
+        alone = generate(tiny_target, prompt, params)  # sampling: same seed, same draws
+        if params.greedy or final.speculative["draft_tokens"] == 0:
+            assert tokens == alone.token_ids and text == alone.text
+        assert final.finish_reason == alone.finish_reason
+    assert results[1][2].finish_reason == "stop" and stop_text not in results[1][1]
+
+
+def test_a_cancelled_request_ends_with_abort_and_frees_its_row(tiny_target):
+    served = engine(tiny_target, max_running=2)
+    first = threading.Event()
+    finals = []
+
+    def on_output(output):
+        first.set()
+        if output.finished:
+            finals.append(output)
+
+    request = served.submit(list(range(100, 120)), SamplingParams(max_tokens=200, ignore_eos=True),
+                            on_output)
+    try:
+        assert first.wait(30)
+        served.abort(request.request_id)
+        other = served.generate([7, 8, 9], SamplingParams(max_tokens=4, ignore_eos=True), 30)
+    finally:
+        served.shutdown()
+    assert finals and finals[0].finish_reason == "abort" and finals[0].completion_tokens < 200
+    assert other.finish_reason == "length" and served.num_running == 0
+
+
+class BrokenProposer:
+    name, tap_layers = "broken", ()
+
+    def begin(self, target, prompt_ids, params):
+        pass
+
+    def propose(self, token_ids, max_nodes) -> DraftTree:
+        raise RuntimeError("proposer bug")
+
+    def observe(self, tree, result, output):
+        pass
+
+
+def test_a_failing_step_fails_its_requests_and_the_engine_keeps_serving(tiny_target):
+    served = engine(tiny_target, "ngram")
+    good_prototype = served.proposers.prototype
+    try:
+        served.proposers.prototype = BrokenProposer()
+        failed = served.generate([5, 6, 7, 8], SamplingParams(max_tokens=6, ignore_eos=True), 30)
+        served.proposers.prototype = good_prototype
+        fine = served.generate([5, 6, 7, 8], SamplingParams(max_tokens=6, ignore_eos=True), 30)
+    finally:
+        served.shutdown()
+    assert failed.finish_reason == "error"
+    assert fine.finish_reason == "length" and len(fine.token_ids) == 6
+
+
+def test_speculation_auto_measures_costs_and_stays_equal(tiny_target, plain):
+    served = engine(tiny_target, "ngram", speculation="auto", max_running=2)
+    try:
+        results = served.generate_many(prompts()[-2:], SamplingParams(max_tokens=24, ignore_eos=True), 60)
+    finally:
+        served.shutdown()
+    assert served.costs is not None and served.costs.cost(2, 3) > 0
+    assert served.executor.pooled.asked > 0  # acceptance observed (shadow drafts or real ones)
+    assert [r.token_ids for r in results] == [p.token_ids for p in plain[-2:]]
+
+
+@pytest.mark.parametrize("draft", ["none", "self"])
+def test_eos_inside_an_accepted_draft_ends_the_answer_where_plain_does(tiny_target, plain, draft):
+    """A token of the plain answer is made an EOS token: both paths must stop right before it,
+    also when it sits in the middle of a fully accepted draft (self-drafting)."""
+    answer = plain[8].token_ids
+    eos = answer[9]
+    target = dataclasses.replace(tiny_target, config=dataclasses.replace(tiny_target.config,
+                                                                         eos_token_ids=[eos]))
+    params = SamplingParams(max_tokens=24)
+    alone = generate(target, prompts()[8], params)
+    served = engine(target, draft)
+    try:
+        one_token = served.generate_many([prompts()[8], prompts()[0]], SamplingParams(max_tokens=1), 30)
+        result = served.generate(prompts()[8], params, 30)
+    finally:
+        served.shutdown()
+    assert alone.finish_reason == "stop" and alone.token_ids == answer[: answer.index(eos)]
+    assert result.token_ids == alone.token_ids and result.finish_reason == "stop"
+    assert result.stats.get("speculative", {"draft_tokens": 1})["draft_tokens"] > 0
+    assert [(len(r.token_ids), r.finish_reason) for r in one_token] == [(1, "length")] * 2
+
+
+@pytest.fixture(scope="module")
+def random_head_dir(tiny_target, tmp_path_factory):
+    """An untrained EAGLE-3 head for the tiny target, saved as `eagle3:DIR` expects."""
+    import torch
+
+    from eyas.eagle3 import Eagle3Config, Eagle3Head, build_draft_vocab, save_head
+
+    torch.manual_seed(0)
+    config = Eagle3Config.for_target(tiny_target.config, draft_vocab_size=512, target_layer_ids=[0, 1, 2])
+    head = Eagle3Head(config)
+    counts = torch.zeros(tiny_target.config.vocab_size)
+    counts[torch.randperm(tiny_target.config.vocab_size)[:2000]] = 1.0
+    head.set_vocab(build_draft_vocab(counts, 512))
+    head.set_embedding(tiny_target.model.embed_tokens.weight)
+    folder = tmp_path_factory.mktemp("eagle3-head")
+    save_head(head.eval(), folder)
+    return folder
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["sequential", "overlap"])
+def test_eagle3_drafts_across_the_batch_equal_plain(tiny_target, plain, random_head_dir, overlap):
+    """EAGLE-3 reads the target's taps from the batched pass (and from chunked prefill)."""
+    served = engine(tiny_target, f"eagle3:{random_head_dir}", overlap)
+    try:
+        results = served.generate_many(prompts(), SamplingParams(max_tokens=24, ignore_eos=True), 60)
+    finally:
+        served.shutdown()
+    assert [r.token_ids for r in results] == [p.token_ids for p in plain]
+    assert sum(r.stats["speculative"]["draft_tokens"] for r in results) > 0

@@ -1,0 +1,44 @@
+"""KVPool: rows lent and packed, slots grown without losing what was written."""
+
+from __future__ import annotations
+
+import torch
+
+from eyas.scheduler.kv_pool import KVPool
+
+
+def fill(pool: KVPool, row: int, value: float, length: int) -> None:
+    pool.cache.keys[:, row, :, :length] = value
+    pool.cache.values[:, row, :, :length] = -value
+
+
+def test_rows_are_packed_when_requests_leave(tiny_target):
+    pool = KVPool(tiny_target, rows=4, max_slots=64, initial_slots=8)
+    owners = [object() for _ in range(4)]
+    rows = [pool.allocate(o) for o in owners]
+    assert rows == [0, 1, 2, 3] and pool.num_free == 0
+    for row in rows:
+        fill(pool, row, float(row + 1), 5)
+    pool.free(0)
+    pool.free(2)
+    moves = pool.compact()
+    assert moves == [(owners[3], 3, 0)]  # the highest row fills the lowest hole
+    for owner, source, target in moves:
+        pool.move_row(source, target, 5)
+    assert pool.owners == [owners[3], owners[1], None, None]
+    assert torch.all(pool.cache.keys[:, 0, :, :5] == 4.0)
+    assert torch.all(pool.cache.values[:, 0, :, :5] == -4.0)
+    assert pool.allocate(object()) == 2
+
+
+def test_slots_grow_by_doubling_and_keep_contents(tiny_target):
+    pool = KVPool(tiny_target, rows=2, max_slots=40, initial_slots=8)
+    fill(pool, 1, 3.0, 8)
+    pool.ensure_slots(9)
+    assert pool.slots == 16
+    assert torch.all(pool.cache.keys[:, 1, :, :8] == 3.0)
+    pool.ensure_slots(33)
+    assert pool.slots == 40  # capped at max_slots
+    view = pool.view(1, 2)
+    view.keys[:, 0, :, 20] = 7.0  # a view writes through to the pool
+    assert torch.all(pool.cache.keys[:, 1, :, 20] == 7.0)

@@ -1,0 +1,106 @@
+"""Scheduler budgets: admission by free KV rows, the per-step token budget, chunked prefill,
+draft tokens capped by the budget, row packing on release; engine-side queue and context checks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eyas.engine.sampling import SamplingParams
+from eyas.scheduler.config import EngineConfig
+from eyas.scheduler.engine import Engine, QueueFull, RequestRejected
+from eyas.scheduler.kv_pool import KVPool
+from eyas.scheduler.scheduler import PLAIN_PROBE_EVERY, Scheduler
+from eyas.scheduler.speculation import StepCostModel
+
+
+def chunks(plan):
+    return [(c.request, c.start, c.end) for c in plan.prefill]
+
+
+def new_scheduler(target, speculative=False, **overrides):
+    config = EngineConfig(**{"max_running": 2, "max_step_tokens": 64, "prefill_chunk": 16,
+                             "speculation": "always", **overrides})
+    return Scheduler(config, KVPool(target, config.max_running, 128, 32), speculative)
+
+
+def test_admission_needs_a_free_row_and_prefill_is_chunked(tiny_target, make_request):
+    scheduler = new_scheduler(tiny_target)
+    a, b, c = make_request(40), make_request(40), make_request(10)
+    for request in (a, b, c):
+        scheduler.add(request)
+    plan = scheduler.schedule()
+    assert chunks(plan) == [(a, 0, 16), (b, 0, 16)]  # two rows: c waits
+    assert (a.row, b.row, c.row) == (0, 1, None) and list(scheduler.waiting) == [c]
+    assert chunks(scheduler.schedule()) == [(a, 16, 32), (b, 16, 32)]
+    plan = scheduler.schedule()
+    assert chunks(plan) == [(a, 32, 40), (b, 32, 40)] and plan.decode == []
+    plan = scheduler.schedule()  # prompts fully scheduled: both decode
+    assert plan.decode == [a, b] and plan.prefill == []
+
+
+def test_the_token_budget_limits_chunks(tiny_target, make_request):
+    scheduler = new_scheduler(tiny_target, max_step_tokens=20)
+    a, b = make_request(40), make_request(40)
+    scheduler.add(a)
+    scheduler.add(b)
+    assert chunks(scheduler.schedule()) == [(a, 0, 16), (b, 0, 4)]
+
+
+def test_draft_tokens_are_capped_by_the_budget(tiny_target, make_request):
+    scheduler = new_scheduler(tiny_target, speculative=True, max_step_tokens=8, num_draft_tokens=4,
+                              prefill_chunk=8, max_running=2)
+    a, b = make_request(8), make_request(8)
+    scheduler.add(a)
+    scheduler.add(b)
+    scheduler.schedule()  # a prefills (8 tokens fill the budget)
+    scheduler.schedule()  # b prefills while a decodes
+    plan = scheduler.schedule()
+    assert plan.decode == [a, b]
+    assert plan.num_draft_tokens == 3  # 2 rows x (1 + 3) = 8 tokens
+    never = new_scheduler(tiny_target, speculative=True, speculation="never")
+    never.add(make_request(4))
+    never.schedule()
+    assert never.schedule().num_draft_tokens == 0
+
+
+def test_speculation_keeps_plain_probes(tiny_target, make_request):
+    flat = StepCostModel([1], {(1, t): 0.01 for t in range(1, 6)}, 5)  # drafts cost nothing
+    config = EngineConfig(max_running=1, max_step_tokens=64, num_draft_tokens=4, speculation="auto")
+    scheduler = Scheduler(config, KVPool(tiny_target, 1, 128, 32), True, flat)
+    scheduler.add(make_request(4))
+    scheduler.schedule()  # admission and prefill
+    chosen = [scheduler.schedule().num_draft_tokens for _ in range(2 * PLAIN_PROBE_EVERY)]
+    probes = [i for i, k in enumerate(chosen) if k == 0]
+    assert probes == [PLAIN_PROBE_EVERY - 1, 2 * PLAIN_PROBE_EVERY - 1]
+    assert all(k == 4 for i, k in enumerate(chosen) if i not in probes)
+
+
+def test_release_packs_rows_and_moves_their_kv(tiny_target, make_request):
+    scheduler = new_scheduler(tiny_target)
+    a, b = make_request(4), make_request(4)
+    scheduler.add(a)
+    scheduler.add(b)
+    scheduler.schedule()
+    b.context_length = 4
+    scheduler.pool.cache.keys[:, 1, :, :4] = 5.0
+    a.token_done = True
+    assert scheduler.release_done() == [a]
+    assert b.row == 0 and scheduler.running == [b] and a.row is None
+    assert torch.all(scheduler.pool.cache.keys[:, 0, :, :4] == 5.0)
+
+
+def test_queue_full_and_context_checks(tiny_target):
+    engine = Engine(tiny_target, EngineConfig(max_running=1, max_waiting=2))  # not started
+    params = SamplingParams(max_tokens=4)
+    engine.submit([5, 6, 7], params)
+    engine.submit([5, 6, 7], params)
+    with pytest.raises(QueueFull):
+        engine.submit([5, 6, 7], params)
+    limit = engine.max_model_len
+    with pytest.raises(RequestRejected) as error:
+        engine.submit(list(range(3, limit + 3)), params)
+    assert error.value.field == "prompt"
+    with pytest.raises(RequestRejected) as error:
+        engine.submit([5, 6], SamplingParams(max_tokens=limit))
+    assert error.value.field == "max_tokens"

@@ -1,0 +1,91 @@
+"""The draft-length rule: speculate only where measured costs and acceptance say it pays."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eyas.engine.speculative.draft import DraftTree
+from eyas.scheduler.speculation import (AcceptanceEstimate, ShadowDraft, StepCostModel,
+                                        choose_draft_length, monotone)
+
+
+def cpu_like_costs(max_tokens: int = 5) -> StepCostModel:
+    """A pass costs a fixed part plus a part per token in it (compute-bound, as on a CPU):
+    c(B, T) = 10 ms + 2 ms * B * T."""
+    sizes = [1, 2, 4, 8, 16]
+    table = {(b, t): 0.010 + 0.002 * b * t for b in sizes for t in range(1, max_tokens + 1)}
+    return StepCostModel(sizes, table, max_tokens)
+
+
+def estimate(alpha: float, trials: float = 100.0) -> AcceptanceEstimate:
+    """A request whose drafts were always found and accepted at per-token rate alpha."""
+    return AcceptanceEstimate(accepted=alpha * trials, trials=trials, found=trials, asked=trials)
+
+
+def test_expected_tokens_follows_the_geometric_formula():
+    e = estimate(0.6, trials=1e6)
+    assert e.expected_tokens(0) == 1.0
+    assert e.expected_tokens(3) == pytest.approx(1 + 0.6 + 0.36 + 0.216, rel=1e-3)
+    e.record(2, 1)  # one more verification: 1 of 2 accepted, then a rejection
+    assert e.alpha < 0.6 + 1e-3
+    half_found = AcceptanceEstimate(accepted=60, trials=100, found=50, asked=100)
+    assert half_found.expected_tokens(1) == pytest.approx(1 + (51 / 102) * (61 / 102), rel=1e-6)
+
+
+def test_high_acceptance_speculates_at_small_batch_and_stops_at_large_batch():
+    costs = cpu_like_costs()
+    good = [estimate(0.6) for _ in range(16)]
+    assert choose_draft_length(good[:1], 1, costs, 4) > 0
+    k_small = choose_draft_length(good[:2], 2, costs, 4)
+    k_large = choose_draft_length(good, 16, costs, 4)
+    assert k_small >= k_large
+    assert k_large == 0  # at 16 rows every extra token costs as much as it brings
+
+
+def test_low_acceptance_never_speculates():
+    costs = cpu_like_costs()
+    poor = [estimate(0.1) for _ in range(2)]
+    assert choose_draft_length(poor, 2, costs, 4) == 0
+
+
+def test_plain_step_estimates_drift_back_to_the_prior():
+    e = estimate(0.0, trials=20)
+    low = e.alpha
+    for _ in range(300):
+        e.relax()
+    assert e.alpha > low and e.alpha == pytest.approx(e.prior_alpha, abs=0.05)
+
+
+def test_cost_model_interpolates_and_follows_measurements():
+    costs = cpu_like_costs()
+    assert costs.cost(3, 2) == pytest.approx((costs.cost(2, 2) + costs.cost(4, 2)) / 2)
+    assert costs.cost(32, 1) == pytest.approx(costs.cost(16, 1) * 2)  # beyond the grid
+    before = costs.cost(4, 3)
+    for _ in range(50):
+        costs.observe(4, 3, 2 * before)
+    assert costs.cost(4, 3) == pytest.approx(2 * before, rel=0.05)
+
+
+def test_measured_costs_cover_every_shape(tiny_target):
+    costs = StepCostModel.measure(tiny_target, [1, 2], 3, context=8, rounds=1)
+    assert set(costs.table) == {(b, t) for b in (1, 2) for t in (1, 2, 3)}
+    assert all(seconds > 0 for seconds in costs.table.values())
+
+
+def test_profile_noise_is_capped_by_larger_shapes():
+    noisy = {(1, 1): 5.0, (1, 2): 2.0, (2, 1): 3.0, (2, 2): 4.0}  # (1, 1) hit by noise
+    assert monotone(noisy, [1, 2], 2) == {(1, 1): 2.0, (1, 2): 2.0, (2, 1): 3.0, (2, 2): 4.0}
+
+
+def test_a_shadow_draft_measures_what_verification_would_have_accepted():
+    shadow = ShadowDraft()
+    # a tree: 5 -> 6 -> 7 and 9 beside 5; the first branch is 5, 6, 7
+    shadow.start(DraftTree(torch.tensor([5, 6, 9, 7]), torch.tensor([0, 1, 0, 2])))
+    assert shadow.tokens == [5, 6, 7]
+    assert shadow.follow([5]) is None and shadow.follow([6]) is None  # one plain step each
+    assert shadow.follow([8]) == (3, 2) and not shadow.active  # the target said 8, not 7
+    shadow.start(DraftTree.chain([1, 2]))
+    assert shadow.follow([1, 2, 3]) == (2, 2)  # all accepted
+    shadow.start(DraftTree.chain([4]))
+    assert shadow.follow([3]) == (1, 0)
