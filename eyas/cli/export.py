@@ -85,15 +85,10 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m eyas.cli.export ...` runs `eyas export ...`."""
-    parser = argparse.ArgumentParser(prog="eyas")
-    register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["export", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        return int(args.func(args) or 0)
-    except EyasError as error:
-        print(f"eyas: error: {error}", file=sys.stderr)
-        return 2
+    """`python -m eyas.cli.export ...` (what torchrun launches) runs `eyas export ...`."""
+    from eyas.cli.main import run_subcommand
+
+    return run_subcommand("export", argv)
 
 
 if __name__ == "__main__":

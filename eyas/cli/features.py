@@ -93,14 +93,9 @@ def run_features(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m eyas.cli.features ...` (what torchrun launches) runs `eyas features ...`."""
-    parser = argparse.ArgumentParser(prog="eyas")
-    register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["features", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        return int(args.func(args) or 0)
-    except EyasError as error:
-        print(f"eyas: error: {error}", file=sys.stderr)
-        return 2
+    from eyas.cli.main import run_subcommand
+
+    return run_subcommand("features", argv)
 
 
 if __name__ == "__main__":

@@ -70,5 +70,10 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def run_subcommand(name: str, argv: list[str] | None = None) -> int:
+    """`python -m eyas.cli.NAME ARGS` (what torchrun launches) runs `eyas NAME ARGS`."""
+    return main([name, *(sys.argv[1:] if argv is None else argv)])
+
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -23,7 +23,6 @@ Usage:
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
@@ -36,7 +35,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from eyas.errors import EyasError
-from eyas.utils.io import atomic_path, write_json_atomic
+from eyas.utils.io import atomic_path, file_sha256, write_json_atomic
 
 INDEX_NAME = "index.json"
 STORE_FORMAT = "eyas-features"
@@ -92,14 +91,6 @@ def shard_name(index: int) -> str:
 def bytes_per_token(hidden_size: int, num_taps: int, dtype: str) -> int:
     """Storage of one token: taps + last hidden state + int32 id + uint8 mask."""
     return (num_taps + 1) * hidden_size * STORE_DTYPES[dtype].itemsize + 4 + 1
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def write_shard(folder: str | Path, index: int, samples: list[SampleFeatures], dtype: torch.dtype,

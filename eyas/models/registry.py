@@ -13,14 +13,13 @@ loads read that folder (about 5x faster than reading the GGUF again).
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from eyas.errors import EyasError
-from eyas.utils.io import atomic_dir, cache_dir
+from eyas.utils.io import atomic_dir, cache_dir, file_sha256
 
 
 @dataclass(frozen=True)
@@ -80,18 +79,10 @@ def resolve_model(spec: str, cache: str | Path | None = None) -> Path:
     raise EyasError(f"unknown model '{spec}': no such alias, folder or file; expected {accepted_specs()}")
 
 
-def _file_digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def gguf_to_folder(gguf_path: Path, cache: str | Path | None = None) -> Path:
     """Convert a GGUF file once to a cached safetensors folder and return that folder."""
     root = Path(cache) if cache is not None else cache_dir() / "models"
-    target = root / f"{gguf_path.stem}-{_file_digest(gguf_path)[:16]}"
+    target = root / f"{gguf_path.stem}-{file_sha256(gguf_path)[:16]}"
     if (target / "config.json").is_file():
         return target
     # Heavy imports only on the (rare) conversion path.
