@@ -72,7 +72,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="most prompt tokens per request per step (default: %(default)s)")
     overlap = parser.add_mutually_exclusive_group()
     overlap.add_argument("--overlap", dest="overlap", action="store_true", default=DEFAULTS.overlap,
-                         help="prepare step N+1 while step N computes (worker thread)")
+                         help="schedule step N+1 and postprocess step N-1 on a helper thread "
+                              "while step N computes")
     overlap.add_argument("--no-overlap", dest="overlap", action="store_false",
                          help=f"one step at a time (default: {'overlap' if DEFAULTS.overlap else 'no overlap'})")
     parser.add_argument("--max-body-bytes", type=int, default=1 << 20,
@@ -86,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     from eyas.scheduler.proposers import check_spec
     from eyas.server.app import ServerSettings, create_app
     from eyas.server.metrics import ServerMetrics
-    from eyas.server.runner import run_server
+    from eyas.server.runner import serve_with_engine
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     log = logging.getLogger("eyas.serve")
@@ -107,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
              "on" if config.overlap else "off")
     if engine.costs is not None:
         log.info("measured step costs (ms): %s", engine.costs.as_dict())
-    run_server(create_app(engine, settings, metrics), args.host, args.port, args.log_level)
+    app = create_app(engine, settings, metrics, start_engine=False)
+    serve_with_engine(app, engine, args.host, args.port, args.log_level)
     return 0
 
 

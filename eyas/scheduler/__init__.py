@@ -11,6 +11,7 @@ speculation.py  measured step costs + per-request acceptance -> draft tokens per
 batch.py        one target pass over every row's root + draft tree: ids, positions, masks, slots
 executor.py     runs a StepPlan: drafts, the forward, per-row acceptance and KV compaction
 output.py       detokenization, stop strings, text deltas, finishing (RequestOutput events)
-engine.py       Engine: schedule -> run -> postprocess, optionally overlapped on a worker thread
+loop.py         StepLoop: schedule -> run -> postprocess; overlapped with a helper thread or not
+engine.py       Engine: submit / abort / generate from any thread; runs the loop
 measure.py      python -m eyas.scheduler.measure: tokens/s against concurrency, per configuration
 """

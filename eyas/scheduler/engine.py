@@ -1,36 +1,25 @@
-"""`Engine`: the serving step loop. schedule -> run -> postprocess, and nothing else.
+"""`Engine`: the serving engine's front: submit, abort, generate, and the loop's lifecycle.
 
 Usage:
     from eyas.scheduler.engine import Engine
     from eyas.scheduler.config import EngineConfig
-    engine = Engine(target, EngineConfig(max_running=8), draft="ngram").start()
+    engine = Engine(target, EngineConfig(max_running=8), draft="ngram").start()  # loop thread
     result = engine.generate(prompt_ids, SamplingParams(max_tokens=64))    # blocking
     request = engine.submit(prompt_ids, params, on_output=callback)        # streaming
     engine.abort(request.request_id)                                       # client went away
     engine.shutdown()                                                      # drains first
 
-Overlap (EngineConfig.overlap). Off: each step is schedule, run, postprocess, one after the
-other on the engine thread. On: the target runs on a worker thread and the engine thread works
-one step ahead and one behind:
+    engine.run()   # instead of start(): the loop on this thread (eyas serve: the main thread,
+                   # which loaded the model; see loop.py for why that is faster)
 
-    engine thread:  schedule N+1 | wait N | release | submit N+1 | postprocess N | schedule N+2
-    worker thread:  ....... run N .......           | ........... run N+1 ...........
-
-The plan for step N+1 is made before step N's tokens exist: it names requests, not their
-roots, context lengths or drafts. Those are the future part of the hand-off: the worker reads
-them when N+1 starts, after N has written them (the worker runs steps in order). Requests that
-finish in step N are still in plan N+1; the worker skips them (EOS and max_tokens are known at
-token level) or, for a stop string seen a step late, computes one step that is dropped.
-KV rows are freed and packed only between "wait N" and "submit N+1", when nothing is in flight.
+Requests are queued here from any thread; the loop (loop.py) takes them between steps.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
 from eyas.engine.sampling import SamplingParams
@@ -38,12 +27,13 @@ from eyas.engine.sequence import GenerationResult, Sequence
 from eyas.engine.target import Target
 from eyas.errors import EyasError
 from eyas.scheduler.config import EngineConfig
-from eyas.scheduler.executor import StepExecutor, StepResult
+from eyas.scheduler.executor import StepExecutor
 from eyas.scheduler.kv_pool import KVPool
+from eyas.scheduler.loop import StepLoop
 from eyas.scheduler.output import EngineObserver, OutputProcessor
 from eyas.scheduler.proposers import ProposerFactory
-from eyas.scheduler.request import Request, RequestOutput, RequestStatus
-from eyas.scheduler.scheduler import Scheduler, StepPlan
+from eyas.scheduler.request import Request, RequestOutput
+from eyas.scheduler.scheduler import Scheduler
 from eyas.scheduler.speculation import AcceptanceEstimate, StepCostModel
 
 log = logging.getLogger("eyas.engine")
@@ -83,11 +73,12 @@ class Engine:
         self._wakeup = threading.Condition()
         self._incoming: deque[Request] = deque()
         self._requests: dict[str, Request] = {}
-        self._worker = ThreadPoolExecutor(1, thread_name_prefix="eyas-step") if config.overlap else None
-        self._in_flight: tuple[Future, StepPlan] | None = None
+        self.loop = StepLoop(self.scheduler, self.executor, self.outputs, config.overlap,
+                             self._forget)
         self._thread: threading.Thread | None = None
+        self._running = threading.Event()  # the loop is running (on some thread)
+        self._exited = threading.Event()  # the loop has returned
         self._stopping = False
-        self.steps = 0
 
     # ---- client side (any thread) ----------------------------------------------------
     def submit(self, prompt_ids: list[int], params: SamplingParams,
@@ -177,129 +168,61 @@ class Engine:
 
     @property
     def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._running.is_set()
+
+    @property
+    def steps(self) -> int:
+        return self.loop.steps
 
     # ---- lifecycle -------------------------------------------------------------------
     def start(self) -> Engine:
-        self._thread = threading.Thread(target=self._loop, name="eyas-engine", daemon=True)
+        """Run the loop on a new daemon thread."""
+        self._thread = threading.Thread(target=self.run, name="eyas-engine", daemon=True)
         self._thread.start()
+        self._running.wait(10)
         return self
 
+    def run(self, stop_when: Callable[[], bool] | None = None) -> None:
+        """Run the loop on this thread until shutdown(), or, once idle, until stop_when()."""
+        self._exited.clear()
+        self._running.set()
+        try:
+            while True:
+                with self._wakeup:
+                    while self._incoming:
+                        self.scheduler.add(self._incoming.popleft())
+                    idle = not self.scheduler.has_work and not self.loop.busy
+                    if idle and (self._stopping or (stop_when is not None and stop_when())):
+                        return
+                    if idle:
+                        self._wakeup.wait(0.05)
+                        continue
+                try:
+                    self.loop.step()
+                except Exception:  # a bug in the loop itself: fail everything, keep serving
+                    log.exception("engine loop failed; failing every request in it")
+                    self.loop.fail_everything()
+                if self.observer is not None:
+                    self.observer.queue_changed(self.num_running, self.num_waiting)
+        finally:
+            self._running.clear()
+            self._exited.set()
+
     def shutdown(self, drain: bool = True, timeout: float | None = None) -> None:
-        """Stop taking requests; finish the admitted ones (drain) or abort them; stop."""
+        """Stop taking requests; finish the admitted ones (drain) or abort them; wait for the
+        loop to return (whichever thread runs it)."""
         with self._wakeup:
             self._stopping = True
             if not drain:
                 for request in self._requests.values():
                     request.cancel_event.set()
             self._wakeup.notify()
+        if self._running.is_set():
+            self._exited.wait(timeout)
         if self._thread is not None:
             self._thread.join(timeout)
-        if self._worker is not None:
-            self._worker.shutdown(wait=True)
+        self.loop.close()
 
-    # ---- the loop (engine thread) ----------------------------------------------------
-    def _loop(self) -> None:
-        while True:
-            try:
-                if not self._iteration():
-                    return
-            except Exception:  # a bug in the loop itself: fail everything, keep the thread
-                log.exception("engine loop failed; failing every request in it")
-                self._fail_everything()
-
-    def _iteration(self) -> bool:
-        """One pass of the loop; False when the engine has stopped."""
-        with self._wakeup:
-            while self._incoming:
-                self.scheduler.add(self._incoming.popleft())
-            idle = not self.scheduler.has_work and self._in_flight is None
-            if idle and self._stopping:
-                return False
-            if idle:
-                self._wakeup.wait(0.05)
-                return True
-        for request in self.scheduler.drop_cancelled_waiting():
-            self._finish(request, "abort")
-        if self._worker is None:
-            self._step()
-        else:
-            self._step_overlapped()
-        self.steps += 1
-        if self.observer is not None:
-            self.observer.queue_changed(self.num_running, self.num_waiting)
-        return True
-
-    def _fail_everything(self) -> None:
-        if self._in_flight is not None:
-            try:
-                self._in_flight[0].result()
-            except Exception:
-                pass
-            self._in_flight = None
-        requests = list(self.scheduler.waiting) + list(self.scheduler.running)
-        self.scheduler.waiting.clear()
-        self.scheduler.running.clear()
-        for row in range(self.pool.rows):
-            self.pool.free(row)
-        for request in requests:
-            request.token_done = True
-            request.row = None
-            self._finish(request, "error")
-
-    def _step(self) -> None:
-        plan = self.scheduler.schedule()
-        if not plan.empty:
-            result = self._run(plan)
-            if result is not None:
-                self.outputs.process(result)
-        self._finish_released(self._release())
-
-    def _step_overlapped(self) -> None:
-        plan = self.scheduler.schedule()  # while the step in flight computes
-        result = None
-        if self._in_flight is not None:
-            future, running_plan = self._in_flight
-            self._in_flight = None
-            result = self._run(running_plan, future)
-        released = self._release()  # nothing in flight: rows may move
-        if not plan.empty:
-            self._in_flight = (self._worker.submit(self.executor.run, plan), plan)
-        if result is not None:
-            self.outputs.process(result)  # while the step just submitted computes
-        self._finish_released(released)
-        if plan.empty and self._in_flight is None and result is None:
-            time.sleep(0.001)  # requests are all cancelled/finished: let the loop settle
-
-    def _run(self, plan: StepPlan, future: Future | None = None) -> StepResult | None:
-        try:
-            return future.result() if future is not None else self.executor.run(plan)
-        except Exception:  # a bug or an out-of-memory: fail this step's requests, keep serving
-            log.exception("step failed; its requests end with finish_reason 'error'")
-            for request in plan.decode + [chunk.request for chunk in plan.prefill]:
-                request.token_done = True
-                self.outputs.finish(request, "error")
-            return None
-
-    def _release(self) -> list[Request]:
-        released = self.scheduler.release_done()
-        with self._wakeup:
-            for request in released:
-                self._requests.pop(request.request_id, None)
-        for request in released:
-            if request.cancelled:
-                self._finish(request, "abort")
-        return released
-
-    def _finish_released(self, released: list[Request]) -> None:
-        """Released requests are finished by now (the text level agrees with the token level
-        on EOS and max_tokens); this is a safety net so that no client waits forever."""
-        for request in released:
-            if request.status != RequestStatus.FINISHED:
-                log.warning("%s released unfinished; finishing it", request.request_id)
-                self._finish(request, request.sequence.finish_reason or "length")
-
-    def _finish(self, request: Request, reason: str) -> None:
-        self.outputs.finish(request, reason)
+    def _forget(self, request: Request) -> None:
         with self._wakeup:
             self._requests.pop(request.request_id, None)

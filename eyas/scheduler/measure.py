@@ -50,7 +50,8 @@ class RunConfig:
 
 def run_closed_loop(engine: Engine, prompts: list[list[int]], params: SamplingParams,
                     concurrency: int) -> dict:
-    """Keep `concurrency` requests in flight until all prompts are answered."""
+    """Keep `concurrency` requests in flight until all prompts are answered. The engine's loop
+    runs on this thread (as in `eyas serve`); the load comes from a client thread."""
     lock = threading.Condition()
     state = {"next": 0, "done": 0, "tokens": 0, "accepted": 0, "drafted": 0}
     outputs: list[list[int]] = [[] for _ in prompts]
@@ -73,12 +74,21 @@ def run_closed_loop(engine: Engine, prompts: list[list[int]], params: SamplingPa
                     lock.notify()
         engine.submit(prompts[index], params, on_output)
 
+    finished = threading.Event()
+
+    def client() -> None:
+        with lock:
+            for _ in range(min(concurrency, len(prompts))):
+                submit_next()
+            while state["done"] < len(prompts):
+                lock.wait(1.0)
+        finished.set()
+
     started = time.perf_counter()
-    with lock:
-        for _ in range(min(concurrency, len(prompts))):
-            submit_next()
-        while state["done"] < len(prompts):
-            lock.wait(1.0)
+    load = threading.Thread(target=client, name="measure-client")
+    load.start()
+    engine.run(stop_when=finished.is_set)
+    load.join()
     seconds = time.perf_counter() - started
     return {"tokens_per_s": state["tokens"] / seconds, "seconds": seconds, "tokens": state["tokens"],
             "accepted": state["accepted"], "drafted": state["drafted"], "outputs": outputs}
@@ -118,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     for text, config in zip(args.configs, configs):
         engines[text] = Engine(target, EngineConfig(
             max_running=max(args.concurrency), speculation=config.speculation, overlap=config.overlap,
-            num_draft_tokens=args.num_draft_tokens), draft=config.draft).start()
+            num_draft_tokens=args.num_draft_tokens), draft=config.draft)
     expected = [generate(target, p, params).token_ids for p in base] if args.check_plain else None
     results = []
     print(f"model {args.model} ({target.precision}), prompts {args.prompts} x {len(base)}, "

@@ -59,10 +59,15 @@ def sse(payload: dict[str, Any] | str) -> str:
     return f"data: {data}\n\n"
 
 
-def create_app(engine: Engine, settings: ServerSettings, metrics: ServerMetrics) -> FastAPI:
+def create_app(engine: Engine, settings: ServerSettings, metrics: ServerMetrics,
+               start_engine: bool = True) -> FastAPI:
+    """start_engine: start the engine's loop on its own thread at start-up (False when the
+    caller runs `engine.run()` itself, as `eyas serve` does on the main thread). Either way,
+    the app's shutdown drains the engine."""
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if not engine.alive:
+        if start_engine and not engine.alive:
             engine.start()
         yield
         await anyio.to_thread.run_sync(engine.shutdown)  # in-flight requests finish first

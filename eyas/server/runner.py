@@ -1,14 +1,18 @@
-"""Run the app: in the foreground (the CLI; SIGTERM drains) or on a background thread (tests,
-benchmarks, notebooks).
+"""Run the app: the way `eyas serve` does (uvicorn on a thread, the engine on the main
+thread), or entirely on background threads (tests, benchmarks, notebooks).
 
 Usage:
-    run_server(app, host="127.0.0.1", port=8000)                 # blocks; Ctrl-C / SIGTERM stop it
+    serve_with_engine(app, engine, host="127.0.0.1", port=8000)  # blocks; SIGTERM/Ctrl-C drain
     with BackgroundServer(app) as server:                        # 127.0.0.1, a free port
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="x")
 
+Why the engine gets the main thread: the model was loaded there, and torch's small ops run
+about 2x slower on a second thread that also uses OpenMP (see eyas/scheduler/loop.py).
+
 SIGTERM (and Ctrl-C): uvicorn stops accepting connections, waits for the open ones (requests
 in flight, streams included) to complete, then runs the app's shutdown, which drains the
-engine; the process then exits with status 0.
+engine; the engine loop returns and the process exits with status 0. A second Ctrl-C stops
+without waiting.
 """
 
 from __future__ import annotations
@@ -18,8 +22,15 @@ import socket
 import threading
 import time
 
+from typing import TYPE_CHECKING
+
 import uvicorn
 from fastapi import FastAPI
+
+from eyas.errors import EyasError
+
+if TYPE_CHECKING:
+    from eyas.scheduler.engine import Engine
 
 
 def uvicorn_config(app: FastAPI, host: str, port: int, log_level: str = "info") -> uvicorn.Config:
@@ -27,15 +38,28 @@ def uvicorn_config(app: FastAPI, host: str, port: int, log_level: str = "info") 
                           timeout_graceful_shutdown=None, lifespan="on")
 
 
-def run_server(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
-    """Serve until SIGTERM or Ctrl-C; returns normally after a graceful SIGTERM shutdown."""
-    # uvicorn handles the signal (drain, shutdown), then raises it again under the handler that
-    # was in place before: with this no-op one, a drained SIGTERM ends in exit status 0.
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+def serve_with_engine(app: FastAPI, engine: Engine, host: str = "127.0.0.1", port: int = 8000,
+                      log_level: str = "info") -> None:
+    """uvicorn on a background thread; `engine.run()` on this (the main) thread."""
+    server = BackgroundServer(app, host, port, log_level)
+
+    def on_signal(signum, frame) -> None:
+        if server.server.should_exit and signum == signal.SIGINT:
+            server.server.force_exit = True  # a second Ctrl-C: stop without waiting
+        server.server.should_exit = True  # graceful: connections finish, then the app shuts down
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        uvicorn.Server(uvicorn_config(app, host, port, log_level)).run()
+        try:
+            server.start()
+        except RuntimeError as error:
+            raise EyasError(f"could not serve on {host}:{port} (in use? no permission?)") from error
+        # Returns once the app's shutdown has drained the engine (or the HTTP thread died).
+        engine.run(stop_when=lambda: not server.thread.is_alive())
+        server.thread.join()
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
