@@ -17,14 +17,16 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
+from eyas.bench.peers import Runner, hf_runner, llama_cpp_runner
 from eyas.bench.prompts import load_prompt_set
 from eyas.errors import EyasError
 
-SYSTEM_KINDS = ("eyas", "hf", "hf-lookup", "llama.cpp")
+SYSTEM_KINDS = ("eyas", "hf", "hf-lookup", "hf-assisted", "llama.cpp")
+ACCEPTED_SYSTEMS = "eyas[:PRECISION[+DRAFT]], hf, hf-lookup, hf-assisted:DRAFT_MODEL, llama.cpp"
 
 
 @dataclass
@@ -41,12 +43,12 @@ class OfflineConfig:
         if self.num_prompts < 1 or self.max_tokens < 1:
             raise EyasError("num_prompts and max_tokens must be >= 1")
         for system in self.systems:
-            if system.split(":")[0] not in SYSTEM_KINDS:
-                raise EyasError(f"unknown system '{system}'; accepted: eyas[:PRECISION[+DRAFT]], "
-                                f"hf, hf-lookup, llama.cpp")
-
-
-Runner = Callable[[list[int]], list[int]]  # prompt ids -> generated ids
+            kind, _, option = system.partition(":")
+            if kind not in SYSTEM_KINDS:
+                raise EyasError(f"unknown system '{system}'; accepted: {ACCEPTED_SYSTEMS}")
+            if kind == "hf-assisted" and not option:
+                raise EyasError("hf-assisted needs its draft model: hf-assisted:ALIAS_OR_PATH "
+                                "(same tokenizer as the target, e.g. hf-assisted:smollm2-135m)")
 
 
 _TARGETS: dict[tuple[str, str], Any] = {}  # one loaded target per (model, precision) per run
@@ -78,52 +80,6 @@ def eyas_runner(model: str, option: str, max_tokens: int, num_draft_tokens: int,
     return run, f"eyas {draft} k={num_draft_tokens} ({target.precision})"
 
 
-def hf_runner(folder: str, max_tokens: int, lookup: bool) -> tuple[Runner, str]:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    extra: dict[str, Any] = {"prompt_lookup_num_tokens": 6} if lookup else {}
-    eos = model.generation_config.eos_token_id
-    eos_ids = set([eos] if isinstance(eos, int) else (eos or []))
-
-    @torch.inference_mode()
-    def run(ids: list[int]) -> list[int]:
-        inputs = torch.tensor([ids])
-        out = model.generate(inputs, attention_mask=torch.ones_like(inputs), do_sample=False,
-                             max_new_tokens=max_tokens, **extra)
-        generated = out[0, len(ids):].tolist()
-        # like eyas and llama.cpp here: the EOS token ends the answer and is not counted
-        cut = next((i for i, token in enumerate(generated) if token in eos_ids), len(generated))
-        return generated[:cut]
-
-    name = "transformers generate" + (" + prompt lookup (6)" if lookup else "") + " (float32)"
-    return run, name
-
-
-def llama_cpp_runner(model: str, max_tokens: int) -> tuple[Runner, str] | None:
-    try:
-        from llama_cpp import Llama
-    except ImportError:
-        return None
-    from eyas.models.registry import ALIASES, package_dir
-
-    entry = ALIASES.get(model)
-    if entry is None or not model:
-        return None
-    path = package_dir(entry.package) / entry.filename
-    llm = Llama(model_path=str(path), n_threads=torch.get_num_threads(), n_ctx=4096, verbose=False)
-
-    def run(ids: list[int]) -> list[int]:
-        out = []
-        for token in llm.generate(ids, temp=0.0, top_k=1, reset=True):
-            if token == llm.token_eos() or len(out) >= max_tokens:
-                break
-            out.append(token)
-        return out
-
-    return run, "llama.cpp (GGUF, plain)"
-
-
 def build_runners(config: OfflineConfig, folder: str) -> list[tuple[Runner, str, list[dict]]]:
     runners = []
     for system in config.systems:
@@ -133,13 +89,14 @@ def build_runners(config: OfflineConfig, folder: str) -> list[tuple[Runner, str,
             run, name = eyas_runner(config.model, option or "auto", config.max_tokens,
                                     config.num_draft_tokens, stats)
             runners.append((run, name, stats))
-        elif kind in ("hf", "hf-lookup"):
-            runners.append((*hf_runner(folder, config.max_tokens, lookup=kind == "hf-lookup"), stats))
+        elif kind in ("hf", "hf-lookup", "hf-assisted"):
+            runners.append((*hf_runner(folder, config.max_tokens, lookup=kind == "hf-lookup",
+                                       assistant=option if kind == "hf-assisted" else None), stats))
         elif kind == "llama.cpp":
             runner = llama_cpp_runner(config.model, config.max_tokens)
             if runner is None:
                 print("[eyas] llama.cpp skipped: llama-cpp-python is not installed "
-                      "(or the model is not an embedded GGUF alias)")
+                      "(or the model is neither an embedded GGUF alias nor a .gguf file)")
             else:
                 runners.append((*runner, stats))
     return runners

@@ -5,6 +5,8 @@ Examples:
     eyas bench offline --systems eyas:int4,eyas:float32,hf,hf-lookup,llama.cpp --num-prompts 8
     eyas bench offline --dataset code --max-tokens 64 --output runs/offline.json
     eyas bench offline --draft ngram                     # plain beside n-gram speculation
+    eyas bench offline --peers                           # + every peer this machine can run
+    eyas bench offline --systems "eyas:float32;hf-assisted:smollm2-135m;hf" --num-prompts 4
     eyas bench offline --systems "eyas:float32;eyas:float32+ngram:3,1,3" --num-draft-tokens 6
 
     eyas bench serve --url http://127.0.0.1:8000 --label eagle3 --concurrency 1,2,4,8,16
@@ -16,7 +18,12 @@ Examples:
 run, interleaved prompt by prompt, and prints tokens/s and the ratio to transformers `generate`.
 Systems: eyas[:PRECISION[+DRAFT]] (precision auto, float32, bfloat16, int4; DRAFT as in
 `eyas generate --draft`, e.g. eyas:float32+ngram), hf (transformers generate, float32),
-hf-lookup (its prompt lookup decoding), llama.cpp (when llama-cpp-python is installed).
+hf-lookup (its prompt lookup decoding), hf-assisted:DRAFT (its assisted generation with DRAFT,
+an alias or a path to a model with the target's tokenizer, as the assistant; the only such pair
+embedded is smollm2-135m drafting for itself), llama.cpp (when llama-cpp-python is installed).
+--peers adds every peer available here: llama.cpp (when it imports and the model has a GGUF),
+hf-lookup, hf-assisted (the draft of --draft model:M, else the target itself) and hf, last, as
+the row the others' outputs are compared with.
 Speculative rows show tau, the acceptance length (1 + accepted / verification steps).
 
 `serve` sweeps concurrency levels against any OpenAI-compatible server (eyas, vLLM, SGLang):
@@ -63,6 +70,9 @@ def _register_offline(sub: argparse._SubParsersAction) -> None:
                          help="systems separated by ';' or ',' (default: eyas:auto,eyas:float32,hf; "
                               "with --draft D: eyas:auto,eyas:auto+D,hf)")
     offline.add_argument("--draft", default=None, help="add a speculative row with this method")
+    offline.add_argument("--peers", action="store_true",
+                         help="add every peer available on this machine: llama.cpp, hf-lookup, "
+                              "hf-assisted (draft of --draft model:M, else the target), hf")
     offline.add_argument("--num-draft-tokens", type=int, default=4,
                          help="draft tokens per step for speculative rows (default: %(default)s)")
     offline.add_argument("--output", default=None, help="write the JSON report here")
@@ -116,15 +126,28 @@ def split_systems(text: str) -> list[str]:
     return systems
 
 
+def offline_systems(model: str, systems: str | None = None, draft: str | None = None,
+                    peers: bool = False, with_llama_cpp: bool | None = None) -> list[str]:
+    """The systems of `eyas bench offline` from its flags; with --peers, the peers come after the
+    eyas rows (each once), plain transformers last."""
+    from eyas.bench.peers import peer_systems
+
+    if systems:
+        chosen = split_systems(systems)
+    elif draft:
+        chosen = ["eyas:auto", f"eyas:auto+{draft}", "hf"]
+    else:
+        chosen = ["eyas:auto", "eyas:float32", "hf"]
+    if not peers:
+        return chosen
+    added = peer_systems(model, draft, with_llama_cpp)
+    return [system for system in chosen if system not in added] + added
+
+
 def run_offline_cli(args: argparse.Namespace) -> int:
     from eyas.bench.offline import OfflineConfig, format_report, run_offline
 
-    if args.systems:
-        systems = split_systems(args.systems)
-    elif args.draft:
-        systems = ["eyas:auto", f"eyas:auto+{args.draft}", "hf"]
-    else:
-        systems = ["eyas:auto", "eyas:float32", "hf"]
+    systems = offline_systems(args.model, args.systems, args.draft, args.peers)
     config = OfflineConfig(model=args.model, dataset=args.dataset, num_prompts=args.num_prompts,
                            max_tokens=args.max_tokens, systems=systems,
                            num_draft_tokens=args.num_draft_tokens)

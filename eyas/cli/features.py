@@ -23,7 +23,7 @@ from eyas.errors import EyasError
 
 
 def _default(name: str) -> object:
-    from eyas.features.extract import FeatureConfig
+    from eyas.features.config import FeatureConfig
 
     field = FeatureConfig.__dataclass_fields__[name]
     return field.default if field.default is not MISSING else None

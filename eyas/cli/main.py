@@ -27,8 +27,11 @@ SUBCOMMAND_MODULES = [
     "eyas.cli.train",
     "eyas.cli.export",
     "eyas.cli.generate",
+    "eyas.cli.eval",
     "eyas.cli.serve",
     "eyas.cli.bench",
+    "eyas.cli.recommend",
+    "eyas.cli.quickstart",
 ]
 
 

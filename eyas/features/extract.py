@@ -31,6 +31,7 @@ from tqdm import tqdm
 from eyas.eagle3.config import check_target_layer_ids
 from eyas.engine.target import Target, load_target
 from eyas.errors import EyasError
+from eyas.features.config import FeatureConfig
 from eyas.features.store import (
     STORE_DTYPES,
     STORE_VERSION,
@@ -50,29 +51,6 @@ from eyas.utils.io import write_json_atomic
 SETTINGS_NAME = "extraction.json"
 SHARD_OVERHEAD_BYTES = 4096  # safetensors header and entry file, generously
 SPACE_MARGIN = 1.02  # ask for 2% more than the estimate
-
-
-@dataclass
-class FeatureConfig:
-    model: str  # what load_target accepts: alias, HF folder or .gguf
-    data: str  # tokenized conversations (.jsonl)
-    output: str  # store folder
-    target_layer_ids: list[int] | None = None  # boundary ids; default {2, L//2, L-3}
-    dtype: str = "bfloat16"  # storage precision of taps and hidden: bfloat16, float16, float32
-    max_length: int = 2048  # tokens per sample (longer samples are truncated)
-    batch_size: int = 1  # samples per target forward (1 is fastest on a CPU)
-    samples_per_shard: int = 256
-    device: str = "cpu"
-    target_dtype: str = "float32"  # precision of the target forward: auto, float32, bfloat16
-    check_space: bool = True
-    dry_run: bool = False  # print the storage estimate and stop
-
-    def __post_init__(self) -> None:
-        if self.dtype not in STORE_DTYPES:
-            raise EyasError(f"--dtype {self.dtype} is not supported; accepted: {', '.join(STORE_DTYPES)}")
-        for name in ("max_length", "batch_size", "samples_per_shard"):
-            if int(getattr(self, name)) <= 0:
-                raise EyasError(f"{name} must be a positive integer, got {getattr(self, name)}")
 
 
 @dataclass

@@ -111,6 +111,8 @@ class SpecMetrics:
             "accepted_tokens": self.accepted,
             "acceptance_length": round(self.acceptance_length, 4),
             "acceptance_rate_per_position": [round(r, 4) for r in self.acceptance_rate_per_position()],
+            "accepted_per_position": list(self.accepted_per_position),
+            "drafted_per_position": list(self.drafted_per_position),
             "draft_seconds": round(self.draft_seconds, 4),
             "verify_seconds": round(self.verify_seconds, 4),
             "plain_steps": self.plain_steps,
