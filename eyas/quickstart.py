@@ -27,16 +27,12 @@ from typing import Any, Callable
 from eyas.errors import EyasError
 from eyas.utils.io import write_json_atomic, write_text_atomic
 
-SHIPPED_HEADS = {"smollm2-135m": "eyas/assets/heads/smollm2-135m"}
-
-
 def shipped_head(model: str) -> str | None:
     """The head folder shipped for `model` (an alias), or None."""
-    relative = SHIPPED_HEADS.get(model)
-    if relative is None:
-        return None
-    path = Path(__file__).resolve().parent.parent / relative
-    return str(path) if (path / "config.json").is_file() else None
+    from eyas.eagle3.shipped import shipped_head_dir
+
+    path = shipped_head_dir(model)
+    return str(path) if path is not None else None
 
 
 @dataclass
@@ -96,6 +92,9 @@ def plan_steps(config: QuickstartConfig) -> list[Step]:
              ["data", "regenerate", "--input", str(out / "prepared" / "train.jsonl"),
               "--output", str(out / "regenerated.jsonl"), "--model", config.model,
               "--limit", str(config.prompts), "--batch-size", str(config.batch_size),
+              # float32: batched decoding on a CPU is fastest there (int4's exact attention is
+              # float64, costly across a batch); the weights are the same.
+              "--dtype", "float32",
               "--max-tokens", str(config.answer_tokens), *quiet]),
         Step("render", "the target's chat template, prompts masked out",
              ["data", "render", "--model", config.model, "--input", str(out / "regenerated.jsonl"),

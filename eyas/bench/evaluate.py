@@ -8,7 +8,7 @@ the prompts where they are, and lists the others.
 
 Usage:
     from eyas.bench.evaluate import EvalConfig, run_eval, format_markdown
-    report = run_eval(EvalConfig(draft="eagle3:eyas/assets/heads/smollm2-135m", num_prompts=16))
+    report = run_eval(EvalConfig(draft="eagle3:smollm2-135m", num_prompts=16))
     print(format_markdown(report))
 """
 
@@ -32,7 +32,7 @@ DATASETS = ("mtbench", "code")
 class EvalConfig:
     model: str = "smollm2-135m"
     dtype: str = "auto"
-    draft: str = "eagle3:eyas/assets/heads/smollm2-135m"
+    draft: str = "eagle3:smollm2-135m"  # the shipped head
     tree: str = "auto"  # EAGLE-3 tree: auto, chain:K or DEPTH,TOPK,TOTAL
     num_draft_tokens: int = 8  # most draft tokens per step (methods without their own tree)
     dataset: str = "mtbench"

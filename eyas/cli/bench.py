@@ -111,7 +111,8 @@ def run_costs_cli(args: argparse.Namespace) -> int:
 def split_systems(text: str) -> list[str]:
     """'eyas:int4,eyas:int4+ngram:3,1,3,hf' -> systems; commas inside a draft option stay.
 
-    ';' always separates; ',' separates unless the next piece is a number (a draft option).
+    ';' always separates; ',' separates unless the next piece starts with a digit (a draft
+    option: a number, or a layer range such as 5-9).
     """
     systems: list[str] = []
     for chunk in text.split(";"):
@@ -119,7 +120,7 @@ def split_systems(text: str) -> list[str]:
             piece = piece.strip()
             if not piece:
                 continue
-            if systems and piece.isdigit():
+            if systems and piece[0].isdigit():
                 systems[-1] += "," + piece
             else:
                 systems.append(piece)

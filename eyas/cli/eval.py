@@ -1,7 +1,7 @@
 """`eyas eval`: how well a drafting method does on a prompt set, single stream.
 
 Examples:
-    eyas eval --draft eagle3:eyas/assets/heads/smollm2-135m --dataset mtbench
+    eyas eval --draft eagle3:smollm2-135m --dataset mtbench     # the shipped head
     eyas eval --draft eagle3:runs/smol/head --num-prompts 16 --tree chain:3 --output-dir runs/eval
     eyas eval --draft ngram --dataset code --dtype float32
     eyas eval --draft eagle3:runs/smol/head --temperature 1 --seed 0    # sampled: tau only

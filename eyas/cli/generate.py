@@ -7,11 +7,17 @@ Examples:
     eyas generate --system "You are terse." --prompt "What is a KV cache?"
     eyas generate --draft ngram --num-draft-tokens 4 --prompt "Repeat: a b c d a b c d"
     eyas generate --draft model:./Qwen2.5-Coder-0.5B-Instruct --model ./Qwen2.5-Coder-1.5B-Instruct ...
+    eyas generate --draft medusa:runs/medusa/head --num-draft-tokens 8 --prompt "..."
+    eyas generate --draft layerskip:auto --prompt "..."          # calibrated once, then cached
+    eyas generate --draft layerskip:10-19 --prompt "..."         # skip decoder layers 10..19
 
 --draft picks the drafting method: none (plain decoding), ngram[:MAX_N[,MIN_N[,MATCHES]]]
 (prompt lookup), model:PATH_OR_ALIAS (a smaller model with the same tokenizer), self (the
 target drafts for itself: a correctness check, never faster), eagle3:DIR (an EAGLE-3 head
-trained with `eyas train`; --tree sets its draft tree). After the answer, the
+trained with `eyas train`; --tree sets its draft tree), medusa:DIR (Medusa heads trained with
+`eyas train --method medusa`; --tree sets their tree), layerskip[:auto|LAYERS[:MIN_CONFIDENCE]]
+(the target drafts with some decoder layers skipped: LAYERS lists the skipped ones, 0-based;
+auto calibrates them; docs/drafting-methods.md). After the answer, the
 acceptance length tau (1 + accepted / verification steps) and the draft/verify time split
 are printed. Speculation that does not pay falls back to plain decoding for a while
 (--no-fallback keeps it on).
@@ -37,12 +43,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_sampling_args(parser)
     parser.add_argument("--draft", default="none",
                         help="none | ngram[:MAX_N[,MIN_N[,MATCHES]]] | model:PATH_OR_ALIAS | self | "
-                             "eagle3:DIR "
+                             "eagle3:DIR | medusa:DIR | layerskip[:auto|LAYERS[:MIN_CONFIDENCE]] "
+                             "(LAYERS: decoder layers to skip, 0-based, e.g. 4,5,6 or 10-19) "
                              "(default: %(default)s)")
     parser.add_argument("--num-draft-tokens", type=int, default=4,
                         help="most draft tokens per verification step (default: %(default)s)")
     parser.add_argument("--tree", default="auto",
-                        help="EAGLE-3 draft tree: auto, chain:K or DEPTH,TOPK,TOTAL (default: auto)")
+                        help="EAGLE-3 / Medusa draft tree: auto, chain:K or DEPTH,TOPK,TOTAL "
+                             "(default: auto)")
     parser.add_argument("--no-fallback", action="store_true",
                         help="keep speculating even when it measures slower than plain decoding")
     parser.add_argument("--quiet-stats", action="store_true", help="do not print timing stats")

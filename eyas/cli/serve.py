@@ -11,7 +11,8 @@ Then, with any OpenAI client:
     curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\
       -d '{"model": "smollm2-135m", "messages": [{"role": "user", "content": "Hi"}]}'
 
---draft: none | ngram[:MAX_N[,MIN_N[,MATCHES]]] | model:PATH_OR_ALIAS | self | eagle3:DIR.
+--draft: none | ngram[:MAX_N[,MIN_N[,MATCHES]]] | model:PATH_OR_ALIAS | self | eagle3:DIR |
+medusa:DIR | layerskip[:auto|LAYERS[:MIN_CONFIDENCE]] (docs/drafting-methods.md).
 With a draft, every running request's drafts are verified in one target pass per step; how
 many draft tokens each request gets is chosen per step from the target's measured step costs
 and each request's acceptance (--speculation auto), so speculation shrinks and switches off
@@ -44,11 +45,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_args(parser)
     parser.add_argument("--draft", default="none",
                         help="none | ngram[:MAX_N[,MIN_N[,MATCHES]]] | model:PATH_OR_ALIAS | self | "
-                             "eagle3:DIR (default: %(default)s)")
+                             "eagle3:DIR | medusa:DIR | layerskip[:auto|LAYERS[:MIN_CONFIDENCE]] "
+                             "(LAYERS: decoder layers to skip, e.g. 10-19) (default: %(default)s)")
     parser.add_argument("--num-draft-tokens", type=int, default=DEFAULTS.num_draft_tokens,
                         help="most draft tokens per request per step (default: %(default)s)")
     parser.add_argument("--tree", default="auto",
-                        help="EAGLE-3 draft tree: auto, chain:K or DEPTH,TOPK,TOTAL; capped at "
+                        help="EAGLE-3 / Medusa draft tree: auto, chain:K or DEPTH,TOPK,TOTAL; capped at "
                              "--num-draft-tokens nodes per request (default: %(default)s)")
     parser.add_argument("--speculation", default=DEFAULTS.speculation, choices=SPECULATION_MODES,
                         help="auto: draft tokens per step from measured costs (never slower than "

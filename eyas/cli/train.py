@@ -1,15 +1,19 @@
-"""`eyas train`: train an EAGLE-3 draft head with training-time test.
+"""`eyas train`: train a draft head: EAGLE-3 with training-time test (--method eagle3, the
+default) or K Medusa heads on the target's last hidden state (--method medusa).
 
 Online (the target runs on the fly over tokenized conversations) or offline (from a feature
 store made by `eyas features`). Writes OUT/checkpoints/step-N/ every --save-every steps,
-OUT/metrics.csv (per TTT step loss and accuracy, estimated acceptance length on the held-out
-split) and the final head in OUT/head/.
+OUT/metrics.csv (per TTT step, or per Medusa head, loss and accuracy; estimated acceptance
+length on the held-out split) and the final head in OUT/head/ (`--draft eagle3:OUT/head` or
+`--draft medusa:OUT/head` in generate, serve and bench).
 
 Examples:
     eyas train --model smollm2-135m --data train.tokenized.jsonl --out runs/smol --max-steps 200
     eyas train --model smollm2-135m --features features/smol --out runs/smol --epochs 2
     eyas train --model smollm2-135m --features features/smol --out runs/smol --resume
     eyas train --config presets/cpu.yaml --model smollm2-135m --data train.jsonl --out runs/x
+    eyas train --method medusa --model smollm2-135m --features features/smol --out runs/medusa \
+        --medusa-heads 4 --draft-vocab-size 8192 --lr 1e-3
     torchrun --nproc_per_node 2 -m eyas.cli.train --model smollm2-135m --data train.jsonl \\
         --out runs/ddp --micro-batch-size 2        # DDP: gloo on CPU, nccl on GPU
 """
@@ -39,7 +43,7 @@ def _layer_ids(text: str) -> list[int]:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "train", help="train an EAGLE-3 draft head (online or from stored features)",
+        "train", help="train an EAGLE-3 or Medusa draft head (online or from stored features)",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     s = argparse.SUPPRESS  # defaults live in TrainConfig only; absent flags keep them
     io = parser.add_argument_group("target and data")
@@ -50,15 +54,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     io.add_argument("--config", dest="preset", default=None,
                     help="YAML preset of TrainConfig keys; flags override it")
     head = parser.add_argument_group("head and TTT")
+    head.add_argument("--method", default=s, choices=("eagle3", "medusa"),
+                      help="eagle3: one head with training-time test; medusa: K heads on the "
+                           "target's last hidden state (default: eagle3)")
+    head.add_argument("--medusa-heads", type=int, default=s,
+                      help=f"medusa: K, head k guesses the token k + 1 positions ahead "
+                           f"(default: {_default('medusa_heads')})")
+    head.add_argument("--medusa-layers", type=int, default=s,
+                      help=f"medusa: residual blocks per head (default: {_default('medusa_layers')})")
+    head.add_argument("--share-lm-head", action="store_true", default=s,
+                      help="medusa: the heads read the target's own lm_head (frozen, not stored) "
+                           "instead of training one over --draft-vocab-size ids")
     head.add_argument("--draft-vocab-size", type=int, default=s,
                       help=f"draft vocabulary N (default: {_default('draft_vocab_size')}, capped at the "
                            f"target vocabulary; smaller is faster on a CPU)")
     head.add_argument("--target-layer-ids", type=_layer_ids, default=s,
                       help="tap layers as boundary ids, e.g. 2,15,27 (default: 2,L//2,L-3; offline: "
                            "the stored ones)")
-    head.add_argument("--ttt-steps", type=int, default=s, help=f"K (default: {_default('ttt_steps')})")
+    head.add_argument("--ttt-steps", type=int, default=s,
+                      help=f"eagle3: K (default: {_default('ttt_steps')})")
     head.add_argument("--ttt-decay", type=float, default=s,
-                      help=f"step k weighs decay^k (default: {_default('ttt_decay')})")
+                      help=f"step k (medusa: head k + 1) weighs decay^k (default: {_default('ttt_decay')})")
     head.add_argument("--max-length", type=int, default=s,
                       help=f"online: tokens per sample (default: {_default('max_length')})")
     head.add_argument("--no-init-lm-head", dest="init_lm_head_from_target", action="store_false",

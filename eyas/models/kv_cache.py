@@ -8,6 +8,8 @@ go to scratch slots and are either kept, by compaction, or forgotten).
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 from torch import Tensor
 
@@ -69,3 +71,33 @@ class KVCache:
         """Copy slots [0, length) of one row onto another (e.g. to fork a prefix)."""
         self.keys[:, target_row, :, :length] = self.keys[:, source_row, :, :length]
         self.values[:, target_row, :, :length] = self.values[:, source_row, :, :length]
+
+
+class LayerSubsetKVCache(KVCache):
+    """A `KVCache` that holds only some decoder layers (a layer-skip draft runs only those).
+
+    Layers keep their own indices in calls (`write(layer, ...)`, `read(layer, ...)`); storage is
+    [len(layers), B, KV, S, D], so skipped layers cost no memory.
+    """
+
+    def __init__(self, layers: Sequence[int], batch_size: int, num_kv_heads: int, max_slots: int,
+                 head_dim: int, dtype: torch.dtype = torch.float32,
+                 device: str | torch.device = "cpu") -> None:
+        super().__init__(len(layers), batch_size, num_kv_heads, max_slots, head_dim, dtype, device)
+        self.layers = tuple(layers)
+        self.storage_index = {layer: index for index, layer in enumerate(self.layers)}
+
+    def write(self, layer: int, slots: int | Tensor, k: Tensor, v: Tensor) -> None:
+        super().write(self.storage_index[layer], slots, k, v)
+
+    def read(self, layer: int, length: int) -> tuple[Tensor, Tensor]:
+        return super().read(self.storage_index[layer], length)
+
+    def grown(self, max_slots: int) -> LayerSubsetKVCache:
+        """A larger cache holding this one's slots (the old one is dropped by the caller)."""
+        _, batch, kv_heads, slots, head_dim = self.keys.shape
+        bigger = LayerSubsetKVCache(self.layers, batch, kv_heads, max_slots, head_dim,
+                                    self.keys.dtype, self.keys.device)
+        bigger.keys[:, :, :, :slots] = self.keys
+        bigger.values[:, :, :, :slots] = self.values
+        return bigger

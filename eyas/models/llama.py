@@ -5,7 +5,8 @@ One file holds the whole model (gpt-fast style). What differs from a Hugging Fac
   tree of draft tokens is verified in one pass;
 - keys and values go to a pre-allocated `KVCache` at slots the caller chooses;
 - q/k/v and gate/up projections are fused (fewer, larger matmuls: less Python dispatch);
-- the forward can return the residual stream entering chosen layers (EAGLE-3 taps) for free.
+- the forward can return the residual stream entering chosen layers (EAGLE-3 taps) for free;
+- the forward can leave out chosen decoder layers (`skip_layers`: layer-skip self-speculation).
 
 Usage:
     model = Transformer(config)
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Collection, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -187,6 +188,7 @@ class Transformer(nn.Module):
         tap_layers: Sequence[int] = (),  # boundary ids: k = residual entering layer k (0 = embeddings)
         logits_at: Tensor | str | None = "all",  # "all", "last", None, or row indices [T_sel]
         input_embeds: Tensor | None = None,  # [B, T, H] instead of input_ids
+        skip_layers: Collection[int] = (),  # decoder layers (0-based) to leave out: layer-skip drafts
     ) -> ForwardOutput:
         x = self.embed_tokens(input_ids) if input_embeds is None else input_embeds  # [B, T, H]
         batch, length = x.shape[:2]
@@ -213,7 +215,8 @@ class Transformer(nn.Module):
         for index, layer in enumerate(self.layers):
             if index in wanted:
                 taps.append(x)
-            x = layer(x, cos, sin, cache, write_at, kv_len, mask)
+            if index not in skip_layers:
+                x = layer(x, cos, sin, cache, write_at, kv_len, mask)
         if len(self.layers) in wanted:
             taps.append(x)
         hidden = self.norm(x)

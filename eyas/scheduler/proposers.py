@@ -1,6 +1,6 @@
 """`--draft` spec -> a factory of per-request proposers for the serving engine.
 
-Accepted specs: none | ngram[:MAX_N[,MIN_N[,MATCHES]]] | model:PATH_OR_ALIAS | self | eagle3:DIR.
+Accepted specs: those of eyas.engine.speculative.methods (ACCEPTED there).
 The drafting methods themselves live in eyas.engine.speculative (its METHODS dict is the one
 registry): a prototype is built once (a draft model is loaded once), then every request gets a
 shallow copy, which shares the weights and keeps its own state (`begin` resets it).
@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import copy
 
-from eyas.engine.speculative.methods import METHODS, build_proposer
+from eyas.engine.speculative.methods import ACCEPTED, METHODS, build_proposer
 from eyas.engine.speculative.proposers.base import Proposer
 from eyas.engine.target import Target
 from eyas.errors import EyasError
 
-ACCEPTED = "none, ngram[:MAX_N[,MIN_N[,MATCHES]]], model:PATH_OR_ALIAS, self, eagle3:DIR"
 
 
 def check_spec(spec: str) -> str:

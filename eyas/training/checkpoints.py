@@ -1,7 +1,7 @@
 """Training checkpoints: everything `--resume` needs, one folder per step, written atomically.
 
     OUT/checkpoints/step-0000500/
-        config.json, model.safetensors   the head (an eyas head folder: usable as it is)
+        config.json, model.safetensors   the head (an eyas EAGLE-3 or Medusa folder: usable as it is)
         optimizer.pt                      AdamW state (our own file; loaded with weights_only=True)
         rng.safetensors                   torch CPU (and CUDA) generator states
         trainer_state.json                step, epoch, data position, schedule, python RNG,
@@ -32,6 +32,8 @@ from torch.optim import Optimizer
 from eyas.eagle3.checkpoint import WEIGHTS_NAME, load_head_state, save_head
 from eyas.eagle3.head import Eagle3Head
 from eyas.errors import EyasError
+from eyas.medusa.checkpoint import load_medusa_state, save_medusa
+from eyas.medusa.head import MedusaHeads
 from eyas.utils.io import atomic_dir
 
 CHECKPOINTS_DIR = "checkpoints"
@@ -70,14 +72,30 @@ def _rng_tensors() -> dict[str, torch.Tensor]:
     return tensors
 
 
-def save_checkpoint(output: str | Path, step: int, head: Eagle3Head, optimizer: Optimizer,
+def write_head(head: Eagle3Head | MedusaHeads, folder: str | Path) -> None:
+    """The head folder of either method (config.json + model.safetensors)."""
+    if isinstance(head, MedusaHeads):
+        save_medusa(head, folder)
+    else:
+        save_head(head, folder)
+
+
+def read_head_state(head: Eagle3Head | MedusaHeads, folder: Path) -> None:
+    state = load_file(str(folder / WEIGHTS_NAME))
+    if isinstance(head, MedusaHeads):
+        load_medusa_state(head, state, str(folder))
+    else:
+        load_head_state(head, state, str(folder))
+
+
+def save_checkpoint(output: str | Path, step: int, head: Eagle3Head | MedusaHeads, optimizer: Optimizer,
                     state: dict[str, Any], keep: int) -> Path:
     """Write checkpoint `step` atomically, then drop all but the newest `keep`."""
     folder = checkpoint_dir(output, step)
     if folder.exists():  # the same step again (e.g. the final save right after a periodic one)
         shutil.rmtree(folder)
     with atomic_dir(folder) as tmp:
-        save_head(head, tmp)
+        write_head(head, tmp)
         torch.save(optimizer.state_dict(), tmp / OPTIMIZER_NAME)
         save_file(_rng_tensors(), str(tmp / RNG_NAME))
         python_state = random.getstate()
@@ -89,10 +107,11 @@ def save_checkpoint(output: str | Path, step: int, head: Eagle3Head, optimizer: 
     return folder
 
 
-def restore_checkpoint(folder: Path, head: Eagle3Head, optimizer: Optimizer) -> dict[str, Any]:
+def restore_checkpoint(folder: Path, head: Eagle3Head | MedusaHeads, optimizer: Optimizer
+                       ) -> dict[str, Any]:
     """Load head weights, optimizer and RNG states from `folder`; return its trainer state."""
     state = json.loads((folder / STATE_NAME).read_text())
-    load_head_state(head, load_file(str(folder / WEIGHTS_NAME)), str(folder))
+    read_head_state(head, folder)
     optimizer_state = torch.load(folder / OPTIMIZER_NAME, map_location="cpu", weights_only=True)
     try:
         optimizer.load_state_dict(optimizer_state)

@@ -16,9 +16,11 @@ import torch
 from eyas.errors import EyasError
 
 PRECISIONS = ("auto", "float32", "bfloat16")
+METHODS = ("eagle3", "medusa")  # what `eyas train --method` trains
 
 # Settings that change the result: a resumed run must use the same values.
 RESULT_SETTINGS = (
+    "method", "medusa_heads", "medusa_layers", "share_lm_head",
     "model", "data", "features", "draft_vocab_size", "target_layer_ids", "ttt_steps", "ttt_decay",
     "max_length", "epochs", "max_steps", "learning_rate", "min_lr_ratio", "warmup_ratio",
     "weight_decay", "adam_beta1", "adam_beta2", "max_grad_norm", "precision",
@@ -33,10 +35,15 @@ class TrainConfig:
     output: str  # run folder: checkpoints/, head/, metrics.csv
     data: str | None = None  # tokenized conversations (.jsonl): online mode
     features: str | None = None  # a feature store folder: offline mode
+    method: str = "eagle3"  # eagle3 (one head, TTT) or medusa (K heads on the last hidden state)
+    medusa_heads: int = 4  # medusa: K, head k guesses the token k + 1 positions ahead
+    medusa_layers: int = 1  # medusa: residual blocks per head
+    share_lm_head: bool = False  # medusa: the heads read the target's lm_head (frozen, not
+    #                              stored) instead of training one over the draft vocabulary
     draft_vocab_size: int = 32000  # capped at the target vocabulary
     target_layer_ids: list[int] | None = None  # boundary ids; default {2, L//2, L-3}
     ttt_steps: int = 7  # K
-    ttt_decay: float = 0.8  # step k weighs decay^k
+    ttt_decay: float = 0.8  # step k weighs decay^k (medusa: head k + 1 weighs decay^k)
     max_length: int = 2048  # online mode: tokens per sample
     micro_batch_size: int = 1
     grad_accum: int = 1
@@ -67,9 +74,14 @@ class TrainConfig:
         if (self.data is None) == (self.features is None):
             raise EyasError("give exactly one of --data (tokenized conversations, online mode) "
                             "or --features (a feature store, offline mode)")
+        if self.method not in METHODS:
+            raise EyasError(f"unknown training method '{self.method}'; accepted: {', '.join(METHODS)}")
+        if self.share_lm_head and self.method != "medusa":
+            raise EyasError("share_lm_head (--share-lm-head) applies to --method medusa only")
         if self.precision not in PRECISIONS:
             raise EyasError(f"precision '{self.precision}' is not supported; accepted: {', '.join(PRECISIONS)}")
-        for name in ("draft_vocab_size", "ttt_steps", "max_length", "micro_batch_size",
+        for name in ("draft_vocab_size", "ttt_steps", "medusa_heads", "medusa_layers", "max_length",
+                     "micro_batch_size",
                      "grad_accum", "keep_checkpoints", "log_every"):
             if int(getattr(self, name)) <= 0:
                 raise EyasError(f"{name} must be a positive integer, got {getattr(self, name)}")
@@ -92,6 +104,11 @@ class TrainConfig:
     @property
     def online(self) -> bool:
         return self.data is not None
+
+    @property
+    def loss_terms(self) -> int:
+        """Loss terms per row, K: TTT steps (eagle3) or heads (medusa); metrics has K columns."""
+        return self.medusa_heads if self.method == "medusa" else self.ttt_steps
 
     def autocast_dtype(self, device: torch.device) -> torch.dtype | None:
         """The autocast dtype of the head's forward, or None for plain float32."""

@@ -1,12 +1,13 @@
-"""`Trainer`: the EAGLE-3 head trained with training-time test, offline or online, on 1..N ranks.
+"""`Trainer`: a draft head trained offline or online on 1..N ranks: the EAGLE-3 head with
+training-time test (`method="eagle3"`) or K Medusa heads (`method="medusa"`, training/medusa.py).
 
 One optimizer step = one global batch (micro batch x accumulation x ranks):
   1. load this rank's micro batches; count the answer tokens of the whole global batch (the
      loss normalizer, all-reduced), so that any split over ranks and micro batches gives the
      same gradient as one process;
   2. per micro batch: the target's taps and last hidden state (stored, or computed now), its
-     distribution over the draft vocabulary, the K-step TTT unroll, backward (DDP syncs
-     gradients on the last micro batch only);
+     distribution over the draft vocabulary, the K-step TTT unroll (or the K Medusa heads),
+     backward (DDP syncs gradients on the last micro batch only);
   3. clip, AdamW step with the warmup + cosine rate; log; checkpoint every N steps.
 
 Usage:
@@ -26,9 +27,7 @@ from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from eyas.eagle3.checkpoint import save_head
-from eyas.eagle3.config import Eagle3Config, check_target_layer_ids
-from eyas.eagle3.head import Eagle3Head
+from eyas.eagle3.config import check_target_layer_ids
 from eyas.eagle3.vocab import build_draft_vocab, count_answer_tokens
 from eyas.engine.target import Target, load_target
 from eyas.errors import EyasError
@@ -40,13 +39,15 @@ from eyas.training.checkpoints import (
     find_latest_checkpoint,
     restore_checkpoint,
     save_checkpoint,
+    write_head,
 )
 from eyas.training.config import TrainConfig
 from eyas.training.data import Batch, BatchPlan, OfflineSource, OnlineSource, collate, split_held_out
 from eyas.training.distributed import DistributedContext
+from eyas.training.heads import build_eagle3, build_medusa
 from eyas.training.metrics import MetricsLogger, acceptance_length
 from eyas.training.schedule import WarmupCosine
-from eyas.training.ttt import TrainingTimeTest, answer_count, target_distribution, weighted_loss
+from eyas.training.ttt import answer_count, target_distribution, weighted_loss
 
 
 @dataclass
@@ -124,30 +125,23 @@ class Trainer:
     def _build_head(self) -> None:
         config = self.config
         torch.manual_seed(config.seed)
-        # 1. The draft vocabulary from the answer tokens of the training split.
+        # 1. The draft vocabulary from the answer tokens of the training split (Medusa heads
+        #    that share the target's output layer draft from the whole vocabulary).
         train = set(self.train_indices)
         arrays = (pair for i, pair in enumerate(self.source.token_arrays()) if i in train)
-        self.counts = count_answer_tokens(arrays, self.info.config.vocab_size)
-        head_config = Eagle3Config.for_target(
-            self.info.config, config.draft_vocab_size, self.layer_ids, target_model=config.model,
-            target_architectures=self.info.architectures)
-        vocab = build_draft_vocab(self.counts, head_config.draft_vocab_size)
+        vocab_size = self.info.config.vocab_size
+        self.counts = count_answer_tokens(arrays, vocab_size)
+        size = vocab_size if config.share_lm_head else min(config.draft_vocab_size, vocab_size)
+        vocab = build_draft_vocab(self.counts, size)
         self.vocab_coverage = vocab.coverage(self.counts)
-        # 2. The head, sharing the target's embedding; lm_head from the target's kept rows.
-        head = Eagle3Head(head_config)
-        head.set_vocab(vocab)
-        if config.init_lm_head_from_target:
-            with torch.no_grad():
-                head.lm_head.weight.copy_(self.lm_head_weight.cpu()[vocab.kept_ids])
-        head = head.to(self.device)
-        head.set_embedding(self.embedding.to(self.device))
-        self.head = head
         self.vocab = vocab
-        self.unroll = TrainingTimeTest(head, config.ttt_steps)
-        self.model: torch.nn.Module = self.unroll
+        # 2. The head(s), and the module whose forward gives the K loss terms.
+        build = build_medusa if config.method == "medusa" else build_eagle3
+        self.head, self.model = build(config, self.info, self.layer_ids, vocab,
+                                      self.embedding, self.lm_head_weight, self.device)
         if self.context.is_distributed:
             # d2t and t2d are equal on every rank and never change: no buffer sync per forward.
-            self.model = DistributedDataParallel(self.unroll, forward_sync_buffers=False)
+            self.model = DistributedDataParallel(self.model, forward_sync_buffers=False)
 
     def _build_optimizer(self) -> None:
         config = self.config
@@ -183,7 +177,10 @@ class Trainer:
         autocast = (torch.autocast(self.device.type, dtype=autocast_dtype) if autocast_dtype
                     else nullcontext())
         with autocast:
-            result = self.model(taps.float(), input_ids, loss_mask, target)
+            if self.config.method == "medusa":
+                result = self.model(hidden.float(), loss_mask, target)
+            else:
+                result = self.model(taps.float(), input_ids, loss_mask, target)
         loss = weighted_loss(result.loss_sums, self.config.ttt_decay)
         return loss, result.loss_sums.detach(), result.correct, result.counted, batch.num_tokens
 
@@ -198,7 +195,7 @@ class Trainer:
         local = sum(answer_count(batch.loss_mask) for batch in micro_batches)
         normalizer = float(context.all_reduce_sum(torch.tensor(float(local))).clamp(min=1.0))
         lr = self.schedule.apply(self.optimizer, step)
-        k = config.ttt_steps
+        k = config.loss_terms
         sums = torch.zeros(3 * k + 1)  # loss_sums, correct, counted, tokens
         # 2. Forward and backward per micro batch; gradients sync on the last one only.
         for number, batch in enumerate(micro_batches):
@@ -226,7 +223,7 @@ class Trainer:
     def evaluate(self) -> StepStats | None:
         if not self.eval_indices:
             return None
-        context, k = self.context, self.config.ttt_steps
+        context, k = self.context, self.config.loss_terms
         self.model.eval()
         mine = self.eval_indices[context.rank::context.world_size]
         size = self.config.micro_batch_size
@@ -247,12 +244,17 @@ class Trainer:
         """Run to the last step; `stop_after` ends the run early, as a kill would (tests)."""
         config, context = self.config, self.context
         resumed = self.start_step if config.resume and self.start_step > 0 else None
-        logger = MetricsLogger(self.output, config.ttt_steps, resumed, enabled=context.is_main)
+        logger = MetricsLogger(self.output, config.loss_terms, resumed, enabled=context.is_main)
         if context.is_main:
-            print(f"[eyas] train: {len(self.train_indices)} samples ({len(self.eval_indices)} held out), "
-                  f"{self.total_steps} steps of {self.global_batch} samples, {context.world_size} "
-                  f"rank(s); draft vocabulary {self.vocab.size} covers {self.vocab_coverage:.1%} of "
-                  f"answer tokens", flush=True)
+            what = (f"{config.medusa_heads} Medusa heads" if config.method == "medusa"
+                    else "EAGLE-3 head")
+            vocabulary = ("the target's output layer (shared)" if config.share_lm_head else
+                          f"draft vocabulary {self.vocab.size} covers {self.vocab_coverage:.1%} of "
+                          f"answer tokens")
+            print(f"[eyas] train ({what}): {len(self.train_indices)} samples "
+                  f"({len(self.eval_indices)} held out), {self.total_steps} steps of "
+                  f"{self.global_batch} samples, {context.world_size} rank(s); {vocabulary}",
+                  flush=True)
         bar = tqdm(total=self.total_steps, initial=self.start_step, unit="step", desc="train",
                    disable=not (config.progress and context.is_main), dynamic_ncols=True)
         started = time.perf_counter()
@@ -288,7 +290,7 @@ class Trainer:
         seconds = time.perf_counter() - started
         head_dir = self.output / "head"
         if context.is_main and (stop_after is None or stop_after >= self.total_steps):
-            save_head(self.head, head_dir)
+            write_head(self.head, head_dir)
         context.barrier()
         return TrainSummary(steps=self.total_steps, head_dir=str(head_dir), train=stats,
                             held_out=held_out, tokens_per_second=total_tokens / max(seconds, 1e-9),

@@ -110,3 +110,36 @@ def test_auto_tree_measures_costs_once_and_stays_lossless(tiny_target, random_he
     # a random head is almost never right: the rank estimate fell below the prior
     assert spec["rank_probabilities"][0] < 0.55
     assert len(list((tmp_path / "costs").glob("*.json"))) == 1  # measured once, cached
+
+
+@pytest.mark.slow  # ~1,000 short generations: minutes on 2 busy cores (make test-all runs it)
+def test_sampling_with_an_eagle3_tree_follows_the_target(tiny_target, random_head):
+    """temperature 1, top-k 6: the second generated token's distribution with EAGLE-3 trees
+    (top-k siblings, verified sibling by sibling) equals plain sampling's (chi-square test of
+    homogeneity over 500 seeds each)."""
+    proposer = Eagle3Proposer(random_head, TreeShape.parse("2,3,6"))
+    prompt = PROMPT + generate(tiny_target, PROMPT, SamplingParams(max_tokens=1)).token_ids
+    runs = 500
+
+    def histogram(spec: bool) -> dict[int, int]:
+        counts: dict[int, int] = {}
+        for seed in range(runs):
+            params = SamplingParams(max_tokens=2, temperature=1.0, top_k=6, seed=seed, ignore_eos=True)
+            if spec:
+                out = speculative_generate(tiny_target, prompt, params, proposer, 6,
+                                           policy=PolicyConfig(enabled=False)).token_ids
+            else:
+                out = generate(tiny_target, prompt, params).token_ids
+            counts[out[1]] = counts.get(out[1], 0) + 1
+        return counts
+
+    plain, spec = histogram(False), histogram(True)
+    keys = sorted(set(plain) | set(spec))
+    table = torch.tensor([[plain.get(k, 0) for k in keys], [spec.get(k, 0) for k in keys]],
+                         dtype=torch.float64)
+    expected = table.sum(0, keepdim=True) * table.sum(1, keepdim=True) / table.sum()
+    keep = expected.min(0).values >= 5
+    statistic = ((table - expected) ** 2 / expected)[:, keep].sum()
+    dof = int(keep.sum()) - 1
+    p_value = float(torch.special.gammaincc(torch.tensor(dof / 2.0), statistic / 2.0))
+    assert dof >= 2 and p_value > 1e-3, (plain, spec)

@@ -1,10 +1,12 @@
 """`--draft` specs -> proposers. A plain dict is the registry of drafting methods.
 
 Accepted: none | ngram[:MAX_N[,MIN_N[,MATCHES]]] | model:PATH_OR_ALIAS | self | eagle3:DIR
+| medusa:DIR | layerskip[:auto|LAYERS[:MIN_CONFIDENCE]]   (docs/drafting-methods.md)
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -41,10 +43,14 @@ def _self(target: Target, option: str, tree: str | None) -> Proposer:
 
 def _eagle3(target: Target, option: str, tree: str | None) -> Proposer:
     from eyas.eagle3 import load_head
+    from eyas.eagle3.shipped import SHIPPED_HEADS, shipped_head_dir
     from eyas.engine.speculative.proposers.eagle3 import Eagle3Proposer, TreeShape
 
     if not option:
-        raise EyasError("--draft eagle3 needs a head folder: eagle3:DIR")
+        raise EyasError("--draft eagle3 needs a head: eagle3:DIR (a head folder) or "
+                        f"eagle3:NAME (a shipped head: {', '.join(SHIPPED_HEADS)})")
+    if not Path(option).exists() and shipped_head_dir(option) is not None:
+        option = str(shipped_head_dir(option))
     head = load_head(option, embedding=target.model.embed_tokens.weight, device=target.device,
                      dtype=torch.float32 if target.precision == "int4" else target.dtype)
     if head.config.target_num_hidden_layers not in (None, target.config.num_hidden_layers):
@@ -54,25 +60,41 @@ def _eagle3(target: Target, option: str, tree: str | None) -> Proposer:
     return Eagle3Proposer(head, TreeShape.parse(tree) if tree and tree != "auto" else None)
 
 
+def _medusa(target: Target, option: str, tree: str | None) -> Proposer:
+    from eyas.engine.speculative.proposers.medusa import build_medusa
+
+    return build_medusa(target, option, tree)
+
+
+def _layerskip(target: Target, option: str, tree: str | None) -> Proposer:
+    from eyas.engine.speculative.proposers.layerskip import build_layerskip
+
+    return build_layerskip(target, option)
+
+
 METHODS: dict[str, Callable[[Target, str, str | None], Proposer]] = {
     "eagle3": _eagle3,
+    "medusa": _medusa,
+    "layerskip": _layerskip,
     "ngram": _ngram,
     "model": _model,
     "self": _self,
 }
 
+ACCEPTED = ("none, ngram[:MAX_N[,MIN_N[,MATCHES]]], model:PATH_OR_ALIAS, self, eagle3:DIR|NAME, "
+            "medusa:DIR, layerskip[:auto|LAYERS[:MIN_CONFIDENCE]]")
+
 
 def build_proposer(spec: str, target: Target, tree: str | None = None) -> Proposer | None:
     """None for 'none'; otherwise the proposer named by `spec`.
 
-    `tree` (EAGLE-3 only): 'auto', 'chain:K' or 'DEPTH,TOPK,TOTAL'.
+    `tree` (EAGLE-3 and Medusa): 'auto', 'chain:K' or 'DEPTH,TOPK,TOTAL'.
     """
     name, _, option = spec.partition(":")
     if name == "none":
         return None
     if name not in METHODS:
-        raise EyasError(f"unknown draft method '{spec}'; accepted: none, "
-                        "ngram[:MAX_N[,MIN_N[,MATCHES]]], model:PATH_OR_ALIAS, self, eagle3:DIR")
+        raise EyasError(f"unknown draft method '{spec}'; accepted: {ACCEPTED}")
     try:
         return METHODS[name](target, option, tree)
     except ValueError as error:

@@ -5,17 +5,25 @@ The draft model keeps its own KV cache. It drafts a chain of k tokens autoregres
 (greedy: argmax; sampling: drawn from its own distribution under the same temperature, top-k
 and top-p, with those probabilities handed to the verifier). After verification its cache is
 rolled back to the longest prefix that is still valid: nothing is recomputed.
+
+`layerskip` (layerskip.py) is this proposer with the target as its own draft, some decoder
+layers left out.
 """
 
 from __future__ import annotations
 
+from typing import Collection
+
 import torch
 
-from eyas.engine.generate import new_cache
 from eyas.engine.sampling import SamplingParams, sample_from, target_probs
-from eyas.engine.speculative.draft import DraftTree
+from eyas.engine.speculative.draft import DraftTree, VerifyResult
 from eyas.engine.target import Target
 from eyas.errors import EyasError
+from eyas.models.kv_cache import LayerSubsetKVCache
+from eyas.models.llama import ForwardOutput
+
+INITIAL_SPARE_SLOTS = 256  # draft cache slots beyond the prompt at the start of a request
 
 
 def check_same_tokenizer(target: Target, draft: Target) -> None:
@@ -29,13 +37,26 @@ def check_same_tokenizer(target: Target, draft: Target) -> None:
 
 
 class DraftModelProposer:
+    """A chain from a draft model with its own KV cache (see the module docstring).
+
+    `skip_layers` runs the draft without those decoder layers (layer-skip self-speculation:
+    the draft is the target itself); its cache then holds only the layers that run.
+    `min_confidence` ends the chain early at a draft token whose probability under the draft
+    is below it (0 = always draft the full budget); `max_draft_tokens` caps the chain.
+    """
+
     tap_layers: tuple[int, ...] = ()
 
-    def __init__(self, draft: Target, name: str = "model", slots: int = 4096) -> None:
+    def __init__(self, draft: Target, name: str = "model", slots: int = 4096,
+                 skip_layers: Collection[int] = (), min_confidence: float = 0.0,
+                 max_draft_tokens: int | None = None) -> None:
         self.draft = draft
         self.name = name
-        self.slots = slots
-        self.cache = None
+        self.slots = slots  # the most slots the draft cache may grow to
+        self.skip_layers = frozenset(skip_layers)
+        self.min_confidence = min_confidence
+        self.max_draft_tokens = max_draft_tokens
+        self.cache: LayerSubsetKVCache | None = None
         self.cached_ids: list[int] = []  # tokens whose keys/values are in the draft cache
         self.params = SamplingParams()
         self.generator: torch.Generator | None = None
@@ -44,14 +65,35 @@ class DraftModelProposer:
     def begin(self, target: Target, prompt_ids: list[int], params: SamplingParams) -> None:
         if self.draft is not target and id(target) not in self.checked_targets:
             check_same_tokenizer(target, self.draft)
-            self.checked_targets.add(id(target))
+            self.checked_targets = self.checked_targets | {id(target)}  # copies share no set
         self.params = params
         self.generator = None
         if params.seed is not None:
             self.generator = torch.Generator(device=self.draft.device).manual_seed(params.seed + 7919)
-        slots = min(self.slots, self.draft.config.context_length)
-        self.cache = new_cache(self.draft, 1, slots)
+        # Room for the prompt and a first stretch of output; grown (doubled) on demand.
+        self.cache = self._new_cache(min(self.slot_limit, len(prompt_ids) + INITIAL_SPARE_SLOTS))
         self.cached_ids = []
+
+    @property
+    def slot_limit(self) -> int:
+        return min(self.slots, self.draft.config.context_length)
+
+    def _new_cache(self, slots: int) -> LayerSubsetKVCache:
+        config = self.draft.config
+        kept = [i for i in range(config.num_hidden_layers) if i not in self.skip_layers]
+        return LayerSubsetKVCache(kept, 1, config.num_key_value_heads, slots, config.head_dim,
+                                  dtype=self.draft.dtype, device=self.draft.device)
+
+    def _ensure_slots(self, needed: int) -> None:
+        if needed > self.cache.max_slots:
+            self.cache = self.cache.grown(min(self.slot_limit, max(needed, 2 * self.cache.max_slots)))
+
+    def _forward(self, ids: list[int], write_at: int) -> torch.Tensor:
+        """Feed `ids` at slots write_at..; the draft's logits [1, V] after the last one."""
+        tensor = torch.tensor([ids], device=self.draft.device)
+        out = self.draft.model(tensor, cache=self.cache, write_at=write_at, logits_at="last",
+                               skip_layers=self.skip_layers)
+        return out.logits[:, -1]
 
     def _common_prefix(self, token_ids: list[int]) -> int:
         limit = min(len(self.cached_ids), len(token_ids) - 1)  # the root is always fed again
@@ -62,32 +104,39 @@ class DraftModelProposer:
 
     @torch.inference_mode()
     def propose(self, token_ids: list[int], max_nodes: int) -> DraftTree:
-        if max_nodes <= 0 or len(token_ids) + max_nodes >= self.cache.max_slots:
+        if self.max_draft_tokens is not None:
+            max_nodes = min(max_nodes, self.max_draft_tokens)
+        if max_nodes <= 0 or len(token_ids) + max_nodes >= self.slot_limit:
             return DraftTree.empty()
-        model, device = self.draft.model, self.draft.device
-        # 1. Catch up: feed what the cache has not seen (at least the root).
+        self._ensure_slots(len(token_ids) + max_nodes)
+        # 1. Catch up: feed what the cache has not seen (at least the root). Slots past the
+        #    valid prefix hold keys of rejected drafts; they are overwritten before being read.
         valid = self._common_prefix(token_ids)
-        pending = torch.tensor([token_ids[valid:]], device=device)
-        logits = model(pending, cache=self.cache, write_at=valid, logits_at="last").logits[:, -1]
+        logits = self._forward(token_ids[valid:], valid)
         self.cached_ids = list(token_ids)
         # 2. Draft a chain, feeding each draft token but the last.
         drafts: list[int] = []
         probs_rows: list[torch.Tensor] = []
         for step in range(max_nodes):
             if self.params.greedy:
+                if self.min_confidence > 0:
+                    confidence = float(torch.softmax(logits.float(), dim=-1).max())
+                    if confidence < self.min_confidence:
+                        break
                 token = int(logits.argmax(dim=-1))
             else:
                 probs = target_probs(logits, self.params)[0]  # [V]
+                if self.min_confidence > 0 and float(probs.max()) < self.min_confidence:
+                    break
                 token = int(sample_from(probs[None], self.generator))
                 probs_rows.append(probs)
             drafts.append(token)
             if step + 1 < max_nodes:
-                position = len(self.cached_ids)
-                logits = model(torch.tensor([[token]], device=device), cache=self.cache,
-                               write_at=position, logits_at="last").logits[:, -1]
+                logits = self._forward([token], len(self.cached_ids))
                 self.cached_ids.append(token)
         probs = torch.stack(probs_rows) if probs_rows else None
         return DraftTree.chain(drafts, probs)
 
-    def observe(self, tree, result, output) -> None:
+    def observe(self, tree: DraftTree, result: VerifyResult | None,
+                output: ForwardOutput | None) -> None:
         pass  # the next propose() finds the valid prefix by comparing token ids

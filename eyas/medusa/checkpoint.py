@@ -1,0 +1,98 @@
+"""The eyas Medusa checkpoint: a folder with `config.json` and `model.safetensors`.
+
+    config.json        MedusaConfig.to_dict() (format "eyas-medusa")
+    model.safetensors  blocks.{k}.{j}.linear.weight/bias for head k, block j; with a draft
+                       vocabulary also lm_head.weight, d2t (int64), t2d (bool). Heads that share
+                       the target's output layer store none of it.
+
+Loading reads safetensors only (never pickles).
+
+Usage:
+    save_medusa(heads, "runs/medusa/head")
+    heads = load_medusa("runs/medusa/head", device="cpu", dtype=torch.float32)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+from eyas.errors import EyasError
+from eyas.medusa.config import MedusaConfig
+from eyas.medusa.head import MedusaHeads
+from eyas.utils.io import atomic_path, write_json_atomic
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+
+
+def medusa_state_dict(heads: MedusaHeads) -> dict[str, Tensor]:
+    """The tensors a checkpoint holds (never a shared target output layer)."""
+    state = {}
+    for name, tensor in heads.state_dict().items():
+        if heads.config.shares_target_output and name.startswith("lm_head."):
+            continue
+        state[name] = tensor.detach().cpu().contiguous()
+    return state
+
+
+def save_medusa(heads: MedusaHeads, folder: str | Path) -> Path:
+    """Write config.json and model.safetensors into `folder`, each file atomically."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    with atomic_path(folder / WEIGHTS_NAME) as tmp:
+        save_file(medusa_state_dict(heads), str(tmp), metadata={"format": "pt", "producer": "eyas"})
+    write_json_atomic(folder / CONFIG_NAME, heads.config.to_dict())
+    return folder
+
+
+def read_medusa_config(folder: str | Path) -> MedusaConfig:
+    path = Path(folder) / CONFIG_NAME
+    if not Path(folder).is_dir():
+        raise EyasError(f"no Medusa heads at {folder}: no such folder (expected OUT/head of "
+                        f"`eyas train --method medusa`)")
+    if not path.is_file():
+        raise EyasError(f"{folder} holds no Medusa heads: no {CONFIG_NAME} (expected OUT/head of "
+                        f"`eyas train --method medusa`)")
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise EyasError(f"{path} is not valid JSON: {error}") from None
+    return MedusaConfig.from_dict(raw)
+
+
+def load_medusa_state(heads: MedusaHeads, state: dict[str, Tensor], source: str) -> None:
+    """Load `state` into `heads` strictly (a shared output layer is never in a checkpoint)."""
+    expected = set(medusa_state_dict(heads))
+    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
+    if missing or unexpected:
+        raise EyasError(f"{source} does not match the heads: missing {missing}, unexpected {unexpected}")
+    own = heads.state_dict()
+    for name, tensor in state.items():
+        if tuple(tensor.shape) != tuple(own[name].shape):
+            raise EyasError(f"{source}: {name} has shape {tuple(tensor.shape)}, the config implies "
+                            f"{tuple(own[name].shape)}")
+    with torch.no_grad():
+        for name, tensor in heads.named_parameters():
+            if name in state:
+                tensor.copy_(state[name])
+        for name, tensor in heads.named_buffers():
+            if name in state:
+                tensor.copy_(state[name])
+
+
+def load_medusa(folder: str | Path, device: str | torch.device = "cpu",
+                dtype: torch.dtype = torch.float32) -> MedusaHeads:
+    """Build the heads of an eyas Medusa folder (call set_output_layer when they share it)."""
+    folder = Path(folder)
+    config = read_medusa_config(folder)
+    weights = folder / WEIGHTS_NAME
+    if not weights.is_file():
+        raise EyasError(f"{folder} has no {WEIGHTS_NAME}")
+    heads = MedusaHeads(config)
+    load_medusa_state(heads, load_file(str(weights)), str(weights))
+    return heads.to(device=device, dtype=dtype).eval()
