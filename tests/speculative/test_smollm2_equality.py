@@ -1,14 +1,16 @@
 """The central invariant on a real model: greedy speculative output == plain greedy output.
 
 SmolLM2-135M (float32), 8 MT-Bench first turns x 64 new tokens, with the n-gram proposer (a
-tree of several matches, so tree verification is exercised too) and with the target drafting
-for itself (where every draft must be accepted).
+tree of several matches, so tree verification is exercised too), with the target drafting
+for itself (where every draft must be accepted) and with the shipped EAGLE-3 head (dynamic
+trees); in int4 too.
 """
 
 from __future__ import annotations
 
 import pytest
 
+from eyas.eagle3.shipped import shipped_head_dir
 from eyas.engine.generate import generate
 from eyas.engine.sampling import SamplingParams
 from eyas.engine.speculative.decode import speculative_generate
@@ -60,3 +62,31 @@ def test_int4_speculative_equals_int4_plain(smollm_int4_target, mtbench_prompt_i
         for proposer, k in ((tree_proposer, 6), (self_proposer, 4)):
             result = speculative_generate(target, prompt, params, proposer, k, policy=ALWAYS_SPECULATE)
             assert result.token_ids == expected
+
+
+def _shipped_head_proposer(target, tree: str):
+    from eyas.engine.speculative.methods import build_proposer
+
+    assert shipped_head_dir("smollm2-135m") is not None, "the shipped SmolLM2 head is missing"
+    return build_proposer("eagle3:smollm2-135m", target, tree=tree)
+
+
+def test_shipped_eagle3_head_greedy_equals_plain(smollm_target, mtbench_prompt_ids, plain_outputs):
+    proposer = _shipped_head_proposer(smollm_target, "4,3,8")
+    accepted = 0
+    for prompt, expected in zip(mtbench_prompt_ids, plain_outputs):
+        result = speculative_generate(smollm_target, prompt, SamplingParams(max_tokens=NEW_TOKENS),
+                                      proposer, 8, policy=ALWAYS_SPECULATE)
+        assert result.token_ids == expected
+        accepted += result.stats["speculative"]["accepted_tokens"]
+    assert accepted > len(mtbench_prompt_ids) * NEW_TOKENS // 4  # a trained head, not a random one
+
+
+def test_shipped_eagle3_head_int4_equals_int4_plain(smollm_int4_target, mtbench_prompt_ids):
+    target = smollm_int4_target
+    params = SamplingParams(max_tokens=NEW_TOKENS)
+    proposer = _shipped_head_proposer(target, "4,3,8")
+    for prompt in mtbench_prompt_ids[:4]:
+        expected = generate(target, prompt, params).token_ids
+        result = speculative_generate(target, prompt, params, proposer, 8, policy=ALWAYS_SPECULATE)
+        assert result.token_ids == expected

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# How the shipped SmolLM2-135M EAGLE-3 head (eyas/assets/heads/smollm2-135m) was trained, step by
+# step, on the 2-core CPU (docs/training.md, "The shipped head", has the sizes and timings).
+# Every step is resumable: run the script again after an interruption.
+#
+#   bash scripts/train-smollm2-head.sh [RUN_DIR]       # default runs/head
+#
+# MT-Bench is the evaluation set: it is never read here.
+set -euo pipefail
+RUN=${1:-runs/head}
+EYAS=${EYAS:-.venv/bin/eyas}
+mkdir -p "$RUN"
+
+# 1. ShareGPT user prompts (first turn), PII/DLP filtered, 1,500 characters at most.
+"$EYAS" data prepare --source sharegpt --output-dir "$RUN/prepared" --keep user --max-turns 1 \
+    --min-chars 16 --max-chars 1500 --workers 1
+
+# 2. Answers written by SmolLM2 itself (greedy, at most 256 tokens), two processes of one thread
+#    each on alternate prompts of the first 2,400 (float32: the fastest batched decoding on a CPU).
+#    The shipped head used the first 704 answers (the run was stopped after 33 minutes).
+head -2400 "$RUN/prepared/train.jsonl" | awk 'NR%2==1' > "$RUN/partA.jsonl"
+head -2400 "$RUN/prepared/train.jsonl" | awk 'NR%2==0' > "$RUN/partB.jsonl"
+for part in A B; do
+    OMP_NUM_THREADS=1 "$EYAS" data regenerate --input "$RUN/part$part.jsonl" \
+        --output "$RUN/regen$part.jsonl" --model smollm2-135m --dtype float32 \
+        --batch-size 32 --max-tokens 256 --no-progress &
+done
+wait
+cat "$RUN/regenA.jsonl" "$RUN/regenB.jsonl" > "$RUN/regenerated.jsonl"
+
+# 3. SmolLM2's chat template; the loss mask keeps the answers only.
+"$EYAS" data render --model smollm2-135m --input "$RUN/regenerated.jsonl" \
+    --output "$RUN/train.tokenized.jsonl" --max-length 1024
+
+# 4. Hidden-state features (taps of layers 2, 15, 27 and the last hidden state), two ranks.
+OMP_NUM_THREADS=1 .venv/bin/torchrun --nproc_per_node 2 -m eyas.cli.features --model smollm2-135m \
+    --data "$RUN/train.tokenized.jsonl" --out "$RUN/features" --max-length 1024 --samples-per-shard 64
+
+# 5. The head: training-time test with 5 steps, an 8,192-token draft vocabulary.
+"$EYAS" train --model smollm2-135m --features "$RUN/features" --out "$RUN/train" \
+    --draft-vocab-size 8192 --ttt-steps 5 --epochs 3 --lr 5e-4 --save-every 200 \
+    --eval-fraction 0.03 --resume
+
+# 6. Evaluate on MT-Bench (tau, acceptance by position, speedup per category).
+"$EYAS" eval --draft "eagle3:$RUN/train/head" --dataset mtbench --output-dir "$RUN/eval"
