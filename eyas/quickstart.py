@@ -193,6 +193,9 @@ def collect_summary(config: QuickstartConfig, timings: dict[str, float]) -> dict
         shards = features.get("shards", [])
         summary["features"] = {"samples": sum(len(s.get("sample_ids", [])) for s in shards),
                                "bytes": sum(s.get("bytes", 0) for s in shards)}
+    held_out = _last_held_out(out / "train" / "metrics.csv")
+    if held_out is not None:
+        summary["train"] = held_out
     for name in ("eval-own", "eval-shipped"):
         report = _read_json(out / name / "eval.json")
         if report:
@@ -213,6 +216,20 @@ def collect_summary(config: QuickstartConfig, timings: dict[str, float]) -> dict
     return summary
 
 
+def _last_held_out(metrics: Path) -> dict[str, Any] | None:
+    """Step and estimated acceptance length of the last held-out evaluation in metrics.csv."""
+    import csv
+
+    try:
+        with open(metrics, newline="") as handle:
+            rows = [row for row in csv.DictReader(handle) if row.get("split") == "held_out"]
+    except OSError:
+        return None
+    if not rows:
+        return None
+    return {"steps": int(rows[-1]["step"]), "held_out_accept_length": float(rows[-1]["accept_length"])}
+
+
 def format_summary(summary: dict[str, Any]) -> str:
     lines = [f"# eyas quickstart: {summary['model']}", "", "| step | result | seconds |", "|---|---|---|"]
     seconds = summary["seconds"]
@@ -226,9 +243,15 @@ def format_summary(summary: dict[str, Any]) -> str:
     if "regenerated" in summary:
         r = summary["regenerated"]
         row("regenerate", f"{r['written']} answers, {r['tokens']} tokens ({r['tokens_per_s'] or 0:.1f} tok/s)")
+    if "render" in seconds:
+        row("render", "chat template applied, loss mask on the answers")
     if "features" in summary:
         f = summary["features"]
         row("features", f"{f['samples']} samples, {f['bytes'] / 2**20:.1f} MiB")
+    if "train" in summary:
+        t = summary["train"]
+        row("train", f"{t['steps']} steps; held-out estimated acceptance length "
+                     f"{t['held_out_accept_length']:.2f}")
     for step, label in (("eval-own", "head trained here"), ("eval-shipped", "shipped head")):
         if step in summary:
             e = summary[step]
