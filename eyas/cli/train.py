@@ -24,7 +24,6 @@ import argparse
 import sys
 from dataclasses import MISSING, fields
 
-from eyas.errors import EyasError
 
 
 def _default(name: str) -> object:

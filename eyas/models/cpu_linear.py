@@ -9,7 +9,6 @@ transposed copy (the embedding keeps its row layout for lookups).
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
 

@@ -125,11 +125,6 @@ def test_cli_regenerate_against_the_stub(tmp_path: Path, capsys: pytest.CaptureF
 
 
 def test_in_process_regeneration_with_a_tiny_model(tmp_path: Path, tiny_model_dir: Path) -> None:
-    try:
-        from eyas.engine.generate import generate_batch  # noqa: F401
-        from eyas.engine.target import load_target  # noqa: F401
-    except ImportError as error:
-        pytest.skip(f"the engine's batched decoding API is not available: {error}")
     write_prompts(tmp_path / "in.jsonl", 3)
     outputs = []
     for name, batch_size in (("a", 2), ("b", 1)):
