@@ -20,11 +20,10 @@ accept_length = 1 + sum_k prod_{i<=k} acc_i is then the estimate for a chain of 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from eyas.medusa.head import MedusaHeads
-from eyas.training.ttt import TargetDistribution, TTTResult, shift_left
+from eyas.training.ttt import TargetDistribution, TTTResult, score_rows, shift_left
 
 
 class MedusaLoss(nn.Module):
@@ -49,12 +48,9 @@ class MedusaLoss(nn.Module):
             target_times = times + k
             # 2. Logits only at those rows (the output layer is the widest matmul).
             logits = self.heads.compute_logits(states[rows, times, k - 1])  # [M, N]
-            log_q = F.log_softmax(logits.float(), dim=-1)
-            drafted = target.in_draft[rows, target_times]  # [M]
-            probs = target.probs[rows, target_times]  # [M, N]
-            loss_sums.append(-(drafted.float() * (probs * log_q).sum(-1)).sum())
-            hits = (logits.argmax(-1) == target.argmax_draft[rows, target_times]) & drafted
-            correct.append(hits.sum())
+            loss_sum, hits = score_rows(logits, target, rows, target_times)
+            loss_sums.append(loss_sum)
+            correct.append(hits)
             counted.append(answer.sum())
         return TTTResult(loss_sums=torch.stack(loss_sums), correct=torch.stack(correct),
                          counted=torch.stack(counted))

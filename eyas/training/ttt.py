@@ -77,6 +77,19 @@ def target_distribution(hidden: Tensor, lm_head_weight: Tensor, vocab: DraftVoca
     )
 
 
+def score_rows(logits: Tensor, target: TargetDistribution, rows: Tensor,
+               target_times: Tensor) -> tuple[Tensor, Tensor]:
+    """Soft cross-entropy sum and correct count of draft logits [M, N] against the target's
+    distribution at (rows, target_times) [M] each. A target argmax outside the draft vocabulary
+    weighs nothing in the loss and counts as a miss (the head cannot draft it)."""
+    log_q = F.log_softmax(logits.float(), dim=-1)
+    drafted = target.in_draft[rows, target_times]  # [M]
+    probs = target.probs[rows, target_times]  # [M, N]
+    loss_sum = -(drafted.float() * (probs * log_q).sum(-1)).sum()
+    hits = (logits.argmax(-1) == target.argmax_draft[rows, target_times]) & drafted
+    return loss_sum, hits.sum()
+
+
 def answer_count(loss_mask: Tensor) -> Tensor:
     """Answer rows at step 0 (rows t with loss_mask[t + 2] == 1): the loss normalizer's share."""
     return shift_left(loss_mask, 2).sum()
@@ -122,12 +135,9 @@ class TrainingTimeTest(nn.Module):
             rows, times = answer.nonzero(as_tuple=True)  # [M] each
             target_times = times + 1 + step
             logits = self.head.compute_logits(out.hidden[rows, times])  # [M, N]
-            log_q = F.log_softmax(logits.float(), dim=-1)
-            drafted = target.in_draft[rows, target_times]  # [M]
-            probs = target.probs[rows, target_times]  # [M, N]
-            loss_sums.append(-(drafted.float() * (probs * log_q).sum(-1)).sum())
-            hits = (logits.argmax(-1) == target.argmax_draft[rows, target_times]) & drafted
-            correct.append(hits.sum())
+            loss_sum, hits = score_rows(logits, target, rows, target_times)
+            loss_sums.append(loss_sum)
+            correct.append(hits)
             counted.append(answer.sum())
             # 4. Feed the head's own output back; tokens and masks move left by one.
             hidden, past_kv = out.hidden, out.past_kv
