@@ -9,10 +9,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from tiny_models import build_tiny_model
+from tiny_models import build_tiny_model, single_thread
 
 warnings.filterwarnings("ignore", category=UserWarning)
 torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+@pytest.fixture
+def one_thread():
+    """Run the test on one torch thread (use: pytestmark = pytest.mark.usefixtures("one_thread"))."""
+    with single_thread():
+        yield
 
 
 @pytest.fixture(scope="session")

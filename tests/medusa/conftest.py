@@ -3,17 +3,9 @@ stalls whenever the second core is busy (see tests/training/conftest.py)."""
 
 from __future__ import annotations
 
-from typing import Iterator
-
 import pytest
-import torch
 
 
 @pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
+def single_threaded(one_thread) -> None:
+    """Every Medusa test runs on one thread (tests/conftest.py)."""

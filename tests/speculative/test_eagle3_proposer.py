@@ -14,6 +14,7 @@ from eyas.engine.sampling import SamplingParams
 from eyas.engine.speculative.decode import speculative_generate
 from eyas.engine.speculative.policy import PolicyConfig
 from eyas.engine.speculative.proposers.eagle3 import Eagle3Proposer, TreeShape
+from stat_checks import homogeneity_p_value
 
 PROMPT = list(range(300, 316))
 
@@ -134,12 +135,5 @@ def test_sampling_with_an_eagle3_tree_follows_the_target(tiny_target, random_hea
         return counts
 
     plain, spec = histogram(False), histogram(True)
-    keys = sorted(set(plain) | set(spec))
-    table = torch.tensor([[plain.get(k, 0) for k in keys], [spec.get(k, 0) for k in keys]],
-                         dtype=torch.float64)
-    expected = table.sum(0, keepdim=True) * table.sum(1, keepdim=True) / table.sum()
-    keep = expected.min(0).values >= 5
-    statistic = ((table - expected) ** 2 / expected)[:, keep].sum()
-    dof = int(keep.sum()) - 1
-    p_value = float(torch.special.gammaincc(torch.tensor(dof / 2.0), statistic / 2.0))
+    p_value, dof = homogeneity_p_value(plain, spec)
     assert dof >= 2 and p_value > 1e-3, (plain, spec)

@@ -4,7 +4,6 @@ batched serving, SmolLM2), the draft's own KV cache after rejections, confidence
 from __future__ import annotations
 
 import random
-from typing import Iterator
 
 import pytest
 import torch
@@ -24,12 +23,7 @@ ALWAYS = PolicyConfig(enabled=False)
 PROMPT = list(range(300, 316))
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

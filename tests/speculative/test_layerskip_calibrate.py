@@ -4,7 +4,6 @@ plain skipping forward, reproducibility with a seed, the per-model cache, and `l
 from __future__ import annotations
 
 import json
-from typing import Iterator
 
 import pytest
 import torch
@@ -28,12 +27,7 @@ COSTS = SkipCosts(overhead=0.2, verify={1: 1.0, 2: 1.2, 4: 1.5, 8: 2.0})
 SMALL = dict(num_prompts=3, new_tokens=16, max_draft_tokens=4)
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

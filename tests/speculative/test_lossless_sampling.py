@@ -9,6 +9,7 @@ import torch
 from eyas.engine.speculative import acceptance
 from eyas.engine.speculative.acceptance import accept_sampling
 from eyas.engine.speculative.draft import DraftTree
+from stat_checks import homogeneity_p_value
 
 P_VALUE = 1e-3
 
@@ -142,13 +143,5 @@ def test_end_to_end_on_a_tiny_model_matches_plain_sampling(tiny_target, tmp_path
         return counts
 
     plain, spec = histogram(False), histogram(True)
-    keys = sorted(set(plain) | set(spec))
-    table = torch.tensor([[plain.get(k, 0) for k in keys], [spec.get(k, 0) for k in keys]],
-                         dtype=torch.float64)
-    # chi-square test of homogeneity between the two samples
-    expected = table.sum(0, keepdim=True) * table.sum(1, keepdim=True) / table.sum()
-    keep = expected.min(0).values >= 5
-    statistic = ((table - expected) ** 2 / expected)[:, keep].sum()
-    dof = int(keep.sum()) - 1
-    p_value = float(torch.special.gammaincc(torch.tensor(dof / 2.0), statistic / 2.0))
+    p_value, dof = homogeneity_p_value(plain, spec)
     assert dof >= 2 and p_value > P_VALUE, (plain, spec)

@@ -3,32 +3,20 @@ vocabulary 256, a word-level tokenizer), tokenized conversations over it, and it
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import torch
+
+from tiny_models import single_thread
 
 VOCAB = 256
 NUM_SAMPLES = 24
 
 
-@contextmanager
-def single_thread() -> Iterator[None]:
-    """Tiny tensors run fastest on one thread (and do not stall on a busy second core)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
-
-
 @pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    with single_thread():
-        yield
+def single_threaded(one_thread) -> None:
+    """Every training test runs on one thread (tests/conftest.py)."""
 
 
 def build_tiny_target(folder: Path) -> Path:
