@@ -14,7 +14,6 @@ Usage:
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -24,7 +23,7 @@ from torch import Tensor
 from eyas.eagle3.config import Eagle3Config
 from eyas.eagle3.head import Eagle3Head
 from eyas.errors import EyasError
-from eyas.utils.io import atomic_path, write_json_atomic
+from eyas.utils.io import atomic_path, read_json, write_json_atomic
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -62,10 +61,7 @@ def read_head_config(folder: str | Path) -> Eagle3Config:
     if not path.is_file():
         raise EyasError(f"{folder} is not an eyas head: no {CONFIG_NAME} (expected the folder "
                         f"that `eyas train` wrote, e.g. OUT/head)")
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise EyasError(f"{path} is not valid JSON: {error}") from None
+    raw = read_json(path)
     return Eagle3Config.from_dict(raw)
 
 

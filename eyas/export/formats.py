@@ -33,7 +33,7 @@ from eyas.eagle3.config import Eagle3Config
 from eyas.eagle3.head import Eagle3Head
 from eyas.eagle3.vocab import vocab_from_d2t
 from eyas.errors import EyasError
-from eyas.utils.io import atomic_dir
+from eyas.utils.io import atomic_dir, read_json
 
 FORMATS = ("sglang", "vllm", "speculators")
 ARCHITECTURES = {
@@ -219,10 +219,7 @@ def read_export_config(folder: str | Path, format_name: str | None = None) -> tu
     path = Path(folder) / CONFIG_NAME
     if not path.is_file():
         raise EyasError(f"{folder} has no {CONFIG_NAME}")
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise EyasError(f"{path} is not valid JSON: {error}") from None
+    raw = read_json(path)
     found = format_name or detect_format(raw)
     if found is None:
         raise EyasError(f"cannot tell the format of {folder}; pass --format ({', '.join(FORMATS)})")

@@ -14,7 +14,6 @@ Usage:
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -24,7 +23,7 @@ from torch import Tensor
 from eyas.errors import EyasError
 from eyas.medusa.config import MedusaConfig
 from eyas.medusa.head import MedusaHeads
-from eyas.utils.io import atomic_path, write_json_atomic
+from eyas.utils.io import atomic_path, read_json, write_json_atomic
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -58,10 +57,7 @@ def read_medusa_config(folder: str | Path) -> MedusaConfig:
     if not path.is_file():
         raise EyasError(f"{folder} holds no Medusa heads: no {CONFIG_NAME} (expected OUT/head of "
                         f"`eyas train --method medusa`)")
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise EyasError(f"{path} is not valid JSON: {error}") from None
+    raw = read_json(path)
     return MedusaConfig.from_dict(raw)
 
 

@@ -43,6 +43,16 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
             os.unlink(tmp)
 
 
+def read_json(path: str | Path) -> Any:
+    """The JSON value in `path`; a file that does not parse raises EyasError naming it."""
+    from eyas.errors import EyasError
+
+    try:
+        return json.loads(Path(path).read_text())
+    except json.JSONDecodeError as error:
+        raise EyasError(f"{path} is not valid JSON: {error}") from None
+
+
 def write_json_atomic(path: str | Path, obj: Any) -> None:
     """Write `obj` as indented JSON to `path` atomically."""
     with atomic_path(path) as tmp:
