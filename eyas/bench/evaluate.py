@@ -59,16 +59,11 @@ class EvalConfig:
 
 def load_questions(dataset: str, limit: int) -> list[tuple[str, str]]:
     """(category, first-turn question) pairs; MT-Bench interleaves its 8 categories."""
-    from eyas.bench.prompts import CODE_PROMPTS, mtbench_questions
+    from eyas.bench.prompts import CODE_PROMPTS, mtbench_categorized_first_turns
 
     if dataset == "code":
         return [("code", q) for q in CODE_PROMPTS[:limit]]
-    by_category: dict[str, list[str]] = {}
-    for record in mtbench_questions():
-        by_category.setdefault(record["category"], []).append(record["turns"][0])
-    interleaved = [(c, q) for group in zip(*[[(c, q) for q in qs] for c, qs in by_category.items()])
-                   for c, q in group]
-    return interleaved[:limit]
+    return mtbench_categorized_first_turns(limit)
 
 
 def run_eval(config: EvalConfig, progress: bool = True,

@@ -42,13 +42,19 @@ def mtbench_questions() -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def mtbench_categorized_first_turns(limit: int | None = None) -> list[tuple[str, str]]:
+    """(category, first-turn question) of MT-Bench, one per category in turn (so a prefix
+    covers all 8)."""
+    by_category: dict[str, list[tuple[str, str]]] = {}
+    for record in mtbench_questions():
+        by_category.setdefault(record["category"], []).append((record["category"], record["turns"][0]))
+    interleaved = [pair for group in zip(*by_category.values()) for pair in group]
+    return interleaved[:limit] if limit else interleaved
+
+
 def mtbench_first_turns(limit: int | None = None) -> list[str]:
     """First-turn questions of MT-Bench, one per category in turn (so a prefix covers all 8)."""
-    by_category: dict[str, list[str]] = {}
-    for record in mtbench_questions():
-        by_category.setdefault(record["category"], []).append(record["turns"][0])
-    interleaved = [q for group in zip(*by_category.values()) for q in group]
-    return interleaved[:limit] if limit else interleaved
+    return [question for _, question in mtbench_categorized_first_turns(limit)]
 
 
 PROMPT_SETS = {"mtbench": mtbench_first_turns, "code": lambda limit=None: CODE_PROMPTS[:limit]}
