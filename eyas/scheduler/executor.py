@@ -89,6 +89,7 @@ class StepExecutor:
         drafting_started = time.perf_counter()
         trees: dict[int, DraftTree] = {}
         asked: set[int] = set()  # rows whose proposer was asked for drafts
+        steady = plan.max_draft_tokens + 1  # the most tokens one step emits per request
         for request in decode:
             remaining = request.max_new_tokens - request.num_output - 1
             budget = min(plan.num_draft_tokens, remaining)
@@ -96,9 +97,9 @@ class StepExecutor:
             if budget > 0 and request.proposer is not None:
                 asked.add(request.row)
                 request.shadow.clear()
-                trees[request.row] = self._propose(request, budget)
+                trees[request.row] = self._propose(request, budget, steady)
             elif self._shadow_allowed(request, plan, span) and remaining > 0:
-                shadow = self._propose(request, min(plan.max_draft_tokens, remaining))
+                shadow = self._propose(request, min(plan.max_draft_tokens, remaining), steady)
                 if shadow.size:
                     request.shadow.start(shadow)
                 else:
@@ -174,12 +175,20 @@ class StepExecutor:
             if index in greedy_rows:
                 logits[index] = lm_head(hidden[index][None, None])[0, 0]
 
-    def _propose(self, request: Request, budget: int) -> DraftTree:
+    def _propose(self, request: Request, budget: int, steady_backlog: int) -> DraftTree:
+        """Ask the proposer for a tree of at most `budget` nodes and time it. A proposer with
+        its own cache (EAGLE-3, a draft model, layer-skip) first catches up over every token
+        since it was last asked: the whole prompt on the first call, several steps' worth
+        after plain steps. Such a call is not a sample of what drafting costs per step, so its
+        time is recorded only when the backlog is what one step can emit (`steady_backlog`)."""
+        backlog = len(request.token_ids) - request.proposed_through
         asked_at = time.perf_counter()
         tree = request.proposer.propose(request.token_ids, budget).truncated(budget)
         seconds = time.perf_counter() - asked_at
-        request.acceptance.record_draft_time(seconds, budget)
-        self.pooled.record_draft_time(seconds, budget)
+        request.proposed_through = len(request.token_ids)
+        if backlog <= steady_backlog:
+            request.acceptance.record_draft_time(seconds, budget)
+            self.pooled.record_draft_time(seconds, budget)
         return tree
 
     def _shadow_allowed(self, request: Request, plan: StepPlan, span: int) -> bool:

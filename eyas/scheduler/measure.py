@@ -9,8 +9,10 @@ Usage:
 A configuration is DRAFT[:SPECULATION][+overlap], e.g. `ngram:auto+overlap`. For each
 concurrency C, C requests are kept in flight (closed loop) until every prompt has been answered
 (the prompt list repeats to at least 2C requests); tokens/s = generated tokens / wall time. At
-each concurrency the configurations run one after the other, `--rounds` times, interleaved, so
-that noise from a shared machine hits all alike; the best round is reported. Greedy decoding.
+each concurrency the configurations run one after the other, `--rounds` times, interleaved and
+each round starting one configuration later, so that noise from a shared machine and the
+warm-up of whichever runs first hit all alike; the median round is reported (every round's
+tokens/s is in the JSON). Greedy decoding.
 This measures the engine alone (no HTTP); a load generator against `eyas serve` measures the
 server as deployed.
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import threading
 import time
 from dataclasses import dataclass
@@ -135,18 +138,23 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.max_tokens} new tokens, greedy")
     for concurrency in args.concurrency:
         prompts = base * max(1, -(-2 * concurrency // len(base)))
-        best: dict[str, dict] = {}
-        for _ in range(args.rounds):
-            for text, engine in engines.items():
-                run = run_closed_loop(engine, prompts, params, concurrency)
-                if text not in best or run["tokens_per_s"] > best[text]["tokens_per_s"]:
-                    best[text] = run
-        for text, run in best.items():
+        runs: dict[str, list[dict]] = {text: [] for text in engines}
+        order = list(engines.items())
+        for round_index in range(args.rounds):  # each round starts one configuration later
+            shift = round_index % len(order)
+            for text, engine in order[shift:] + order[:shift]:
+                runs[text].append(run_closed_loop(engine, prompts, params, concurrency))
+        for text, rounds in runs.items():
+            rates = sorted(run["tokens_per_s"] for run in rounds)
+            run = next(r for r in rounds if r["tokens_per_s"] == rates[len(rates) // 2])  # the median
             equal = None
             if expected is not None:
-                equal = all(out == expected[i % len(base)] for i, out in enumerate(run["outputs"]))
+                equal = all(out == expected[i % len(base)]
+                            for r in rounds for i, out in enumerate(r["outputs"]))
             accepted = run["accepted"] / run["drafted"] if run["drafted"] else 0.0
-            row = {"concurrency": concurrency, "config": text, "tokens_per_s": round(run["tokens_per_s"], 2),
+            row = {"concurrency": concurrency, "config": text,
+                   "tokens_per_s": round(statistics.median(rates), 2),
+                   "rounds_tokens_per_s": [round(r["tokens_per_s"], 2) for r in rounds],
                    "seconds": round(run["seconds"], 3), "tokens": run["tokens"],
                    "draft_tokens": run["drafted"], "accepted_rate": round(accepted, 3),
                    "equal_to_plain": equal}

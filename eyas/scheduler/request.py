@@ -75,6 +75,7 @@ class Request:
     generator: torch.Generator | None = None
     acceptance: AcceptanceEstimate = field(default_factory=AcceptanceEstimate)
     shadow: ShadowDraft = field(default_factory=ShadowDraft)  # unverified draft (plain steps)
+    proposed_through: int = 0  # len(token_ids) when the proposer was last asked
     spec_metrics: SpecMetrics = field(default_factory=SpecMetrics)
     # ---- text level and timing (postprocess) -------------------------------------------
     completion_tokens: int = 0

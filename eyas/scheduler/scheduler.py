@@ -16,6 +16,7 @@ released finished requests and packed the pool (moves happen only between steps)
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -26,6 +27,9 @@ from eyas.scheduler.speculation import AcceptanceEstimate, StepCostModel, choose
 
 MIN_PREFILL_TOKENS = 32  # prefill progress per step even when decoding fills the budget
 PLAIN_PROBE_EVERY = 16  # while speculating, every 16th step is plain: it re-measures c(B, 1)
+DRAFT_PROBE_EVERY = 32  # while plain, a draft probe after 32 plain steps, then 64, 128, ...
+DRAFT_PROBE_MAX_GAP = 1024  # ... up to 1024 while probes keep finding that drafting does not pay
+DRAFT_PROBE_SHARE = 0.01  # and never so often that the probe's extra token costs over 1% overall
 
 
 @dataclass
@@ -64,6 +68,8 @@ class Scheduler:
         self._admitted = 0
         self._dropped: list[Request] = []
         self._speculative_steps = 0
+        self._plain_streak = 0  # plain steps since the last speculative step or draft probe
+        self._probe_gap = DRAFT_PROBE_EVERY  # plain steps before the next draft probe
         self.last_draft_tokens = 0
 
     @property
@@ -129,10 +135,29 @@ class Scheduler:
         rows = max(r.row for r in decode) + 1
         k = choose_draft_length([r.acceptance for r in decode], rows, self.costs, most)
         if k > 0:
+            self._plain_streak, self._probe_gap = 0, DRAFT_PROBE_EVERY
             self._speculative_steps += 1
             if self._speculative_steps % PLAIN_PROBE_EVERY == 0:
                 k = 0  # a plain probe keeps c(B, 1) measured (speculation must beat it for real)
+            return k, most
+        self._plain_streak += 1
+        if self._plain_streak >= max(self._probe_gap, self._probe_cost_floor(rows)):
+            self._plain_streak = 0
+            self._probe_gap = min(2 * self._probe_gap, DRAFT_PROBE_MAX_GAP)
+            k = 1  # a draft probe: see _probe_cost_floor
         return k, most
+
+    def _probe_cost_floor(self, rows: int) -> int:
+        """The fewest plain steps between two draft probes. A proposer too expensive to draft in
+        the shadow (EAGLE-3, a draft model) is only measured when its drafts are verified:
+        without probes, an estimate that once said "does not pay" would never be revised, even
+        when the text turns predictable (code after prose). A probe verifies one draft token
+        per request. Probes back off (32, 64, ... DRAFT_PROBE_MAX_GAP plain steps apart) while
+        they find that drafting does not pay, and are never so frequent that the probe's extra
+        token costs more than DRAFT_PROBE_SHARE of the time."""
+        plain = self.costs.cost(rows, 1)
+        overhead = (self.costs.cost(rows, 2) - plain) / plain if plain > 0 else 1.0
+        return math.ceil(overhead / DRAFT_PROBE_SHARE)
 
     # ---- between steps ----------------------------------------------------------------
     def release_done(self) -> list[Request]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import threading
+import time
 
 import pytest
 
@@ -127,6 +128,41 @@ def test_a_failing_step_fails_its_requests_and_the_engine_keeps_serving(tiny_tar
         served.shutdown()
     assert failed.finish_reason == "error"
     assert fine.finish_reason == "length" and len(fine.token_ids) == 6
+
+
+class CatchUpProposer:
+    """Drafts nothing useful but, like EAGLE-3 or a draft model, pays for every token since it
+    was last asked: 0.2 s for the prompt, 1 ms for what one step emitted."""
+
+    name, tap_layers = "catch-up", ()
+
+    def begin(self, target, prompt_ids, params):
+        self.seen = 0
+
+    def propose(self, token_ids, max_nodes) -> DraftTree:
+        time.sleep(0.2 if len(token_ids) - self.seen > 8 else 0.001)
+        self.seen = len(token_ids)
+        return DraftTree.chain([1] * max_nodes)
+
+    def observe(self, tree, result, output):
+        pass
+
+
+def test_the_prompt_catch_up_is_not_counted_as_drafting_cost(tiny_target):
+    """A proposer's first call catches up over the whole prompt: were it timed as drafting,
+    the speculation rule would price every draft token at 50 ms and never speculate."""
+    served = engine(tiny_target, "ngram")
+    served.proposers.prototype = CatchUpProposer()
+    try:
+        finished = threading.Event()
+        request = served.submit(list(range(100, 140)), SamplingParams(max_tokens=6, ignore_eos=True),
+                                lambda output: output.finished and finished.set())
+        assert finished.wait(30)
+    finally:
+        served.shutdown()
+    per_token = request.acceptance.draft_seconds_per_token
+    assert 0 < per_token < 0.02  # the 1 ms calls only (4 draft tokens each)
+    assert 0 < served.executor.pooled.draft_seconds_per_token < 0.02
 
 
 def test_speculation_auto_measures_costs_and_stays_equal(tiny_target, plain):

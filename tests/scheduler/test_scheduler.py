@@ -10,7 +10,7 @@ from eyas.engine.sampling import SamplingParams
 from eyas.scheduler.config import EngineConfig
 from eyas.scheduler.engine import Engine, QueueFull, RequestRejected
 from eyas.scheduler.kv_pool import KVPool
-from eyas.scheduler.scheduler import PLAIN_PROBE_EVERY, Scheduler
+from eyas.scheduler.scheduler import DRAFT_PROBE_EVERY, PLAIN_PROBE_EVERY, Scheduler
 from eyas.scheduler.speculation import StepCostModel
 
 
@@ -74,6 +74,28 @@ def test_speculation_keeps_plain_probes(tiny_target, make_request):
     probes = [i for i, k in enumerate(chosen) if k == 0]
     assert probes == [PLAIN_PROBE_EVERY - 1, 2 * PLAIN_PROBE_EVERY - 1]
     assert all(k == 4 for i, k in enumerate(chosen) if i not in probes)
+
+
+@pytest.mark.parametrize("extra, probes", [(0.0, [31, 95, 223]), (0.5, [49, 113, 241])])
+def test_plain_decoding_keeps_backing_off_draft_probes(tiny_target, make_request, extra, probes):
+    """Acceptance 0: never worth speculating, yet a draft probe (one draft token per request)
+    comes after 32 plain steps, then 64, then 128 (and at least 50 apart where a 2-token pass
+    costs 50% more than a 1-token pass: 1% of the time at most)."""
+    costs = StepCostModel([1], {(1, t): 0.01 * (1 + extra * (t > 1)) for t in range(1, 6)}, 5)
+    config = EngineConfig(max_running=1, max_step_tokens=64, num_draft_tokens=4, speculation="auto")
+    scheduler = Scheduler(config, KVPool(tiny_target, 1, 128, 32), True, costs)
+    request = make_request(4, max_tokens=400)
+    scheduler.add(request)
+    scheduler.schedule()  # admission and prefill
+    request.acceptance.prior_alpha = request.acceptance.prior_availability = 0.0
+    chosen = [scheduler.schedule().num_draft_tokens for _ in range(300)]
+    assert [i for i, k in enumerate(chosen) if k] == probes
+    assert {chosen[i] for i in probes} == {1}
+    request.acceptance.prior_alpha = request.acceptance.prior_availability = 1.0
+    assert scheduler.schedule().num_draft_tokens == 4  # drafting pays now: the back-off resets
+    request.acceptance.prior_alpha = request.acceptance.prior_availability = 0.0
+    chosen = [scheduler.schedule().num_draft_tokens for _ in range(probes[0] + 1)]
+    assert [i for i, k in enumerate(chosen) if k] == [probes[0]]
 
 
 def test_release_packs_rows_and_moves_their_kv(tiny_target, make_request):

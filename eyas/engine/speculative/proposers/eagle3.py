@@ -77,6 +77,7 @@ class Eagle3Proposer:
         self.steps_since_resize = 0
         self.node_ranks: list[int] = []  # rank of each node of the last tree
         self.choice = None  # last TreeChoice (auto mode)
+        self.shape_memo: dict[tuple[float, ...], object] = {}  # rounded rank probabilities -> TreeChoice
         self.tap_layers = tuple(head.config.target_layer_ids)
         self.past: tuple[Tensor, Tensor] | None = None  # committed KV [1, KV, n, D]
         self.committed = 0  # committed rows (= positions 0..committed-1)
@@ -99,7 +100,14 @@ class Eagle3Proposer:
     def _resize(self) -> None:
         from eyas.engine.speculative.sizing import choose_shape
 
-        choice = choose_shape(self.cost, self.ranks.probabilities)
+        # choose_shape tries every shape (milliseconds of Python); the serving engine's copies of
+        # this proposer share the memo, so that each new request does not pay for it again.
+        key = tuple(round(p, 3) for p in self.ranks.probabilities)
+        choice = self.shape_memo.get(key)
+        if choice is None:
+            if len(self.shape_memo) >= 4096:
+                self.shape_memo.clear()
+            choice = self.shape_memo[key] = choose_shape(self.cost, list(key))
         self.choice = choice
         if choice.depth == 0:  # speculation cannot pay: a one-token chain keeps statistics alive
             self.shape = TreeShape(depth=1, top_k=1, total_tokens=2)
@@ -167,11 +175,11 @@ class Eagle3Proposer:
         device = taps.device
         ids = torch.tensor([token_ids[start + 1 : start + count + 1]], device=device)
         positions = torch.arange(start, start + count, device=device)[None]
-        out = self.head(taps, ids, positions, past_kv=self.past)
+        out = self.head(taps, ids, positions, past_kv=self.past, compute_logits=False)
         self.past = out.past_kv
         self.committed += count
         self.last_hidden = out.hidden[:, -1:]
-        self.last_logits = out.logits[:, -1]
+        self.last_logits = self.head.compute_logits(self.last_hidden)[:, -1]  # the last row's only
         self.pending_taps = None
 
     def _expand(self, token_ids: list[int], budget: int) -> list[_Node]:
@@ -188,7 +196,7 @@ class Eagle3Proposer:
         parent_hidden = self.last_hidden[0, 0]
         tree_keys: list[int] = []  # candidate id of each tree row in the scratch KV
         past = self.past
-        for depth in range(2, shape.depth + 1):
+        for depth in range(2, min(shape.depth, budget) + 1):  # `budget` nodes reach no deeper
             if not frontier:
                 break
             # One head pass over the frontier rows: hidden = parent's output, token = node's.
