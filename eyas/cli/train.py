@@ -78,6 +78,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help=f"online: tokens per sample (default: {_default('max_length')})")
     head.add_argument("--no-init-lm-head", dest="init_lm_head_from_target", action="store_false",
                       default=s, help="start lm_head at random instead of the target's kept rows")
+    head.add_argument("--init-from", default=s, metavar="HEAD_DIR",
+                      help="eagle3: start from this head (weights and draft vocabulary), e.g. to "
+                           "train a shipped head further on new data")
     opt = parser.add_argument_group("optimization")
     opt.add_argument("--micro-batch-size", type=int, default=s,
                      help=f"samples per forward and rank (default: {_default('micro_batch_size')})")

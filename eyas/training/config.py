@@ -24,7 +24,7 @@ RESULT_SETTINGS = (
     "model", "data", "features", "draft_vocab_size", "target_layer_ids", "ttt_steps", "ttt_decay",
     "max_length", "epochs", "max_steps", "learning_rate", "min_lr_ratio", "warmup_ratio",
     "weight_decay", "adam_beta1", "adam_beta2", "max_grad_norm", "precision",
-    "init_lm_head_from_target", "eval_fraction", "eval_max_samples", "seed",
+    "init_lm_head_from_target", "init_from", "eval_fraction", "eval_max_samples", "seed",
 )
 
 
@@ -60,6 +60,8 @@ class TrainConfig:
     target_dtype: str = "float32"  # online mode: precision of the target forward (load_target's)
     device: str = "cpu"
     init_lm_head_from_target: bool = True  # start lm_head from the target's rows of the kept ids
+    init_from: str | None = None  # eagle3: start from this head folder (its weights and draft
+    #                               vocabulary): more training of a head on new data
     save_every: int = 500  # checkpoint every N optimizer steps (0: only at the end)
     keep_checkpoints: int = 2
     eval_fraction: float = 0.05  # held-out share of the samples
@@ -76,6 +78,8 @@ class TrainConfig:
                             "or --features (a feature store, offline mode)")
         if self.method not in METHODS:
             raise EyasError(f"unknown training method '{self.method}'; accepted: {', '.join(METHODS)}")
+        if self.init_from is not None and self.method != "eagle3":
+            raise EyasError("init_from (--init-from) starts from an EAGLE-3 head: --method eagle3 only")
         if self.share_lm_head and self.method != "medusa":
             raise EyasError("share_lm_head (--share-lm-head) applies to --method medusa only")
         if self.precision not in PRECISIONS:

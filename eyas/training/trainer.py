@@ -27,6 +27,7 @@ from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
+from eyas.eagle3.checkpoint import EMBEDDING_NAME, load_head, load_head_state
 from eyas.eagle3.config import check_target_layer_ids
 from eyas.eagle3.vocab import build_draft_vocab, count_answer_tokens
 from eyas.engine.target import Target, load_target
@@ -131,17 +132,42 @@ class Trainer:
         arrays = (pair for i, pair in enumerate(self.source.token_arrays()) if i in train)
         vocab_size = self.info.config.vocab_size
         self.counts = count_answer_tokens(arrays, vocab_size)
-        size = vocab_size if config.share_lm_head else min(config.draft_vocab_size, vocab_size)
-        vocab = build_draft_vocab(self.counts, size)
+        initial = self._initial_head() if config.init_from else None
+        if initial is not None:  # its draft vocabulary goes with its weights
+            vocab = initial.draft_vocab
+        else:
+            size = vocab_size if config.share_lm_head else min(config.draft_vocab_size, vocab_size)
+            vocab = build_draft_vocab(self.counts, size)
         self.vocab_coverage = vocab.coverage(self.counts)
         self.vocab = vocab
         # 2. The head(s), and the module whose forward gives the K loss terms.
         build = build_medusa if config.method == "medusa" else build_eagle3
         self.head, self.model = build(config, self.info, self.layer_ids, vocab,
                                       self.embedding, self.lm_head_weight, self.device)
+        if initial is not None:
+            state = {k: v for k, v in initial.state_dict().items() if k != EMBEDDING_NAME}
+            load_head_state(self.head, state, config.init_from)
         if self.context.is_distributed:
             # d2t and t2d are equal on every rank and never change: no buffer sync per forward.
             self.model = DistributedDataParallel(self.model, forward_sync_buffers=False)
+
+    def _initial_head(self):
+        """The head of --init-from, checked against this run's target and taps."""
+        config = self.config
+        initial = load_head(config.init_from)  # float32, on the CPU; no embedding needed
+        head_config = initial.config
+        if (head_config.hidden_size, head_config.vocab_size) != (self.info.config.hidden_size,
+                                                                  self.info.config.vocab_size):
+            raise EyasError(f"--init-from {config.init_from}: the head was trained for a target of "
+                            f"hidden {head_config.hidden_size} / vocabulary {head_config.vocab_size}, "
+                            f"not {config.model}")
+        if list(head_config.target_layer_ids) != list(self.layer_ids):
+            raise EyasError(f"--init-from {config.init_from}: the head reads layers "
+                            f"{list(head_config.target_layer_ids)}, these features hold {self.layer_ids}")
+        if self.context.is_main and head_config.draft_vocab_size != config.draft_vocab_size:
+            print(f"[eyas] note: --init-from keeps its draft vocabulary of "
+                  f"{head_config.draft_vocab_size} tokens (--draft-vocab-size is ignored)", flush=True)
+        return initial
 
     def _build_optimizer(self) -> None:
         config = self.config

@@ -78,3 +78,24 @@ def test_resume_with_other_settings_is_refused(tmp_path, tiny_target_dir, featur
     with pytest.raises(EyasError, match=r"global_batch \(4 -> 2\)"):
         Trainer(config(tmp_path, "run", feature_store_dir, model=tiny_target_dir, max_steps=2, save_every=1,
                        grad_accum=1, resume=True))
+
+
+def test_init_from_starts_from_a_trained_head_with_its_vocabulary(tmp_path, tiny_target_dir,
+                                                                   feature_store_dir) -> None:
+    first = Trainer(config(tmp_path, "first", feature_store_dir, model=tiny_target_dir, max_steps=STEPS))
+    first.train()
+    trained = weights(first)
+    more = Trainer(config(tmp_path, "more", feature_store_dir, model=tiny_target_dir, max_steps=2,
+                          draft_vocab_size=32, init_from=str(tmp_path / "first" / "head")))
+    assert more.vocab.size == 64  # the head's vocabulary, not --draft-vocab-size
+    start = weights(more)
+    assert set(start) == set(trained)
+    for name, tensor in trained.items():
+        assert torch.equal(start[name], tensor), name
+    more.train()
+    assert not torch.equal(weights(more)["fc.weight"], trained["fc.weight"])
+    with pytest.raises(EyasError, match="--method eagle3 only"):
+        config(tmp_path, "medusa", feature_store_dir, model=tiny_target_dir, method="medusa",
+               init_from=str(tmp_path / "first" / "head"))
+    with pytest.raises(EyasError, match="is not an eyas head"):
+        Trainer(config(tmp_path, "bad", feature_store_dir, model=tiny_target_dir, init_from=str(tmp_path)))

@@ -150,8 +150,9 @@ class TreeChoice:
     tokens_per_second: float
 
 
-def expected_tokens(depth: int, top_k: int, total: int, ranks: list[float]) -> float:
-    """Expected tokens per step (bonus included) of an EAGLE-2 tree under rank probabilities."""
+def candidate_probabilities(depth: int, top_k: int, ranks: list[float]) -> list[float]:
+    """P(on the accepted path) of every candidate the EAGLE-2 expansion builds for a depth x
+    top_k tree under rank probabilities, largest first."""
     rank_probs = [ranks[r] if r < len(ranks) else 0.0 for r in range(top_k)]
     candidates = [p for p in rank_probs]  # depth 1
     frontier = heapq.nlargest(top_k, candidates)
@@ -159,8 +160,13 @@ def expected_tokens(depth: int, top_k: int, total: int, ranks: list[float]) -> f
         children = [parent * p for parent in frontier for p in rank_probs]
         candidates.extend(children)
         frontier = heapq.nlargest(top_k, children)
-    kept = heapq.nlargest(max(total - 1, 0), candidates)
-    return 1.0 + sum(kept)
+    return sorted(candidates, reverse=True)
+
+
+def expected_tokens(depth: int, top_k: int, total: int, ranks: list[float]) -> float:
+    """Expected tokens per step (bonus included) of an EAGLE-2 tree under rank probabilities:
+    the best total - 1 candidates are kept."""
+    return 1.0 + sum(candidate_probabilities(depth, top_k, ranks)[: max(total - 1, 0)])
 
 
 def choose_shape(cost: CostModel, ranks: list[float], max_depth: int = 8, max_top_k: int = 4,
@@ -172,8 +178,12 @@ def choose_shape(cost: CostModel, ranks: list[float], max_depth: int = 8, max_to
         for top_k in range(1, max_top_k + 1):
             draft_seconds = sum(cost.draft(top_k if level > 1 else 1) for level in range(1, depth + 1))
             largest = min(max_total, 1 + sum(top_k ** min(level, 2) for level in range(1, depth + 1)))
+            kept = 0.0  # sum of the best total - 1 candidates, grown one candidate per total
+            candidates = candidate_probabilities(depth, top_k, ranks)
             for total in range(2, largest + 1):
-                tokens = expected_tokens(depth, top_k, total, ranks)
+                if total - 2 < len(candidates):
+                    kept += candidates[total - 2]
+                tokens = 1.0 + kept
                 seconds = cost.verify(total) + draft_seconds
                 if tokens / seconds > best.tokens_per_second:
                     best = TreeChoice(depth, top_k, total, tokens, seconds, tokens / seconds)
