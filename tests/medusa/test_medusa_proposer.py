@@ -10,6 +10,7 @@ import random
 import pytest
 import torch
 
+from spec_checks import assert_greedy_equals_plain
 from eyas.engine.generate import generate
 from eyas.engine.sampling import SamplingParams
 from eyas.engine.speculative.decode import speculative_generate
@@ -130,11 +131,5 @@ def test_bad_specs_are_user_errors(tiny_target, heads_dir, tmp_path) -> None:
 def test_smollm2_greedy_equals_plain(smollm_target, mtbench_prompt_ids, prompts, tokens) -> None:
     """A random (untrained) set of 4 heads reading SmolLM2's own output layer."""
     proposer = MedusaProposer(random_heads(smollm_target, num_heads=4))
-    params = SamplingParams(max_tokens=tokens)
-    drafted = 0
-    for prompt in mtbench_prompt_ids[:prompts]:
-        expected = generate(smollm_target, prompt, params).token_ids
-        result = speculative_generate(smollm_target, prompt, params, proposer, 6, policy=ALWAYS)
-        assert result.token_ids == expected
-        drafted += result.stats["speculative"]["draft_tokens"]
-    assert drafted > 0
+    totals = assert_greedy_equals_plain(smollm_target, mtbench_prompt_ids[:prompts], proposer, 6, tokens)
+    assert totals["draft_tokens"] > 0

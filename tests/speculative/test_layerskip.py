@@ -8,6 +8,7 @@ import random
 import pytest
 import torch
 
+from spec_checks import assert_greedy_equals_plain
 from eyas.engine.generate import generate
 from eyas.engine.sampling import SamplingParams
 from eyas.engine.speculative.decode import speculative_generate
@@ -133,14 +134,8 @@ def test_batched_serving_equals_plain(four_layer_target) -> None:
 @pytest.mark.parametrize("prompts,tokens", [(2, 32), pytest.param(8, 64, marks=pytest.mark.slow)])
 def test_smollm2_greedy_equals_plain(smollm_target, mtbench_prompt_ids, prompts, tokens) -> None:
     proposer = build_proposer("layerskip:12-17", smollm_target)
-    params = SamplingParams(max_tokens=tokens)
-    accepted = 0
-    for prompt in mtbench_prompt_ids[:prompts]:
-        expected = generate(smollm_target, prompt, params).token_ids
-        result = speculative_generate(smollm_target, prompt, params, proposer, 4, policy=ALWAYS)
-        assert result.token_ids == expected
-        accepted += result.stats["speculative"]["accepted_tokens"]
-    assert accepted > 0  # 24 of 30 layers draft well enough to be accepted sometimes
+    totals = assert_greedy_equals_plain(smollm_target, mtbench_prompt_ids[:prompts], proposer, 4, tokens)
+    assert totals["accepted_tokens"] > 0  # 24 of 30 layers draft well enough to be accepted sometimes
 
 
 @pytest.mark.slow
@@ -155,8 +150,4 @@ def test_smollm2_calibrated_auto_equals_plain(smollm_target, mtbench_prompt_ids,
     monkeypatch.setattr(calibration.SkipCosts, "measured", classmethod(lambda cls, target: costs))
     proposer = build_proposer("layerskip:auto", smollm_target)
     assert proposer.calibration["rows"] == 4 * 32
-    params = SamplingParams(max_tokens=64)
-    for prompt in mtbench_prompt_ids[:4]:
-        expected = generate(smollm_target, prompt, params).token_ids
-        result = speculative_generate(smollm_target, prompt, params, proposer, 4, policy=ALWAYS)
-        assert result.token_ids == expected
+    assert_greedy_equals_plain(smollm_target, mtbench_prompt_ids[:4], proposer, 4, 64)

@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import pytest
 
+from spec_checks import assert_greedy_equals_plain
 from eyas.eagle3.shipped import shipped_head_dir
 from eyas.engine.generate import generate
 from eyas.engine.sampling import SamplingParams
-from eyas.engine.speculative.decode import speculative_generate
-from eyas.engine.speculative.policy import PolicyConfig
 from eyas.engine.speculative.proposers.draft_model import DraftModelProposer
 from eyas.engine.speculative.proposers.ngram import NgramConfig, NgramProposer
 
 NEW_TOKENS = 64
-ALWAYS_SPECULATE = PolicyConfig(enabled=False)
 
 
 @pytest.fixture(scope="module")
@@ -30,38 +28,30 @@ def plain_outputs(smollm_target, mtbench_prompt_ids):
 
 def test_ngram_tree_greedy_equals_plain(smollm_target, mtbench_prompt_ids, plain_outputs):
     proposer = NgramProposer(NgramConfig(max_n=3, min_n=1, max_matches=3))
-    drafted = 0
-    for prompt, expected in zip(mtbench_prompt_ids, plain_outputs):
-        result = speculative_generate(smollm_target, prompt, SamplingParams(max_tokens=NEW_TOKENS),
-                                      proposer, 6, policy=ALWAYS_SPECULATE)
-        assert result.token_ids == expected
-        drafted += result.stats["speculative"]["draft_tokens"]
-    assert drafted > 0  # the proposer really proposed
+    totals = assert_greedy_equals_plain(smollm_target, mtbench_prompt_ids, proposer, 6, NEW_TOKENS,
+                                        plain_outputs)
+    assert totals["draft_tokens"] > 0  # the proposer really proposed
 
 
 def test_self_drafting_accepts_every_draft_and_equals_plain(smollm_target, mtbench_prompt_ids,
                                                             plain_outputs):
     proposer = DraftModelProposer(smollm_target, name="self")
-    for prompt, expected in zip(mtbench_prompt_ids, plain_outputs):
-        result = speculative_generate(smollm_target, prompt, SamplingParams(max_tokens=NEW_TOKENS),
-                                      proposer, 4, policy=ALWAYS_SPECULATE)
-        spec = result.stats["speculative"]
-        assert result.token_ids == expected
-        assert spec["accepted_tokens"] == spec["draft_tokens"] > 0
+    totals = assert_greedy_equals_plain(smollm_target, mtbench_prompt_ids, proposer, 4, NEW_TOKENS,
+                                        plain_outputs)
+    assert totals["accepted_tokens"] == totals["draft_tokens"] > 0
 
 
 def test_int4_speculative_equals_int4_plain(smollm_int4_target, mtbench_prompt_ids):
     """int4 takes bf16 activations, which would amplify the rounding noise that separates a
     one-token pass from a verification pass; its float64 attention keeps them token-identical."""
     target = smollm_int4_target
+    prompts = mtbench_prompt_ids[:4]
     params = SamplingParams(max_tokens=NEW_TOKENS)
+    expected = [generate(target, prompt, params).token_ids for prompt in prompts]
     tree_proposer = NgramProposer(NgramConfig(max_n=3, min_n=1, max_matches=3))
-    self_proposer = DraftModelProposer(target, name="self")
-    for prompt in mtbench_prompt_ids[:4]:
-        expected = generate(target, prompt, params).token_ids
-        for proposer, k in ((tree_proposer, 6), (self_proposer, 4)):
-            result = speculative_generate(target, prompt, params, proposer, k, policy=ALWAYS_SPECULATE)
-            assert result.token_ids == expected
+    assert_greedy_equals_plain(target, prompts, tree_proposer, 6, NEW_TOKENS, expected)
+    assert_greedy_equals_plain(target, prompts, DraftModelProposer(target, name="self"), 4,
+                               NEW_TOKENS, expected)
 
 
 def _shipped_head_proposer(target, tree: str):
@@ -73,20 +63,11 @@ def _shipped_head_proposer(target, tree: str):
 
 def test_shipped_eagle3_head_greedy_equals_plain(smollm_target, mtbench_prompt_ids, plain_outputs):
     proposer = _shipped_head_proposer(smollm_target, "4,3,8")
-    accepted = 0
-    for prompt, expected in zip(mtbench_prompt_ids, plain_outputs):
-        result = speculative_generate(smollm_target, prompt, SamplingParams(max_tokens=NEW_TOKENS),
-                                      proposer, 8, policy=ALWAYS_SPECULATE)
-        assert result.token_ids == expected
-        accepted += result.stats["speculative"]["accepted_tokens"]
-    assert accepted > len(mtbench_prompt_ids) * NEW_TOKENS // 4  # a trained head, not a random one
+    totals = assert_greedy_equals_plain(smollm_target, mtbench_prompt_ids, proposer, 8, NEW_TOKENS,
+                                        plain_outputs)
+    assert totals["accepted_tokens"] > len(mtbench_prompt_ids) * NEW_TOKENS // 4  # a trained head
 
 
 def test_shipped_eagle3_head_int4_equals_int4_plain(smollm_int4_target, mtbench_prompt_ids):
-    target = smollm_int4_target
-    params = SamplingParams(max_tokens=NEW_TOKENS)
-    proposer = _shipped_head_proposer(target, "4,3,8")
-    for prompt in mtbench_prompt_ids[:4]:
-        expected = generate(target, prompt, params).token_ids
-        result = speculative_generate(target, prompt, params, proposer, 8, policy=ALWAYS_SPECULATE)
-        assert result.token_ids == expected
+    proposer = _shipped_head_proposer(smollm_int4_target, "4,3,8")
+    assert_greedy_equals_plain(smollm_int4_target, mtbench_prompt_ids[:4], proposer, 8, NEW_TOKENS)
