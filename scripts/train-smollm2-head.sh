@@ -5,6 +5,8 @@
 #
 #   bash scripts/train-smollm2-head.sh [RUN_DIR]       # default runs/head
 #
+# Steps 1-6 made the first head (704 answers); steps 7-10 trained it further on the answers
+# written when the same regeneration was resumed in a later session (--init-from).
 # MT-Bench is the evaluation set: it is never read here.
 set -euo pipefail
 RUN=${1:-runs/head}
@@ -43,3 +45,35 @@ OMP_NUM_THREADS=1 .venv/bin/torchrun --nproc_per_node 2 -m eyas.cli.features --m
 
 # 6. Evaluate on MT-Bench (tau, acceptance by position, speedup per category).
 "$EYAS" eval --draft "eagle3:$RUN/train/head" --dataset mtbench --output-dir "$RUN/eval"
+
+# 7. The same two regenerations, resumed for about 35 more minutes; the answers that were not
+#    in the first 704 are the second training set.
+.venv/bin/python - "$RUN" <<'PY'
+import json, sys
+run = sys.argv[1]
+seen = {json.loads(line)["id"] for line in open(f"{run}/regenerated.jsonl")}
+with open(f"{run}/regenerated2.jsonl", "w") as out:
+    for part in "AB":
+        for line in open(f"{run}/regen{part}.jsonl"):
+            if json.loads(line)["id"] not in seen:
+                out.write(line)
+PY
+"$EYAS" data render --model smollm2-135m --input "$RUN/regenerated2.jsonl" \
+    --output "$RUN/train2.tokenized.jsonl" --max-length 1024
+OMP_NUM_THREADS=1 .venv/bin/torchrun --nproc_per_node 2 -m eyas.cli.features --model smollm2-135m \
+    --data "$RUN/train2.tokenized.jsonl" --out "$RUN/features2" --max-length 1024 --samples-per-shard 64
+
+# 8. The first head, trained further on the new answers only (its held-out split is new to it).
+"$EYAS" train --model smollm2-135m --features "$RUN/features2" --out "$RUN/train2" \
+    --init-from "$RUN/train/head" --ttt-steps 5 --epochs 2 --lr 3e-4 --save-every 200 \
+    --eval-fraction 0.05 --resume
+
+# 9. Evaluate it as in step 6.
+"$EYAS" eval --draft "eagle3:$RUN/train2/head" --dataset mtbench --num-prompts 40 --output-dir "$RUN/eval2"
+
+# 10. Ship it in bfloat16 (half the size; the engine computes in float32).
+.venv/bin/python - "$RUN" <<'PY'
+import sys, torch
+from eyas.eagle3.checkpoint import load_head, save_head
+save_head(load_head(f"{sys.argv[1]}/train2/head"), "eyas/assets/heads/smollm2-135m", dtype=torch.bfloat16)
+PY

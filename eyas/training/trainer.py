@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from eyas.eagle3.checkpoint import EMBEDDING_NAME, load_head, load_head_state
 from eyas.eagle3.config import check_target_layer_ids
+from eyas.eagle3.head import Eagle3Head
 from eyas.eagle3.vocab import build_draft_vocab, count_answer_tokens
 from eyas.engine.target import Target, load_target
 from eyas.errors import EyasError
@@ -151,7 +152,7 @@ class Trainer:
             # d2t and t2d are equal on every rank and never change: no buffer sync per forward.
             self.model = DistributedDataParallel(self.model, forward_sync_buffers=False)
 
-    def _initial_head(self):
+    def _initial_head(self) -> Eagle3Head:
         """The head of --init-from, checked against this run's target and taps."""
         config = self.config
         initial = load_head(config.init_from)  # float32, on the CPU; no embedding needed
