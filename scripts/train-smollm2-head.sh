@@ -65,7 +65,7 @@ OMP_NUM_THREADS=1 .venv/bin/torchrun --nproc_per_node 2 -m eyas.cli.features --m
 
 # 8. The first head, trained further on the new answers only (its held-out split is new to it).
 "$EYAS" train --model smollm2-135m --features "$RUN/features2" --out "$RUN/train2" \
-    --init-from "$RUN/train/head" --ttt-steps 5 --epochs 2 --lr 3e-4 --save-every 200 \
+    --init-from "$RUN/train/head" --ttt-steps 5 --epochs 1.5 --lr 3e-4 --save-every 200 \
     --eval-fraction 0.05 --resume
 
 # 9. Evaluate it as in step 6.
