@@ -26,7 +26,10 @@ most SHADOW_SHARE of the request's plain step, e.g. n-grams) still drafts in the
 draft is not verified but compared with the tokens the target emits next, which measures its
 acceptance for free (exactly, for greedy decoding; for sampling, a point-mass draft matches
 the sampled token with its acceptance probability). An expensive proposer is not asked; its
-estimate relaxes back toward its prior instead, so speculation is tried again later.
+estimate relaxes back toward its prior, and the scheduler's draft probes (one verified draft
+token per request, after 32, 64, ... 1024 plain steps: scheduler.py) measure it again. The
+drafting cost d is timed per `propose` call, except calls that first caught up over more
+tokens than one step emits (the prompt, or a run of plain steps: executor.py).
 """
 
 from __future__ import annotations
