@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import threading
 import time
 from dataclasses import dataclass
@@ -145,15 +144,14 @@ def main(argv: list[str] | None = None) -> int:
             for text, engine in order[shift:] + order[:shift]:
                 runs[text].append(run_closed_loop(engine, prompts, params, concurrency))
         for text, rounds in runs.items():
-            rates = sorted(run["tokens_per_s"] for run in rounds)
-            run = next(r for r in rounds if r["tokens_per_s"] == rates[len(rates) // 2])  # the median
+            run = sorted(rounds, key=lambda r: r["tokens_per_s"])[len(rounds) // 2]  # the median round
             equal = None
             if expected is not None:
                 equal = all(out == expected[i % len(base)]
                             for r in rounds for i, out in enumerate(r["outputs"]))
             accepted = run["accepted"] / run["drafted"] if run["drafted"] else 0.0
             row = {"concurrency": concurrency, "config": text,
-                   "tokens_per_s": round(statistics.median(rates), 2),
+                   "tokens_per_s": round(run["tokens_per_s"], 2),
                    "rounds_tokens_per_s": [round(r["tokens_per_s"], 2) for r in rounds],
                    "seconds": round(run["seconds"], 3), "tokens": run["tokens"],
                    "draft_tokens": run["drafted"], "accepted_rate": round(accepted, 3),

@@ -5,12 +5,11 @@ and --draft errors. Random heads: acceptance is not the point."""
 from __future__ import annotations
 
 import math
-import random
 
 import pytest
 import torch
 
-from spec_checks import assert_greedy_equals_plain
+from spec_checks import assert_batched_serving_equals_plain, assert_greedy_equals_plain
 from eyas.engine.generate import generate
 from eyas.engine.sampling import SamplingParams
 from eyas.engine.speculative.decode import speculative_generate
@@ -97,21 +96,7 @@ def test_sampling_is_reproducible_with_a_seed(tiny_target, heads_dir) -> None:
 
 
 def test_batched_serving_equals_plain(tiny_target, heads_dir) -> None:
-    from eyas.scheduler.config import EngineConfig
-    from eyas.scheduler.engine import Engine
-
-    rng = random.Random(0)
-    prompts = [[rng.randrange(100, 5000) for _ in range(rng.randrange(2, 40))] for _ in range(5)]
-    params = SamplingParams(max_tokens=16, ignore_eos=True)
-    plain = [generate(tiny_target, p, params).token_ids for p in prompts]
-    config = EngineConfig(max_running=4, prefill_chunk=16, initial_kv_slots=16, speculation="always")
-    engine = Engine(tiny_target, config, draft=f"medusa:{heads_dir}").start()
-    try:
-        results = engine.generate_many(prompts, params, 60)
-    finally:
-        engine.shutdown()
-    assert [r.token_ids for r in results] == plain
-    assert sum(r.stats["speculative"]["draft_tokens"] for r in results) > 0
+    assert assert_batched_serving_equals_plain(tiny_target, f"medusa:{heads_dir}", seed=0) > 0
 
 
 def test_bad_specs_are_user_errors(tiny_target, heads_dir, tmp_path) -> None:

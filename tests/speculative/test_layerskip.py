@@ -3,12 +3,11 @@ batched serving, SmolLM2), the draft's own KV cache after rejections, confidence
 
 from __future__ import annotations
 
-import random
 
 import pytest
 import torch
 
-from spec_checks import assert_greedy_equals_plain
+from spec_checks import assert_batched_serving_equals_plain, assert_greedy_equals_plain
 from eyas.engine.generate import generate
 from eyas.engine.sampling import SamplingParams
 from eyas.engine.speculative.decode import speculative_generate
@@ -114,21 +113,7 @@ def test_sampling_is_reproducible_with_a_seed(four_layer_target) -> None:
 
 
 def test_batched_serving_equals_plain(four_layer_target) -> None:
-    from eyas.scheduler.config import EngineConfig
-    from eyas.scheduler.engine import Engine
-
-    rng = random.Random(1)
-    prompts = [[rng.randrange(100, 5000) for _ in range(rng.randrange(2, 40))] for _ in range(5)]
-    params = SamplingParams(max_tokens=16, ignore_eos=True)
-    plain = [generate(four_layer_target, p, params).token_ids for p in prompts]
-    config = EngineConfig(max_running=4, prefill_chunk=16, initial_kv_slots=16, speculation="always")
-    engine = Engine(four_layer_target, config, draft="layerskip:1-2").start()
-    try:
-        results = engine.generate_many(prompts, params, 60)
-    finally:
-        engine.shutdown()
-    assert [r.token_ids for r in results] == plain
-    assert sum(r.stats["speculative"]["draft_tokens"] for r in results) > 0
+    assert assert_batched_serving_equals_plain(four_layer_target, "layerskip:1-2", seed=1) > 0
 
 
 @pytest.mark.parametrize("prompts,tokens", [(2, 32), pytest.param(8, 64, marks=pytest.mark.slow)])
