@@ -15,11 +15,16 @@ from eyas.engine.speculative.policy import PolicyConfig
 ALWAYS_SPECULATE = PolicyConfig(enabled=False)  # no fallback to plain steps: every step drafts
 
 
+COUNTERS = ("draft_tokens", "accepted_tokens", "verification_steps")
+
+
 def assert_greedy_equals_plain(target, prompts: Sequence[list[int]], proposer, num_draft_tokens: int,
-                               max_tokens: int, expected: Sequence[list[int]] | None = None) -> Counter:
+                               max_tokens: int, expected: Sequence[list[int]] | None = None,
+                               counters: Sequence[str] = COUNTERS) -> Counter:
     """Decode every prompt speculatively (fallback off) and assert the tokens equal plain greedy
-    decoding (`expected`, or decoded here). Returns the summed counters draft_tokens,
-    accepted_tokens and verification_steps, for the caller's checks that drafting happened."""
+    decoding (`expected`, or decoded here). Returns the summed `counters` of the speculative
+    statistics (draft_tokens, accepted_tokens, verification_steps), for the caller's checks
+    that drafting happened."""
     params = SamplingParams(max_tokens=max_tokens)
     totals: Counter = Counter()
     for index, prompt in enumerate(prompts):
@@ -28,7 +33,7 @@ def assert_greedy_equals_plain(target, prompts: Sequence[list[int]], proposer, n
                                       policy=ALWAYS_SPECULATE)
         assert result.token_ids == plain, f"prompt {index}: the speculative output differs from plain"
         spec = result.stats["speculative"]
-        totals.update({k: spec[k] for k in ("draft_tokens", "accepted_tokens", "verification_steps")})
+        totals.update({k: spec[k] for k in counters})
     return totals
 
 

@@ -64,7 +64,8 @@ def generate(
     # 1. Prefill: the whole prompt in one pass, logits only for its last position.
     started = time.perf_counter()
     ids = torch.tensor([prompt_ids], device=target.device)  # [1, T]
-    logits = model(ids, cache=cache, write_at=0, logits_at="last").logits[:, -1]  # [1, V]
+    greedy = params.greedy  # then only argmaxes are read: the output layer may screen (models/output_layer.py)
+    logits = model(ids, cache=cache, write_at=0, logits_at="last", greedy=greedy).logits[:, -1]  # [1, V]
     first_token_at = None
     position = len(prompt_ids)
     # 2. Decode one token per step until EOS, a stop string or max_tokens.
@@ -79,7 +80,8 @@ def generate(
                 on_text(delta)
         if sequence.finished:
             break
-        logits = model(token[:, None], cache=cache, write_at=position, logits_at="last").logits[:, -1]
+        logits = model(token[:, None], cache=cache, write_at=position, logits_at="last",
+                       greedy=greedy).logits[:, -1]
         position += 1
     finished = time.perf_counter()
     decode_tokens = max(len(sequence.output_ids) - 1, 0)
@@ -134,7 +136,7 @@ def generate_batch(target: Target, prompts: list[list[int]], params: SamplingPar
     eye = torch.eye(longest, dtype=torch.bool, device=target.device)
     mask = causal & (valid[:, None, :] | eye)  # [B, T, T]
     logits = target.model(ids, positions, cache=cache, write_at=0, attn_mask=mask,
-                          logits_at="last").logits[:, -1]  # [B, V]
+                          logits_at="last", greedy=params.greedy).logits[:, -1]  # [B, V]
     active = list(range(batch))  # original row of each cache row
     next_position = positions[:, -1] + 1  # [B]
     slot = longest
@@ -159,7 +161,7 @@ def generate_batch(target: Target, prompts: list[list[int]], params: SamplingPar
         valid = torch.cat([valid, torch.ones(len(active), 1, dtype=torch.bool, device=target.device)], 1)
         step_mask = valid[:, None, :]  # [B, 1, S]
         logits = target.model(step_ids, next_position[:, None], cache=cache, write_at=slot,
-                              attn_mask=step_mask, logits_at="last").logits[:, -1]
+                              attn_mask=step_mask, logits_at="last", greedy=params.greedy).logits[:, -1]
         next_position = next_position + 1
         slot += 1
     return [s.result() for s in sequences]

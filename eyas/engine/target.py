@@ -21,6 +21,7 @@ from eyas.models.config import ModelConfig
 from eyas.models.llama import Transformer
 from eyas.models.cpu_linear import transpose_linears
 from eyas.models.llama import rope_inverse_frequencies
+from eyas.models.output_layer import ScreenedOutputLayer
 from eyas.models.quant import int4_available, quantize_model
 from eyas.models.registry import resolve_model, source_weight_bits
 
@@ -115,6 +116,8 @@ def load_target(spec: str | Path, dtype: str = "auto", device: str = "cpu",
         quantize_model(model, group_size=32, lm_head="keep")
     if torch_device.type == "cpu":
         transpose_linears(model, output_layer_only=precision == "int4")
+        if precision in ("int4", "float32"):
+            model.lm_head = ScreenedOutputLayer(model.lm_head)  # exact greedy argmax, int8 cost
     tokenizer = AutoTokenizer.from_pretrained(folder)
     return Target(model=model, tokenizer=tokenizer, config=config, folder=folder,
                   device=torch_device, precision=precision)

@@ -13,6 +13,7 @@ Usage:
     model.load_hf_state_dict(state_dict)          # names as in Hugging Face checkpoints
     out = model(input_ids, positions, cache=cache, write_at=0, tap_layers=(2, 15, 27))
     out.logits  # [B, T, V]; out.taps: [B, T, 3*H]; out.hidden: [B, T, H] after the final norm
+    model(..., greedy=True)  # logits whose argmax is exact, and nothing else (greedy decoding)
 """
 
 from __future__ import annotations
@@ -189,6 +190,7 @@ class Transformer(nn.Module):
         logits_at: Tensor | str | None = "all",  # "all", "last", None, or row indices [T_sel]
         input_embeds: Tensor | None = None,  # [B, T, H] instead of input_ids
         skip_layers: Collection[int] = (),  # decoder layers (0-based) to leave out: layer-skip drafts
+        greedy: bool = False,  # only each row's argmax will be read (see output_logits)
     ) -> ForwardOutput:
         x = self.embed_tokens(input_ids) if input_embeds is None else input_embeds  # [B, T, H]
         batch, length = x.shape[:2]
@@ -224,19 +226,27 @@ class Transformer(nn.Module):
         logits = None
         if isinstance(logits_at, str):
             if logits_at == "all":
-                logits = self.lm_head(hidden)
+                logits = self.output_logits(hidden, greedy)
             elif logits_at == "last":
-                logits = self.lm_head(hidden[:, -1:])
+                logits = self.output_logits(hidden[:, -1:], greedy)
             else:
                 raise ValueError(f"logits_at must be 'all', 'last', None or a tensor, not {logits_at!r}")
         elif logits_at is not None:
-            logits = self.lm_head(hidden[:, logits_at])
+            logits = self.output_logits(hidden[:, logits_at], greedy)
         tap_tensor = None
         if tap_layers:
             order = sorted(wanted)
             by_layer = dict(zip(order, taps))
             tap_tensor = torch.cat([by_layer[k] for k in tap_layers], dim=-1)
         return ForwardOutput(logits=logits, hidden=hidden, taps=tap_tensor)
+
+    def output_logits(self, hidden: Tensor, greedy: bool = False) -> Tensor:  # [..., H] -> [..., V]
+        """The output layer. greedy=True allows a layer that finds each row's argmax exactly
+        without computing every logit exactly (ScreenedOutputLayer): then read nothing but
+        the argmax of the result."""
+        if greedy and hasattr(self.lm_head, "greedy_logits"):
+            return self.lm_head.greedy_logits(hidden)
+        return self.lm_head(hidden)
 
     # ---- weights -------------------------------------------------------------------------
     def load_hf_state_dict(self, state: dict[str, Tensor]) -> None:

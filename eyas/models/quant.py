@@ -39,6 +39,24 @@ def quantize_groups(weight: Tensor, group_size: int) -> tuple[Tensor, Tensor, Te
     return codes.reshape(out_features, in_features), scale.squeeze(-1), low.squeeze(-1)
 
 
+def row_chunks(rows: int) -> list[int]:
+    """How many rows each call of PyTorch's CPU int4 kernel gets, for `rows` rows in all.
+
+    The kernel works in blocks of 4 rows and has slow paths: 5 rows cost as much as 8 (~1.9x
+    the time of 4), and 32 rows ~12x the time of 16 (2 threads, BENCHMARKS.md section 1). So
+    passes over many tokens (prefill) go 16 rows at a time, and a remainder of 1 or 2 rows past
+    a multiple of 4 gets a call of its own (5 = 4 + 1, 6 = 4 + 2, 9 = 8 + 1). Each output row
+    is computed alone, so how the rows are split does not change any value.
+    """
+    sizes = [16] * (rows // 16)
+    rest = rows % 16
+    if rest > 4 and rest % 4 in (1, 2):
+        sizes += [rest - rest % 4, rest % 4]
+    elif rest:
+        sizes.append(rest)
+    return sizes
+
+
 class Int4Linear(nn.Module):
     """y = x @ dequant(W)^T (+ bias) with W held as packed int4 codes; bf16 activations."""
 
@@ -58,16 +76,12 @@ class Int4Linear(nn.Module):
         self.group_size = group_size
         self.in_features, self.out_features = in_features, out_features
 
-    # PyTorch's kernel has slow paths for some row counts (32 rows: ~12x the time of 16 here),
-    # so passes over many tokens (prefill) go through it 16 rows at a time.
-    max_rows = 16
-
     def forward(self, x: Tensor) -> Tensor:  # [..., I] -> [..., O]
         shape = x.shape
         flat = x.reshape(-1, shape[-1]).to(torch.bfloat16)
         chunks = [torch._weight_int4pack_mm_for_cpu(part, self.packed, self.group_size,
                                                     self.scales_and_zeros)
-                  for part in flat.split(self.max_rows)]
+                  for part in flat.split(row_chunks(flat.shape[0]))]
         y = (chunks[0] if len(chunks) == 1 else torch.cat(chunks)).to(x.dtype)
         if self.bias is not None:
             y = y + self.bias

@@ -123,8 +123,12 @@ class StepExecutor:
                        write_at=batch.write_slots, attn_mask=batch.attn_mask, kv_len=batch.kv_len,
                        tap_layers=self.tap_layers, logits_at=None)
         hidden = output.hidden[batch.query_rows, batch.query_cols]  # [N, H]
-        logits = model.lm_head(hidden)  # [N, V]
-        self._settle_near_ties(decode, inputs, batch.offsets, hidden, logits)
+        if all(r.params.greedy for r in decode):
+            # each row's argmax exactly, whichever rows share the pass (models/output_layer.py)
+            logits = model.output_logits(hidden, greedy=True)  # [N, V]
+        else:
+            logits = model.lm_head(hidden)  # [N, V]
+            self._settle_near_ties(decode, inputs, batch.offsets, hidden, logits)
         stats.forward_seconds = time.perf_counter() - forward_started
         stats.decode_rows, stats.span, stats.tokens_per_row = len(decode), span, batch.tokens_per_row
         if self.costs is not None:
@@ -242,7 +246,7 @@ class StepExecutor:
         ids = torch.tensor([request.prompt_ids[start:end]], device=target.device)  # [1, C]
         output = target.model(ids, cache=self.pool.view(row, row + 1), write_at=start, kv_len=end,
                               logits_at="last" if chunk.final else None,
-                              tap_layers=self.tap_layers)
+                              tap_layers=self.tap_layers, greedy=request.params.greedy)
         request.context_length = end
         result.stats.prefill_tokens += end - start
         if request.proposer is not None:

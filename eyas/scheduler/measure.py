@@ -6,7 +6,8 @@ Usage:
     python -m eyas.scheduler.measure --configs none none+overlap ngram:auto ngram:auto+overlap
     python -m eyas.scheduler.measure --check-plain      # also check greedy == plain decoding
 
-A configuration is DRAFT[:SPECULATION][+overlap], e.g. `ngram:auto+overlap`. For each
+A configuration is DRAFT[:SPECULATION][+overlap], e.g. `ngram:auto+overlap` or
+`eagle3:smollm2-135m+ngram:auto` (a DRAFT may carry its own +ngram graft). For each
 concurrency C, C requests are kept in flight (closed loop) until every prompt has been answered
 (the prompt list repeats to at least 2C requests); tokens/s = generated tokens / wall time. At
 each concurrency the configurations run one after the other, `--rounds` times, interleaved and
@@ -40,9 +41,10 @@ class RunConfig:
 
     @classmethod
     def parse(cls, text: str) -> RunConfig:
-        spec, _, flag = text.partition("+")
-        if flag not in ("", "overlap"):
-            raise EyasError(f"bad configuration '{text}': the only suffix is +overlap")
+        spec, flag = (text[: -len("+overlap")], "overlap") if text.endswith("+overlap") else (text, "")
+        if "+" in spec.replace("+ngram", ""):
+            raise EyasError(f"bad configuration '{text}': the suffixes are +ngram (EAGLE-3) "
+                            "and +overlap")
         draft, speculation = spec, "auto"
         for mode in ("auto", "always", "never"):
             if spec.endswith(":" + mode):

@@ -210,7 +210,7 @@ class StepCostModel:
                         started = time.perf_counter()
                         out = model(ids, positions, cache=caches[batch], write_at=positions,
                                     attn_mask=mask, kv_len=context + tokens, logits_at=None)
-                        model.lm_head(out.hidden.reshape(batch * tokens, -1))
+                        model.output_logits(out.hidden.reshape(batch * tokens, -1), greedy=True)
                         seconds = time.perf_counter() - started
                         if round_index > 0:
                             table[(batch, tokens)] = min(table.get((batch, tokens), seconds), seconds)

@@ -227,3 +227,27 @@ def test_eagle3_drafts_across_the_batch_equal_plain(tiny_target, plain, random_h
         served.shutdown()
     assert [r.token_ids for r in results] == [p.token_ids for p in plain]
     assert sum(r.stats["speculative"]["draft_tokens"] for r in results) > 0
+
+
+def test_eagle3_with_an_ngram_graft_across_the_batch_equals_plain(tiny_target, plain,
+                                                                  random_head_dir, monkeypatch):
+    """`eagle3:DIR+ngram`: each request's tree carries its own prompt-lookup branch."""
+    from eyas.engine.speculative.proposers import graft
+
+    grafted = []
+    original = graft.graft_branch
+
+    def counting(tree, branch, max_nodes):
+        merged, node_map = original(tree, branch, max_nodes)
+        grafted.append(merged.size - tree.size)
+        return merged, node_map
+
+    monkeypatch.setattr(graft, "graft_branch", counting)
+    # a fixed two-node head tree leaves room in the step's 4 draft tokens for the branch
+    served = engine(tiny_target, f"eagle3:{random_head_dir}+ngram:3,1,3", tree="2,1,3")
+    try:
+        results = served.generate_many(prompts(), SamplingParams(max_tokens=24, ignore_eos=True), 60)
+    finally:
+        served.shutdown()
+    assert [r.token_ids for r in results] == [p.token_ids for p in plain]
+    assert sum(grafted) > 0  # the repetitive prompts got n-gram branches

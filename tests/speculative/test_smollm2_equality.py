@@ -3,7 +3,7 @@
 SmolLM2-135M (float32), 8 MT-Bench first turns x 64 new tokens, with the n-gram proposer (a
 tree of several matches, so tree verification is exercised too), with the target drafting
 for itself (where every draft must be accepted) and with the shipped EAGLE-3 head (dynamic
-trees); in int4 too.
+trees, alone and with the prompt-lookup branch grafted on); in int4 too.
 """
 
 from __future__ import annotations
@@ -54,11 +54,11 @@ def test_int4_speculative_equals_int4_plain(smollm_int4_target, mtbench_prompt_i
                                NEW_TOKENS, expected)
 
 
-def _shipped_head_proposer(target, tree: str):
+def _shipped_head_proposer(target, tree: str, graft: str = ""):
     from eyas.engine.speculative.methods import build_proposer
 
     assert shipped_head_dir("smollm2-135m") is not None, "the shipped SmolLM2 head is missing"
-    return build_proposer("eagle3:smollm2-135m", target, tree=tree)
+    return build_proposer("eagle3:smollm2-135m" + graft, target, tree=tree)
 
 
 def test_shipped_eagle3_head_greedy_equals_plain(smollm_target, mtbench_prompt_ids, plain_outputs):
@@ -71,3 +71,14 @@ def test_shipped_eagle3_head_greedy_equals_plain(smollm_target, mtbench_prompt_i
 def test_shipped_eagle3_head_int4_equals_int4_plain(smollm_int4_target, mtbench_prompt_ids):
     proposer = _shipped_head_proposer(smollm_int4_target, "4,3,8")
     assert_greedy_equals_plain(smollm_int4_target, mtbench_prompt_ids[:4], proposer, 8, NEW_TOKENS)
+
+
+def test_shipped_head_with_an_ngram_graft_equals_plain(smollm_target, mtbench_prompt_ids,
+                                                       plain_outputs):
+    """The n-gram branch grafted onto the head's tree (`eagle3:smollm2-135m+ngram`)."""
+    proposer = _shipped_head_proposer(smollm_target, "3,2,4", "+ngram:3,1,4")
+    totals = assert_greedy_equals_plain(
+        smollm_target, mtbench_prompt_ids, proposer, 8, NEW_TOKENS, plain_outputs,
+        counters=("draft_tokens", "accepted_tokens", "ngram_grafted_nodes"))
+    assert totals["ngram_grafted_nodes"] > 0  # branches were grafted, and verified
+    assert totals["accepted_tokens"] > len(mtbench_prompt_ids) * NEW_TOKENS // 4

@@ -50,7 +50,7 @@ def speculative_generate(
     started = time.perf_counter()
     ids = torch.tensor([prompt_ids], device=target.device)
     logits = target.model(ids, cache=cache, write_at=0, logits_at="last",
-                          tap_layers=proposer.tap_layers)
+                          tap_layers=proposer.tap_layers, greedy=params.greedy)
     proposer.observe(DraftTree.empty(), None, logits)
     root = int(next_tokens(logits.logits[:, -1], params, generator)[0])
     sequence.append([root])

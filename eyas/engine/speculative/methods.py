@@ -2,6 +2,7 @@
 
 Accepted: none | ngram[:MAX_N[,MIN_N[,MATCHES]]] | model:PATH_OR_ALIAS | self | eagle3:DIR
 | medusa:DIR | layerskip[:auto|LAYERS[:MIN_CONFIDENCE]]   (docs/drafting-methods.md)
+and eagle3:DIR+ngram[:MAX_N[,MIN_N[,GRAFT_TOKENS]]]: prompt lookup grafted onto the head's tree.
 """
 
 from __future__ import annotations
@@ -82,14 +83,43 @@ METHODS: dict[str, Callable[[Target, str, str | None], Proposer]] = {
 }
 
 ACCEPTED = ("none, ngram[:MAX_N[,MIN_N[,MATCHES]]], model:PATH_OR_ALIAS, self, eagle3:DIR|NAME, "
-            "medusa:DIR, layerskip[:auto|LAYERS[:MIN_CONFIDENCE]]")
+            "medusa:DIR, layerskip[:auto|LAYERS[:MIN_CONFIDENCE]], "
+            "eagle3:DIR|NAME+ngram[:MAX_N[,MIN_N[,GRAFT_TOKENS]]]")
+
+
+def split_graft(spec: str) -> tuple[str, str | None]:
+    """'eagle3:DIR+ngram:3,2,4' -> ('eagle3:DIR', '3,2,4'); no '+ngram' -> (spec, None)."""
+    main, plus, rest = spec.rpartition("+ngram")
+    if not plus or (rest and not rest.startswith(":")) or not main:
+        return spec, None
+    return main, rest[1:]
+
+
+def _graft(main: Proposer, option: str) -> Proposer:
+    from eyas.engine.speculative.proposers.graft import NgramGraftProposer
+
+    try:
+        numbers = [int(x) for x in option.split(",")] if option else []
+    except ValueError:
+        raise EyasError(f"bad '+ngram:{option}'; accepted: +ngram[:MAX_N[,MIN_N[,GRAFT_TOKENS]]]")
+    if len(numbers) > 3:
+        raise EyasError(f"bad '+ngram:{option}'; accepted: +ngram[:MAX_N[,MIN_N[,GRAFT_TOKENS]]]")
+    return NgramGraftProposer(main, **dict(zip(["max_n", "min_n", "graft_tokens"], numbers)))
 
 
 def build_proposer(spec: str, target: Target, tree: str | None = None) -> Proposer | None:
     """None for 'none'; otherwise the proposer named by `spec`.
 
     `tree` (EAGLE-3 and Medusa): 'auto', 'chain:K' or 'DEPTH,TOPK,TOTAL'.
+    A '+ngram[:MAX_N,MIN_N,GRAFT_TOKENS]' suffix grafts prompt lookup onto an EAGLE-3 tree.
     """
+    main_spec, graft = split_graft(spec)
+    if graft is not None:
+        main = build_proposer(main_spec, target, tree)
+        if main is None:
+            raise EyasError("'+ngram' needs a method to graft onto, e.g. eagle3:smollm2-135m+ngram "
+                            "(for prompt lookup alone: --draft ngram)")
+        return _graft(main, graft)
     name, _, option = spec.partition(":")
     if name == "none":
         return None

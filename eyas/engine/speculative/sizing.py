@@ -33,7 +33,8 @@ import torch
 from eyas.utils.io import cache_dir, write_json_atomic
 
 TOKEN_SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64)
-PRIOR_RANKS = (0.55, 0.12, 0.05, 0.03)  # P(target token = rank-r child), before any data
+PRIOR_RANKS = (0.55, 0.12, 0.05, 0.03)
+COST_VERSION = "2"  # part of the cache key: bumped when what a measurement times changes  # P(target token = rank-r child), before any data
 
 
 @dataclass
@@ -77,7 +78,10 @@ def _median_seconds(fn: Callable[[], None], repeats: int) -> float:
 @torch.inference_mode()
 def measure_verify_costs(target, context: int = 256, sizes=TOKEN_SIZES, repeats: int = 5
                          ) -> dict[int, float]:
-    """Seconds of one target pass over T new tokens after `context` cached tokens."""
+    """Seconds of one target pass over T new tokens after `context` cached tokens.
+
+    Measured as greedy verification runs (the output layer screens for the argmax, see
+    models/output_layer.py); sampled verification costs a little more per token."""
     from eyas.engine.generate import new_cache
 
     cache = new_cache(target, 1, context + max(sizes) + 1)
@@ -91,7 +95,7 @@ def measure_verify_costs(target, context: int = 256, sizes=TOKEN_SIZES, repeats:
 
         def step() -> None:
             target.model(ids, cache=cache, write_at=context, attn_mask=mask if size > 1 else None,
-                         kv_len=context + size)
+                         kv_len=context + size, greedy=True)
 
         costs[size] = _median_seconds(step, repeats)
     return costs
@@ -126,7 +130,7 @@ def cost_cache_path(key: str) -> Path:
 def load_or_measure(target, head=None) -> CostModel:
     """The cost model of this machine + model + precision (+ head), measured once and cached."""
     head_key = "" if head is None else json.dumps(head.config.to_dict(), sort_keys=True)
-    key = "|".join([str(target.folder), target.precision, str(target.device),
+    key = "|".join([COST_VERSION, str(target.folder), target.precision, str(target.device),
                     str(torch.get_num_threads()), platform.processor() or platform.machine(),
                     torch.__version__, head_key])
     path = cost_cache_path(key)

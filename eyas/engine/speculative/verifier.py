@@ -37,7 +37,7 @@ def verify(
     output = target.model(
         ids.to(device), positions.to(device), cache=cache, write_at=context_length,
         attn_mask=mask.to(device) if tree.size else None, kv_len=context_length + tree.size + 1,
-        tap_layers=tap_layers,
+        tap_layers=tap_layers, greedy=params.greedy,
     )
     logits = output.logits[0]  # [N+1, V]
     # 2. Acceptance.

@@ -140,17 +140,34 @@ class Eagle3Proposer:
         self.pending_taps = taps if self.pending_taps is None else torch.cat([self.pending_taps, taps], 1)
 
     def _record_ranks(self, tree: DraftTree, result) -> None:
-        """Rank of the accepted child at each depth of the path; a miss where it stopped."""
+        """Rank of the accepted child at each depth of the path; a miss where it stopped.
+
+        A node of rank 0 was not drafted by the head (another proposer's branch, see
+        `renumber`): the path is followed only while the head drafted it.
+        """
         parents = tree.parents.tolist()
+        head_parents = {parent for parent, rank in zip(parents, self.node_ranks) if rank}
+        last = 0
         for node in result.accepted_nodes:
-            self.ranks.record(self.node_ranks[node - 1])
-        last = result.accepted_nodes[-1] if result.accepted_nodes else 0
-        if last in parents:  # the last accepted node had drafted children: none was right
+            rank = self.node_ranks[node - 1]
+            if not rank:
+                break
+            self.ranks.record(rank)
+            last = node
+        if last in head_parents:  # the head drafted children under `last`: none was right
             self.ranks.record(None)
         if self.auto:
             self.steps_since_resize += 1
             if self.steps_since_resize >= self.resize_every:
                 self._resize()
+
+    def renumber(self, node_map: list[int], size: int) -> None:
+        """The last tree was merged into a larger one of `size` nodes: node i + 1 of this
+        proposer's tree is node node_map[i] there (the other nodes get rank 0: not the head's)."""
+        ranks = [0] * size
+        for rank, node in zip(self.node_ranks, node_map):
+            ranks[node - 1] = rank
+        self.node_ranks = ranks
 
     # -- drafting -------------------------------------------------------------------------
     @torch.inference_mode()

@@ -1,0 +1,90 @@
+"""`ScreenedOutputLayer`: the float32 output layer, and an exact greedy argmax at int8 cost.
+
+Why: SmolLM2's output layer (49152 x 576) is the widest matmul of the model. In float32 it
+reads 113 MB per pass: 2.7 ms of an 18 ms int4 decoding step, and more for a verification
+pass over several tokens. Greedy decoding needs only each row's argmax, and that can be
+found exactly without computing every logit exactly:
+
+1. an int8 copy of the weights (one scale per vocabulary row) gives approximate logits at a
+   quarter of the bytes;
+2. a rigorous bound on each approximate logit's error (weight rounding, bf16 rounding of the
+   input, float32 accumulation, bf16 rounding of the output) turns each into an interval;
+3. only the logits whose interval reaches the best lower bound can be the argmax: they are
+   computed exactly in float32 (typically a handful of 49,152), each from its own row alone.
+
+The returned row holds the float32 logit at every candidate and the approximate value
+elsewhere, which is strictly below the exact maximum: its argmax (first index among equal
+maxima included) is the argmax of the float32 logits. Nothing else may be read from it, so
+sampling, which needs every logit, uses the plain float32 product (`forward`). A candidate's
+float32 logit is its own dot product; a matmul over all rows may round it differently in the
+last bit (as matmuls over different row counts already do), which can only matter at a tie
+within ~1e-6.
+
+Each row's candidates and their exact values depend on that row alone, so a row's argmax is
+the same whichever rows share its pass (a float32 matmul's rounding depends on the row count).
+
+Usage:
+    layer = ScreenedOutputLayer(TransposedLinear(model.lm_head))
+    logits = layer(hidden)                  # [..., V] exact float32 (sampling)
+    argmax_ok = layer.greedy_logits(hidden)  # [..., V] whose argmax is exact (greedy)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from eyas.models.quant import row_chunks
+
+BF16_UNIT = 2.0 ** -8  # unit roundoff of bfloat16 (8 significant bits)
+F32_UNIT = 2.0 ** -24
+SAFETY = 1.01  # the bound is rigorous; this covers the rounding of computing the bound itself
+
+
+class ScreenedOutputLayer(nn.Module):
+    def __init__(self, layer: nn.Module) -> None:
+        super().__init__()
+        weight_t = layer.weight_t.detach().float()  # [H, V]
+        weight = weight_t.t().contiguous()  # [V, H]
+        scale = (weight.abs().amax(dim=1) / 127).clamp(min=1e-12).to(torch.bfloat16)  # [V]
+        codes = (weight / scale.float()[:, None]).round().clamp(-127, 127).to(torch.int8)
+        approx = codes.float() * scale.float()[:, None]  # [V, H] what the int8 kernel multiplies by
+        self.register_buffer("weight_t", weight_t)
+        self.register_buffer("codes", codes)  # [V, H]
+        self.register_buffer("scale", scale)  # [V]
+        self.register_buffer("weight_error", (weight - approx).norm(dim=1))  # [V] |W_j - A_j|
+        self.register_buffer("approx_norm", approx.norm(dim=1))  # [V] |A_j|
+        self.out_features = weight_t.shape[1]
+        self.accumulation = weight_t.shape[0] * F32_UNIT / (1 - weight_t.shape[0] * F32_UNIT)
+
+    def forward(self, x: Tensor) -> Tensor:  # [..., H] -> [..., V], every logit exact
+        return x @ self.weight_t
+
+    def greedy_logits(self, x: Tensor) -> Tensor:  # [..., H] -> [..., V], exact argmax only
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1]).float()  # [R, H]
+        if flat.shape[0] == 0:
+            return flat.new_zeros(*shape[:-1], self.out_features)
+        rounded = flat.to(torch.bfloat16)
+        approx = torch.cat([torch._weight_int8pack_mm(part, self.codes, self.scale)
+                            for part in rounded.split(row_chunks(flat.shape[0]))]).float()  # [R, V]
+        bound = self.error_bound(flat, rounded, approx)  # [R, V]
+        best_lower = (approx - bound).amax(dim=1, keepdim=True)  # [R, 1]
+        rows, columns = (approx + bound >= best_lower).nonzero(as_tuple=True)  # the candidates
+        exact = (flat[rows] * self.weight_t[:, columns].t()).sum(dim=1)  # [P], row by row
+        approx[rows, columns] = exact
+        return approx.reshape(*shape[:-1], self.out_features)
+
+    def error_bound(self, x: Tensor, rounded: Tensor, approx: Tensor) -> Tensor:
+        """|exact logit - approximate logit| <= the returned [R, V], for inputs x [R, H].
+
+        exact - approx = x.(W - A) + (x - bf16(x)).A + float32 accumulation + bf16 output:
+        Cauchy-Schwarz on the first two, the standard n*u bound on the third, and the unit
+        roundoff of bfloat16 on the last (relative to the output itself).
+        """
+        x_norm = x.norm(dim=1, keepdim=True)  # [R, 1]
+        input_error = (x - rounded.float()).norm(dim=1, keepdim=True)
+        accumulated = self.accumulation * rounded.float().norm(dim=1, keepdim=True)
+        bound = x_norm * self.weight_error + (input_error + accumulated) * self.approx_norm
+        bound += approx.abs() * (BF16_UNIT / (1 - BF16_UNIT))
+        return bound * SAFETY + 1e-6

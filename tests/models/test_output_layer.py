@@ -1,0 +1,58 @@
+"""The screened output layer: its argmax is the float32 argmax, whatever rows share the pass."""
+
+import pytest
+import torch
+from torch import nn
+
+from eyas.models.cpu_linear import TransposedLinear
+from eyas.models.output_layer import ScreenedOutputLayer
+
+
+def layer_with(weight: torch.Tensor) -> ScreenedOutputLayer:
+    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+    linear.weight.data.copy_(weight)
+    return ScreenedOutputLayer(TransposedLinear(linear))
+
+
+def test_the_argmax_is_exact_on_near_ties_and_exact_ties():
+    torch.manual_seed(0)
+    weight = torch.randn(4096, 64) * 0.1
+    weight[100] = weight[7]  # an exact tie: the first index wins, as in torch.argmax
+    weight[2000] = weight[1000] * (1 + 1e-6)  # a near-tie far below int8 resolution
+    layer = layer_with(weight)
+    x = torch.stack([weight[7] * 50, weight[1000] * 50, *torch.randn(30, 64)])  # [32, 64]
+    exact = x @ weight.t()
+    screened = layer.greedy_logits(x)
+    assert torch.equal(screened.argmax(-1), exact.argmax(-1))
+    assert screened.argmax(-1)[0] == 7
+    assert screened.argmax(-1)[1] == exact[1].argmax()  # 1000 or 2000, as float32 decides
+    assert torch.equal(layer(x), x @ layer.weight_t)  # the plain path is the float32 product
+
+
+def test_a_row_gets_the_same_values_alone_or_in_a_batch():
+    torch.manual_seed(1)
+    layer = layer_with(torch.randn(2048, 64) * 0.1)
+    x = torch.randn(2, 5, 64)
+    together = layer.greedy_logits(x)  # [2, 5, V]
+    alone = torch.stack([layer.greedy_logits(row[None])[0] for row in x.reshape(10, 64)])
+    assert together.shape == (2, 5, 2048)
+    assert torch.equal(together.reshape(10, 2048), alone)
+
+
+def test_the_error_bound_holds_on_smollm2_hidden_states(smollm_int4_target, mtbench_prompt_ids):
+    model = smollm_int4_target.model
+    layer = model.lm_head
+    assert isinstance(layer, ScreenedOutputLayer)  # what the engine decodes with on a CPU
+    ids = torch.tensor([sum(mtbench_prompt_ids[:3], [])])
+    with torch.inference_mode():
+        hidden = model(ids, logits_at=None).hidden[0]  # [T, H]
+        exact = layer(hidden)
+        rounded = hidden.to(torch.bfloat16)
+        approx = torch._weight_int8pack_mm(rounded, layer.codes, layer.scale).float()
+        bound = layer.error_bound(hidden, rounded, approx)
+        screened = layer.greedy_logits(hidden)
+    assert bool(((exact - approx).abs() <= bound).all())
+    assert torch.equal(screened.argmax(-1), exact.argmax(-1))
+    best = exact.argmax(-1, keepdim=True)
+    # the maximum is its float32 dot product (a matmul may round its last bit otherwise)
+    assert torch.allclose(screened.gather(1, best), exact.gather(1, best), rtol=1e-6, atol=0)

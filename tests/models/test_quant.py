@@ -1,0 +1,27 @@
+"""Int4 matmul row splitting: which calls the kernel gets, and that splitting changes nothing."""
+
+import pytest
+import torch
+from torch import nn
+
+from eyas.models.quant import Int4Linear, int4_available, row_chunks
+
+
+@pytest.mark.parametrize("rows, chunks", [
+    (1, [1]), (4, [4]), (5, [4, 1]), (6, [4, 2]), (7, [7]), (8, [8]), (9, [8, 1]),
+    (10, [8, 2]), (13, [12, 1]), (16, [16]), (17, [16, 1]), (21, [16, 4, 1]), (40, [16, 16, 8]),
+])
+def test_row_chunks_split_off_one_or_two_rows_past_a_block_of_four(rows, chunks):
+    assert row_chunks(rows) == chunks
+    assert sum(row_chunks(rows)) == rows
+
+
+@pytest.mark.skipif(not int4_available(), reason="no CPU int4 kernel in this PyTorch")
+def test_int4_rows_are_the_same_alone_and_in_any_split():
+    torch.manual_seed(0)
+    layer = Int4Linear(nn.Linear(64, 96, bias=True), group_size=32)
+    x = torch.randn(2, 11, 64)  # 22 rows: 16 + 4 + 2
+    together = layer(x)  # [2, 11, 96]
+    alone = torch.cat([layer(x.reshape(-1, 64)[i : i + 1]) for i in range(22)]).reshape(2, 11, 96)
+    assert together.shape == (2, 11, 96)
+    assert torch.equal(together, alone)
