@@ -66,6 +66,8 @@ class Engine:
             self.costs = StepCostModel.measure(target, config.batch_sizes_to_profile(),
                                                config.num_draft_tokens + 1)
         pooled = AcceptanceEstimate(forgetting=0.995)  # acceptance over every request so far
+        if self.costs is not None:  # start from the proposer's measured cost, not from "free"
+            pooled.draft_seconds_per_token = self.proposers.draft_seconds_per_token(target)
         self.scheduler = Scheduler(config, self.pool, self.proposers.enabled, self.costs, pooled)
         self.executor = StepExecutor(target, self.pool, self.proposers.tap_layers, self.costs, pooled)
         self.outputs = OutputProcessor(self.proposers.method, observer)

@@ -48,5 +48,12 @@ class ProposerFactory:
     def tap_layers(self) -> tuple[int, ...]:
         return tuple(self.prototype.tap_layers) if self.prototype is not None else ()
 
+    def draft_seconds_per_token(self, target: Target) -> float:
+        """What drafting one token is expected to cost before any request has drafted: the
+        proposer's own start-up measurement where it has one (EAGLE-3: one head pass), else 0
+        (n-gram lookup costs next to nothing; a draft model is measured on first use)."""
+        estimate = getattr(self.prototype, "draft_seconds_per_token", None)
+        return float(estimate(target)) if estimate is not None else 0.0
+
     def new(self) -> Proposer | None:
         return copy.copy(self.prototype) if self.prototype is not None else None

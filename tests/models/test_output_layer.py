@@ -1,6 +1,5 @@
 """The screened output layer: its argmax is the float32 argmax, whatever rows share the pass."""
 
-import pytest
 import torch
 from torch import nn
 

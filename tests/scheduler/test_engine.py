@@ -251,3 +251,15 @@ def test_eagle3_with_an_ngram_graft_across_the_batch_equals_plain(tiny_target, p
         served.shutdown()
     assert [r.token_ids for r in results] == [p.token_ids for p in plain]
     assert sum(grafted) > 0  # the repetitive prompts got n-gram branches
+
+
+def test_an_eagle3_engine_starts_from_the_heads_measured_draft_cost(tiny_target, random_head_dir):
+    """Before any request drafts, the server-wide estimate prices a draft token at the head's
+    measured cost, not at zero (which made a fresh server speculate where it did not pay)."""
+    config = EngineConfig(max_running=2, initial_kv_slots=16, speculation="auto")
+    served = Engine(tiny_target, config, draft=f"eagle3:{random_head_dir}")
+    head_pass = served.proposers.prototype.cost.draft(1)
+    assert head_pass > 0
+    assert served.scheduler.pooled.draft_seconds_per_token == head_pass
+    plain = Engine(tiny_target, config, draft="ngram")
+    assert plain.scheduler.pooled.draft_seconds_per_token == 0.0

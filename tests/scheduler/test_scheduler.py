@@ -10,7 +10,7 @@ from eyas.engine.sampling import SamplingParams
 from eyas.scheduler.config import EngineConfig
 from eyas.scheduler.engine import Engine, QueueFull, RequestRejected
 from eyas.scheduler.kv_pool import KVPool
-from eyas.scheduler.scheduler import DRAFT_PROBE_EVERY, PLAIN_PROBE_EVERY, Scheduler
+from eyas.scheduler.scheduler import PLAIN_PROBE_EVERY, Scheduler
 from eyas.scheduler.speculation import StepCostModel
 
 

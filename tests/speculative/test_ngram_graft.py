@@ -9,7 +9,7 @@ import torch
 from eyas.engine.speculative.draft import DraftTree, VerifyResult
 from eyas.engine.speculative.methods import build_proposer, split_graft
 from eyas.engine.speculative.proposers.eagle3 import Eagle3Proposer
-from eyas.engine.speculative.proposers.graft import NgramGraftProposer, graft_branch
+from eyas.engine.speculative.proposers.graft import BranchStats, NgramGraftProposer, graft_branch
 from eyas.engine.speculative.sizing import RankStats
 from eyas.errors import EyasError
 
@@ -95,3 +95,85 @@ def test_each_request_gets_its_own_main_proposer():
     twin = copy.copy(graft)
     assert twin.main is not graft.main and twin.tap_layers == (1, 2, 3)
     assert twin.name == "eagle3+ngram"
+
+
+class FixedTreeProposer:
+    """A main proposer that drafts one node (rank 1) and prices like EAGLE-3 in auto mode."""
+
+    name, tap_layers, auto = "fixed", (), True
+
+    def __init__(self, verify_seconds: dict[int, float], tokens=(999,), ranks=(1,)) -> None:
+        from eyas.engine.speculative.sizing import CostModel, TreeChoice
+
+        self.tokens, self.drafted_ranks = list(tokens), list(ranks)
+        self.cost = CostModel(verify_seconds, {1: 0.001})
+        self.choice = TreeChoice(1, 1, 2, 1.5, verify_seconds[2] + 0.001, 0.0)
+        self.ranks = RankStats()
+        self.node_ranks: list[int] = []
+        self.observed: list = []
+
+    def propose(self, token_ids, max_nodes):
+        self.node_ranks = list(self.drafted_ranks)
+        return tree(self.tokens, [0] * len(self.tokens))
+
+    renumber = Eagle3Proposer.renumber
+
+    def observe(self, tree, result, output):
+        self.observed.append(result)
+
+
+REPEATING = [5, 6, 7, 8, 9, 10, 11, 12, 1, 2, 5, 6, 7]  # "5 6 7" seen before: continue 8 9 10 11
+
+
+def test_a_flat_verification_curve_keeps_the_whole_branch():
+    flat = {1: 0.010, 2: 0.0101, 4: 0.0102, 8: 0.0104, 16: 0.011}
+    graft = NgramGraftProposer(FixedTreeProposer(flat), graft_tokens=4)
+    drafted = graft.propose(REPEATING, 8)
+    assert drafted.tokens.tolist() == [999, 8, 9, 10, 11]
+    assert drafted.parents.tolist() == [0, 0, 2, 3, 4]
+
+
+def test_a_steep_curve_cuts_the_branch_and_acceptance_lengthens_it_again():
+    steep = {1: 0.010, 2: 0.013, 3: 0.0135, 4: 0.020, 8: 0.024, 16: 0.05}  # a jump past 3 tokens
+    main = FixedTreeProposer(steep)
+    graft = NgramGraftProposer(main, graft_tokens=4)
+    assert graft.propose(REPEATING, 8).tokens.tolist() == [999, 8]  # only what 3 tokens allow
+    # a branch that keeps being accepted in full: four new nodes become worth the jump
+    for _ in range(40):
+        graft.branch.record(drafted=4, accepted=4)
+    drafted = graft.propose(REPEATING, 8)
+    assert drafted.tokens.tolist() == [999, 8, 9, 10, 11]
+    # the verification result reaches the statistics: 2 of the 4 new nodes accepted
+    before = list(graft.branch.trials)
+    graft.observe(drafted, VerifyResult([2, 3], [8, 9], 0, False), None)
+    assert [t - b for t, b in zip(graft.branch.trials, before)] == [1, 1, 1, 0]
+    assert main.observed[-1].accepted_nodes == [2, 3]
+
+
+def test_branch_statistics_count_each_node_given_the_one_before():
+    stats = BranchStats(3, prior=(0.5, 0.5), weight=2.0)
+    stats.record(drafted=3, accepted=1)  # node 1 accepted, node 2 rejected, node 3 not reached
+    stats.record(drafted=2, accepted=2)
+    assert stats.hits == [2.0, 1.0, 0.0] and stats.trials == [2.0, 2.0, 0.0]
+    assert stats.expected_tokens(3) == pytest.approx([0.0, 0.75, 0.75 + 0.375, 0.75 + 0.375 + 0.1875])
+    for _ in range(500):  # unused, the evidence fades and the prior returns
+        stats.relax()
+    assert stats.rate(0) == pytest.approx(0.5, abs=0.01) and stats.rate(3) == 0.0
+
+
+def test_each_matched_ngram_length_keeps_its_own_statistics():
+    flat = {1: 0.010, 2: 0.0101, 4: 0.0102, 8: 0.0104, 16: 0.011}
+    graft = NgramGraftProposer(FixedTreeProposer(flat), max_n=3, min_n=1, graft_tokens=4)
+    graft.propose(REPEATING, 8)  # "5 6 7" matched: the 3-gram statistics
+    assert graft.branch is graft.branches[3]
+    graft.propose([1, 2, 3, 4, 5, 2], 8)  # only "2" matched
+    assert graft.branch is graft.branches[1] and graft.branches[1] is not graft.branches[3]
+
+
+def test_a_reliable_branch_displaces_the_heads_weaker_guess():
+    steep = {1: 0.010, 2: 0.013, 3: 0.0135, 4: 0.020, 8: 0.024, 16: 0.05}
+    main = FixedTreeProposer(steep, tokens=(999, 998), ranks=(1, 2))  # P 0.55 and 0.12
+    graft = NgramGraftProposer(main, graft_tokens=4)
+    assert graft.propose(REPEATING, 8).tokens.tolist() == [999, 8]  # 8 (0.4) beats 998 (0.12)
+    assert main.node_ranks == [1, 0]  # the head's rank-2 node was left out
+    assert graft.grafted == 1

@@ -97,6 +97,17 @@ class Eagle3Proposer:
                 self.cost = load_or_measure(target, self.head)
             self._resize()
 
+    def draft_seconds_per_token(self, target) -> float:
+        """One head pass over one row, from the cached cost model (measured here if missing;
+        copies made afterwards share it). 0 with a fixed tree, which measures nothing."""
+        if not self.auto:
+            return 0.0
+        if self.cost is None:
+            from eyas.engine.speculative.sizing import load_or_measure
+
+            self.cost = load_or_measure(target, self.head)
+        return self.cost.draft(1)
+
     def _resize(self) -> None:
         from eyas.engine.speculative.sizing import choose_shape
 
@@ -162,11 +173,13 @@ class Eagle3Proposer:
                 self._resize()
 
     def renumber(self, node_map: list[int], size: int) -> None:
-        """The last tree was merged into a larger one of `size` nodes: node i + 1 of this
-        proposer's tree is node node_map[i] there (the other nodes get rank 0: not the head's)."""
+        """The last tree was merged into another one of `size` nodes: node i + 1 of this
+        proposer's tree is node node_map[i] there (0: left out); the other nodes get rank 0:
+        not the head's."""
         ranks = [0] * size
         for rank, node in zip(self.node_ranks, node_map):
-            ranks[node - 1] = rank
+            if node:
+                ranks[node - 1] = rank
         self.node_ranks = ranks
 
     # -- drafting -------------------------------------------------------------------------

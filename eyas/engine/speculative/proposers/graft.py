@@ -12,6 +12,18 @@ merged in as a trie. The n-gram nodes come after the main tree's nodes, so the b
 them first. Only the main proposer sees its statistics: it is told how its nodes were
 renumbered (`renumber`), and a node it did not draft has rank 0 for it.
 
+Which nodes to verify is priced like the tree itself (sizing.py), jointly for the main tree
+and the branch: each node's probability of lying on the accepted path comes from the main
+proposer's rank statistics (main nodes) or from the observed acceptance of the branch's j-th
+new node once the one before it was accepted (`BranchStats`, one per matched n-gram length,
+decaying toward its prior so that a cut branch is tried again; branch nodes), multiplied down
+the path. Nodes are ranked by that probability (a child never outranks its parent, so every
+prefix of the ranking is a tree), and the prefix with the most expected tokens per second of
+the step, (1 + sum of probabilities) / (verify(1 + nodes) + drafting), is kept, with the
+measured verification costs. So a reliable branch can displace the head's weaker guesses, and
+an unreliable one costs nothing when verification past a few tokens is expensive. Without
+measured costs (a fixed `--tree`) every node is kept.
+
 Usage:
     eyas generate --draft eagle3:smollm2-135m+ngram            # n-gram 3..2, 4 tokens
     eyas generate --draft "eagle3:smollm2-135m+ngram:3,1,4"    # MAX_N, MIN_N, GRAFT_TOKENS
@@ -20,12 +32,59 @@ Usage:
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass, field
 
 import torch
 
 from eyas.engine.speculative.draft import DraftTree
 from eyas.engine.speculative.proposers.ngram import find_continuations
 from eyas.errors import EyasError
+
+
+@dataclass
+class BranchStats:
+    """P(the j-th new node of the n-gram branch is accepted | the one before it was), j = 1..,
+    counted over the steps whose accepted path reached the branch. The evidence decays toward
+    the prior at every step (`relax`): a branch cut because it was rarely right is tried again
+    later, when the text may have turned repetitive."""
+
+    length: int
+    prior: tuple[float, float] = (0.4, 0.6)  # the first new node; each later one
+    weight: float = 4.0  # pseudo-observations behind the prior
+    relax_rate: float = 0.99  # evidence kept per step
+    hits: list[float] = field(default_factory=list)  # decayed evidence, per node j
+    trials: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.hits = [0.0] * self.length
+        self.trials = [0.0] * self.length
+
+    def rate(self, j: int) -> float:
+        """P(new node j + 1 accepted | node j was); 0-based j."""
+        if j >= self.length:
+            return 0.0
+        prior = self.prior[0] if j == 0 else self.prior[1]
+        return (self.hits[j] + prior * self.weight) / (self.trials[j] + self.weight)
+
+    def record(self, drafted: int, accepted: int) -> None:
+        """A step that reached the branch: `accepted` of its `drafted` new nodes, in order."""
+        for j in range(min(accepted, self.length)):
+            self.hits[j] += 1
+            self.trials[j] += 1
+        if accepted < min(drafted, self.length):
+            self.trials[accepted] += 1
+
+    def relax(self) -> None:
+        self.hits = [h * self.relax_rate for h in self.hits]
+        self.trials = [t * self.relax_rate for t in self.trials]
+
+    def expected_tokens(self, count: int) -> list[float]:
+        """Expected accepted new nodes for a branch cut at L = 0..count (given it is reached)."""
+        totals, chain = [0.0], 1.0
+        for j in range(count):
+            chain *= self.rate(j)
+            totals.append(totals[-1] + chain)
+        return totals
 
 
 class NgramGraftProposer:
@@ -43,13 +102,21 @@ class NgramGraftProposer:
         self.name = f"{main.name}+ngram"
         self.tap_layers = tuple(main.tap_layers)
         self.grafted = 0  # n-gram nodes added to the main trees (statistics)
+        # one BranchStats per matched n-gram length: a 3-token match is right more often
+        self.branches = {n: BranchStats(graft_tokens) for n in range(min_n, max_n + 1)}
+        self.branch = self.branches[max_n]  # the statistics of the current step's branch
+        self._last: tuple[int, int, int] | None = None  # first new id, tree size, graft parent
 
     def __copy__(self) -> NgramGraftProposer:
         twin = object.__new__(NgramGraftProposer)
         twin.__dict__.update(self.__dict__)
         twin.main = copy.copy(self.main)  # per-request state lives in the main proposer
-        twin.grafted = 0
+        twin.grafted, twin._last = 0, None  # the branch statistics are shared, as the head's are
         return twin
+
+    def draft_seconds_per_token(self, target) -> float:
+        estimate = getattr(self.main, "draft_seconds_per_token", None)
+        return float(estimate(target)) if estimate is not None else 0.0
 
     def begin(self, target, prompt_ids, params) -> None:
         self.main.begin(target, prompt_ids, params)
@@ -59,21 +126,73 @@ class NgramGraftProposer:
         tree = self.main.propose(token_ids, max_nodes).truncated(max(max_nodes, 0))
         if tree.draft_probs is not None:  # a sampled chain: its probabilities cover it alone
             return tree
-        branch = self._continuation(token_ids)
+        for stats in self.branches.values():
+            stats.relax()
+        branch = self._continuation(token_ids)  # also points self.branch at its n's statistics
         merged, node_map = graft_branch(tree, branch, max_nodes)
-        self.grafted += merged.size - tree.size
+        first_new = tree.size + 1  # merged ids from here on are the branch's new nodes
+        if merged.size > tree.size:
+            merged, node_map, first_new = self._priced(tree, merged, node_map)
+        self._last = None
+        if merged.size >= first_new:
+            self._last = (first_new, merged.size, int(merged.parents[first_new - 1]))
+        self.grafted += merged.size - first_new + 1
         self.main.renumber(node_map, merged.size)
         return merged
+
+    def _priced(self, tree: DraftTree, merged: DraftTree, node_map: list[int]
+                ) -> tuple[DraftTree, list[int], int]:
+        """The nodes of `merged` worth verifying, priced as in the module docstring: each node's
+        probability of lying on the accepted path (main nodes from the main proposer's rank
+        statistics, new nodes from `BranchStats`), best first (a child never outranks its
+        parent, so every prefix is a tree), cut where expected tokens per second peak.
+        Without measured costs everything is kept. Returns the tree, the main nodes' new ids
+        (0 = dropped) and the first new node's id."""
+        cost, choice = getattr(self.main, "cost", None), getattr(self.main, "choice", None)
+        if cost is None or choice is None or not getattr(self.main, "auto", False):
+            return merged, node_map, tree.size + 1
+        ranks = self.main.ranks.probabilities
+        parents = merged.parents.tolist()
+        on_path = [1.0]  # node 0 = the root
+        for node, parent in enumerate(parents, start=1):
+            if node <= tree.size:
+                rank = self.main.node_ranks[node - 1]
+                step = ranks[rank - 1] if 0 < rank <= len(ranks) else 0.0
+            else:
+                step = self.branch.rate(node - tree.size - 1)
+            on_path.append(on_path[parent] * step)
+        order = sorted(range(1, merged.size + 1), key=lambda n: (-on_path[n], n))
+        draft_seconds = max(choice.seconds - cost.verify(choice.total_tokens), 0.0) if choice.depth \
+            else cost.draft(1)
+        best_count, best_rate, tokens = 1, 0.0, 1.0
+        for count, node in enumerate(order, start=1):
+            tokens += on_path[node]
+            rate = tokens / (cost.verify(count + 1) + draft_seconds)
+            if rate > best_rate:
+                best_count, best_rate = count, rate
+        kept = sorted(order[:best_count])  # ids keep parents before children
+        new_id = {old: new for new, old in enumerate(kept, start=1)}
+        pruned = DraftTree(merged.tokens[[n - 1 for n in kept]],
+                           torch.tensor([new_id.get(parents[n - 1], 0) for n in kept], dtype=torch.long))
+        first_new = next((new_id[n] for n in kept if n > tree.size), pruned.size + 1)
+        return pruned, [new_id.get(node, 0) for node in node_map], first_new
 
     def _continuation(self, token_ids: list[int]) -> list[int]:
         window = token_ids[-self.search_window :]
         for n in range(self.max_n, self.min_n - 1, -1):
             found = find_continuations(window, n, self.graft_tokens, max_matches=1)
             if found:
+                self.branch = self.branches[n]
                 return found[0]
         return []
 
     def observe(self, tree, result, output) -> None:
+        if self._last is not None and result is not None and tree is not None:
+            first_new, size, parent = self._last
+            if size == tree.size and (parent == 0 or parent in result.accepted_nodes):
+                accepted = sum(1 for node in result.accepted_nodes if node >= first_new)
+                self.branch.record(size - first_new + 1, accepted)
+        self._last = None
         self.main.observe(tree, result, output)
 
     def stats(self) -> dict:
