@@ -108,11 +108,15 @@ def plan_steps(config: QuickstartConfig) -> list[Step]:
               "--ttt-steps", str(config.ttt_steps), "--epochs", str(config.epochs),
               "--lr", str(config.learning_rate), "--save-every", "50", "--resume", *quiet]),
         Step("eval-own", "the head trained here, on MT-Bench",
-             _eval_argv(config, own_head, out / "eval-own", quiet)),
+             _eval_argv(config, f"eagle3:{own_head}", out / "eval-own", quiet)),
     ]
+    no_head = None if config.head else f"no head is shipped for {config.model}"
     steps.append(Step("eval-shipped", "the shipped head, on MT-Bench",
-                      _eval_argv(config, config.head or "", out / "eval-shipped", quiet),
-                      None if config.head else f"no head is shipped for {config.model}"))
+                      _eval_argv(config, f"eagle3:{config.head}", out / "eval-shipped", quiet),
+                      no_head))
+    steps.append(Step("eval-shipped-ngram", "the shipped head with the prompt-lookup branch",
+                      _eval_argv(config, f"eagle3:{config.head}+ngram", out / "eval-shipped-ngram",
+                                 quiet), no_head))
     drafts = ["none", "ngram"] + ([f"eagle3=eagle3:{config.head}"] if config.head else [])
     steps.append(Step("serve-compare", f"eyas serve with {', '.join(d.split('=')[0] for d in drafts)}",
                       ["bench", "compare", "--model", config.model,
@@ -124,8 +128,8 @@ def plan_steps(config: QuickstartConfig) -> list[Step]:
     return steps
 
 
-def _eval_argv(config: QuickstartConfig, head: str, out: Path, quiet: list[str]) -> list[str]:
-    return ["eval", "--model", config.model, "--draft", f"eagle3:{head}", "--tree", config.tree,
+def _eval_argv(config: QuickstartConfig, draft: str, out: Path, quiet: list[str]) -> list[str]:
+    return ["eval", "--model", config.model, "--draft", draft, "--tree", config.tree,
             "--num-prompts",
             str(config.eval_prompts), "--max-tokens", str(config.eval_tokens), "--output-dir",
             str(out), *quiet]
@@ -196,7 +200,7 @@ def collect_summary(config: QuickstartConfig, timings: dict[str, float]) -> dict
     held_out = _last_held_out(out / "train" / "metrics.csv")
     if held_out is not None:
         summary["train"] = held_out
-    for name in ("eval-own", "eval-shipped"):
+    for name in ("eval-own", "eval-shipped", "eval-shipped-ngram"):
         report = _read_json(out / name / "eval.json")
         if report:
             overall = report["overall"]
@@ -252,7 +256,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         t = summary["train"]
         row("train", f"{t['steps']} steps; held-out estimated acceptance length "
                      f"{t['held_out_accept_length']:.2f}")
-    for step, label in (("eval-own", "head trained here"), ("eval-shipped", "shipped head")):
+    for step, label in (("eval-own", "head trained here"), ("eval-shipped", "shipped head"),
+                        ("eval-shipped-ngram", "shipped head + n-gram branch")):
         if step in summary:
             e = summary[step]
             row(step, f"{label}: tau {e['tau'] or 0:.2f}, {e['spec_median_tokens_per_s']:.1f} vs "

@@ -14,7 +14,9 @@ Steps, each an ordinary eyas command printed before it runs:
   5 train          eyas train: a small EAGLE-3 head with training-time test
   6 eval-own       eyas eval: that head on MT-Bench (tau, speedup, identical outputs)
   7 eval-shipped   eyas eval: the head shipped with eyas for this model
-  8 serve-compare  eyas bench compare: eyas serve with none, ngram, eagle3; TPOT and
+  8 eval-shipped-ngram  eyas eval: the same head with the prompt-lookup branch grafted on
+                   (--draft eagle3:NAME+ngram), the fastest method on a CPU
+  9 serve-compare  eyas bench compare: eyas serve with none, ngram, eagle3; TPOT and
                    throughput against concurrency, report.md and PNG plots
 Then a summary table (also in OUT/summary.md and summary.json). Interrupted? Run the same
 command again: finished steps are skipped and the interrupted one resumes.

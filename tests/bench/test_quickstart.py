@@ -23,8 +23,9 @@ def test_steps_are_eyas_commands_and_skip_what_is_missing(tmp_path):
     config = QuickstartConfig(model=str(tmp_path / "m"), out=str(tmp_path / "q"), serving=False)
     steps = {step.name: step for step in plan_steps(config)}
     assert list(steps) == ["prepare", "regenerate", "render", "features", "train", "eval-own",
-                           "eval-shipped", "serve-compare"]
+                           "eval-shipped", "eval-shipped-ngram", "serve-compare"]
     assert steps["eval-shipped"].skip_reason == f"no head is shipped for {tmp_path / 'm'}"
+    assert steps["eval-shipped-ngram"].skip_reason == steps["eval-shipped"].skip_reason
     assert steps["serve-compare"].skip_reason == "--no-serving"
     assert steps["train"].argv[:2] == ["train", "--model"] and "--resume" in steps["train"].argv
     with pytest.raises(EyasError, match="prompts must be >= 1"):
