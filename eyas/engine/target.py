@@ -117,7 +117,9 @@ def load_target(spec: str | Path, dtype: str = "auto", device: str = "cpu",
     if torch_device.type == "cpu":
         transpose_linears(model, output_layer_only=precision == "int4")
         if precision in ("int4", "float32"):
-            model.lm_head = ScreenedOutputLayer(model.lm_head)  # exact greedy argmax, int8 cost
+            # exact greedy argmax at int8 cost; a tied embedding doubles as its row-major weight
+            tied = model.embed_tokens.weight if config.tie_word_embeddings else None
+            model.lm_head = ScreenedOutputLayer(model.lm_head, rows=tied)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     return Target(model=model, tokenizer=tokenizer, config=config, folder=folder,
                   device=torch_device, precision=precision)

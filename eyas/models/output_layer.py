@@ -24,7 +24,7 @@ Each row's candidates and their exact values depend on that row alone, so a row'
 the same whichever rows share its pass (a float32 matmul's rounding depends on the row count).
 
 Usage:
-    layer = ScreenedOutputLayer(TransposedLinear(model.lm_head))
+    layer = ScreenedOutputLayer(TransposedLinear(model.lm_head), rows=model.embed_tokens.weight)
     logits = layer(hidden)                  # [..., V] exact float32 (sampling)
     argmax_ok = layer.greedy_logits(hidden)  # [..., V] whose argmax is exact (greedy)
 """
@@ -42,14 +42,21 @@ SAFETY = 1.01  # the bound is rigorous; this covers the rounding of computing th
 
 
 class ScreenedOutputLayer(nn.Module):
-    def __init__(self, layer: nn.Module) -> None:
+    def __init__(self, layer: nn.Module, rows: Tensor | None = None) -> None:
+        """layer: a TransposedLinear (weight_t [H, V]). rows: the same weight as [V, H], when the
+        model holds it anyway (a tied input embedding); otherwise a copy is made. Candidates'
+        exact logits read whole rows of it (a column gather from [H, V] costs ~50x more)."""
         super().__init__()
         weight_t = layer.weight_t.detach().float()  # [H, V]
-        weight = weight_t.t().contiguous()  # [V, H]
+        weight = weight_t.t().contiguous() if rows is None else rows.detach().float()  # [V, H]
+        if weight.shape != weight_t.t().shape:
+            raise ValueError(f"rows {tuple(weight.shape)} do not match the layer's "
+                             f"{tuple(weight_t.t().shape)}")
         scale = (weight.abs().amax(dim=1) / 127).clamp(min=1e-12).to(torch.bfloat16)  # [V]
         codes = (weight / scale.float()[:, None]).round().clamp(-127, 127).to(torch.int8)
         approx = codes.float() * scale.float()[:, None]  # [V, H] what the int8 kernel multiplies by
         self.register_buffer("weight_t", weight_t)
+        self.register_buffer("weight", weight)  # [V, H], shared with the embedding when tied
         self.register_buffer("codes", codes)  # [V, H]
         self.register_buffer("scale", scale)  # [V]
         self.register_buffer("weight_error", (weight - approx).norm(dim=1))  # [V] |W_j - A_j|
@@ -71,7 +78,7 @@ class ScreenedOutputLayer(nn.Module):
         bound = self.error_bound(flat, rounded, approx)  # [R, V]
         best_lower = (approx - bound).amax(dim=1, keepdim=True)  # [R, 1]
         rows, columns = (approx + bound >= best_lower).nonzero(as_tuple=True)  # the candidates
-        exact = (flat[rows] * self.weight_t[:, columns].t()).sum(dim=1)  # [P], row by row
+        exact = (flat[rows] * self.weight[columns]).sum(dim=1)  # [P], row by row
         approx[rows, columns] = exact
         return approx.reshape(*shape[:-1], self.out_features)
 

@@ -1,5 +1,6 @@
 """The screened output layer: its argmax is the float32 argmax, whatever rows share the pass."""
 
+import pytest
 import torch
 from torch import nn
 
@@ -42,6 +43,8 @@ def test_the_error_bound_holds_on_smollm2_hidden_states(smollm_int4_target, mtbe
     model = smollm_int4_target.model
     layer = model.lm_head
     assert isinstance(layer, ScreenedOutputLayer)  # what the engine decodes with on a CPU
+    # SmolLM2 ties its embedding to the output layer: the row-major weight is not copied
+    assert layer.weight.data_ptr() == model.embed_tokens.weight.data_ptr()
     ids = torch.tensor([sum(mtbench_prompt_ids[:3], [])])
     with torch.inference_mode():
         hidden = model(ids, logits_at=None).hidden[0]  # [T, H]
@@ -55,3 +58,9 @@ def test_the_error_bound_holds_on_smollm2_hidden_states(smollm_int4_target, mtbe
     best = exact.argmax(-1, keepdim=True)
     # the maximum is its float32 dot product (a matmul may round its last bit otherwise)
     assert torch.allclose(screened.gather(1, best), exact.gather(1, best), rtol=1e-6, atol=0)
+
+
+def test_rows_that_are_not_the_layers_weight_are_refused():
+    layer = nn.Linear(64, 128, bias=False)
+    with pytest.raises(ValueError, match="do not match"):
+        ScreenedOutputLayer(TransposedLinear(layer), rows=torch.zeros(64, 128))
