@@ -78,14 +78,6 @@ class BranchStats:
         self.hits = [h * self.relax_rate for h in self.hits]
         self.trials = [t * self.relax_rate for t in self.trials]
 
-    def expected_tokens(self, count: int) -> list[float]:
-        """Expected accepted new nodes for a branch cut at L = 0..count (given it is reached)."""
-        totals, chain = [0.0], 1.0
-        for j in range(count):
-            chain *= self.rate(j)
-            totals.append(totals[-1] + chain)
-        return totals
-
 
 class NgramGraftProposer:
     def __init__(self, main, max_n: int = 3, min_n: int = 2, graft_tokens: int = 4,
