@@ -43,7 +43,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_sampling_args(parser)
     parser.add_argument("--draft", default="none",
                         help="none | ngram[:MAX_N[,MIN_N[,MATCHES]]] | model:PATH_OR_ALIAS | self | "
-                             "eagle3:DIR | medusa:DIR | layerskip[:auto|LAYERS[:MIN_CONFIDENCE]] "
+                             "eagle3:DIR | eagle3:DIR+ngram[:MAX_N,MIN_N,GRAFT_TOKENS] (prompt lookup grafted "
+                             "onto the head's tree) | medusa:DIR | layerskip[:auto|LAYERS[:MIN_CONFIDENCE]] "
                              "(LAYERS: decoder layers to skip, 0-based, e.g. 4,5,6 or 10-19) "
                              "(default: %(default)s)")
     parser.add_argument("--num-draft-tokens", type=int, default=4,

@@ -45,7 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_args(parser)
     parser.add_argument("--draft", default="none",
                         help="none | ngram[:MAX_N[,MIN_N[,MATCHES]]] | model:PATH_OR_ALIAS | self | "
-                             "eagle3:DIR | medusa:DIR | layerskip[:auto|LAYERS[:MIN_CONFIDENCE]] "
+                             "eagle3:DIR | eagle3:DIR+ngram[:MAX_N,MIN_N,GRAFT_TOKENS] (prompt lookup grafted "
+                             "onto the head's tree) | medusa:DIR | layerskip[:auto|LAYERS[:MIN_CONFIDENCE]] "
                              "(LAYERS: decoder layers to skip, e.g. 10-19) (default: %(default)s)")
     parser.add_argument("--num-draft-tokens", type=int, default=DEFAULTS.num_draft_tokens,
                         help="most draft tokens per request per step (default: %(default)s)")
