@@ -123,11 +123,11 @@ class StepExecutor:
                        write_at=batch.write_slots, attn_mask=batch.attn_mask, kv_len=batch.kv_len,
                        tap_layers=self.tap_layers, logits_at=None)
         hidden = output.hidden[batch.query_rows, batch.query_cols]  # [N, H]
-        if all(r.params.greedy for r in decode):
-            # each row's argmax exactly, whichever rows share the pass (models/output_layer.py)
-            logits = model.output_logits(hidden, greedy=True)  # [N, V]
-        else:
-            logits = model.lm_head(hidden)  # [N, V]
+        # A screening output layer gives each row's argmax exactly, whichever rows share the
+        # pass (models/output_layer.py); otherwise near-ties of greedy rows are settled alone.
+        screened = all(r.params.greedy for r in decode) and hasattr(model.lm_head, "greedy_logits")
+        logits = model.output_logits(hidden, greedy=screened)  # [N, V]
+        if not screened:
             self._settle_near_ties(decode, inputs, batch.offsets, hidden, logits)
         stats.forward_seconds = time.perf_counter() - forward_started
         stats.decode_rows, stats.span, stats.tokens_per_row = len(decode), span, batch.tokens_per_row

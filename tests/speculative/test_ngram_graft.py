@@ -139,14 +139,15 @@ def test_a_steep_curve_cuts_the_branch_and_acceptance_lengthens_it_again():
     graft = NgramGraftProposer(main, graft_tokens=4)
     assert graft.propose(REPEATING, 8).tokens.tolist() == [999, 8]  # only what 3 tokens allow
     # a branch that keeps being accepted in full: four new nodes become worth the jump
+    three_gram = graft.branches[3]  # REPEATING matches "5 6 7"
     for _ in range(40):
-        graft.branch.record(drafted=4, accepted=4)
+        three_gram.record(drafted=4, accepted=4)
     drafted = graft.propose(REPEATING, 8)
     assert drafted.tokens.tolist() == [999, 8, 9, 10, 11]
     # the verification result reaches the statistics: 2 of the 4 new nodes accepted
-    before = list(graft.branch.trials)
+    before = list(three_gram.trials)
     graft.observe(drafted, VerifyResult([2, 3], [8, 9], 0, False), None)
-    assert [t - b for t, b in zip(graft.branch.trials, before)] == [1, 1, 1, 0]
+    assert [t - b for t, b in zip(three_gram.trials, before)] == [1, 1, 1, 0]
     assert main.observed[-1].accepted_nodes == [2, 3]
 
 
@@ -164,10 +165,11 @@ def test_branch_statistics_count_each_node_given_the_one_before():
 def test_each_matched_ngram_length_keeps_its_own_statistics():
     flat = {1: 0.010, 2: 0.0101, 4: 0.0102, 8: 0.0104, 16: 0.011}
     graft = NgramGraftProposer(FixedTreeProposer(flat), max_n=3, min_n=1, graft_tokens=4)
-    graft.propose(REPEATING, 8)  # "5 6 7" matched: the 3-gram statistics
-    assert graft.branch is graft.branches[3]
-    graft.propose([1, 2, 3, 4, 5, 2], 8)  # only "2" matched
-    assert graft.branch is graft.branches[1] and graft.branches[1] is not graft.branches[3]
+    rejected = VerifyResult([], [], 0, False)  # nothing accepted: one failed trial of node 1
+    graft.observe(graft.propose(REPEATING, 8), rejected, None)  # "5 6 7" matched
+    assert graft.branches[3].trials[0] == 1 and graft.branches[1].trials[0] == 0
+    graft.observe(graft.propose([1, 2, 3, 4, 5, 2], 8), rejected, None)  # only "2" matched
+    assert graft.branches[1].trials[0] == 1 and graft.branches[3].trials[0] == pytest.approx(0.99)
 
 
 def test_a_reliable_branch_displaces_the_heads_weaker_guess():

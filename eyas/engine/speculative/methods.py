@@ -98,13 +98,14 @@ def split_graft(spec: str) -> tuple[str, str | None]:
 def _graft(main: Proposer, option: str) -> Proposer:
     from eyas.engine.speculative.proposers.graft import NgramGraftProposer
 
+    keys = ["max_n", "min_n", "graft_tokens"]
     try:
         numbers = [int(x) for x in option.split(",")] if option else []
+        if len(numbers) > len(keys):
+            raise ValueError(option)
     except ValueError:
-        raise EyasError(f"bad '+ngram:{option}'; accepted: +ngram[:MAX_N[,MIN_N[,GRAFT_TOKENS]]]")
-    if len(numbers) > 3:
-        raise EyasError(f"bad '+ngram:{option}'; accepted: +ngram[:MAX_N[,MIN_N[,GRAFT_TOKENS]]]")
-    return NgramGraftProposer(main, **dict(zip(["max_n", "min_n", "graft_tokens"], numbers)))
+        raise EyasError(f"bad '+ngram:{option}'; accepted: +ngram[:MAX_N[,MIN_N[,GRAFT_TOKENS]]]") from None
+    return NgramGraftProposer(main, **dict(zip(keys, numbers)))
 
 
 def build_proposer(spec: str, target: Target, tree: str | None = None) -> Proposer | None:

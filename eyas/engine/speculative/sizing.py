@@ -33,8 +33,8 @@ import torch
 from eyas.utils.io import cache_dir, write_json_atomic
 
 TOKEN_SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64)
-PRIOR_RANKS = (0.55, 0.12, 0.05, 0.03)
-COST_VERSION = "3"  # part of the cache key: bumped when what a measurement times changes  # P(target token = rank-r child), before any data
+PRIOR_RANKS = (0.55, 0.12, 0.05, 0.03)  # P(target token = rank-r child), before any data
+COST_VERSION = "3"  # part of the cache key: bumped when what a measurement times changes
 
 
 @dataclass

@@ -91,22 +91,21 @@ class Eagle3Proposer:
         self.past, self.committed, self.pending_taps = None, 0, None
         self.last_hidden = self.last_logits = None
         if self.auto:
-            from eyas.engine.speculative.sizing import load_or_measure
-
-            if self.cost is None:
-                self.cost = load_or_measure(target, self.head)
+            self._measured_cost(target)
             self._resize()
 
     def draft_seconds_per_token(self, target) -> float:
         """One head pass over one row, from the cached cost model (measured here if missing;
         copies made afterwards share it). 0 with a fixed tree, which measures nothing."""
-        if not self.auto:
-            return 0.0
+        return self._measured_cost(target).draft(1) if self.auto else 0.0
+
+    def _measured_cost(self, target):
+        """The CostModel of this target and head: cached per machine, measured once."""
         if self.cost is None:
             from eyas.engine.speculative.sizing import load_or_measure
 
             self.cost = load_or_measure(target, self.head)
-        return self.cost.draft(1)
+        return self.cost
 
     def _resize(self) -> None:
         from eyas.engine.speculative.sizing import choose_shape

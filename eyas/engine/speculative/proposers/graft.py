@@ -96,8 +96,8 @@ class NgramGraftProposer:
         self.grafted = 0  # n-gram nodes added to the main trees (statistics)
         # one BranchStats per matched n-gram length: a 3-token match is right more often
         self.branches = {n: BranchStats(graft_tokens) for n in range(min_n, max_n + 1)}
-        self.branch = self.branches[max_n]  # the statistics of the current step's branch
-        self._last: tuple[int, int, int] | None = None  # first new id, tree size, graft parent
+        # the last step's grafted branch: its statistics, first new id, tree size, graft parent
+        self._last: tuple[BranchStats, int, int, int] | None = None
 
     def __copy__(self) -> NgramGraftProposer:
         twin = object.__new__(NgramGraftProposer)
@@ -120,23 +120,23 @@ class NgramGraftProposer:
             return tree
         for stats in self.branches.values():
             stats.relax()
-        branch = self._continuation(token_ids)  # also points self.branch at its n's statistics
+        n, branch = self._continuation(token_ids)
         merged, node_map = graft_branch(tree, branch, max_nodes)
         first_new = tree.size + 1  # merged ids from here on are the branch's new nodes
         if merged.size > tree.size:
-            merged, node_map, first_new = self._priced(tree, merged, node_map)
+            merged, node_map, first_new = self._priced(tree, merged, node_map, self.branches[n])
         self._last = None
         if merged.size >= first_new:
-            self._last = (first_new, merged.size, int(merged.parents[first_new - 1]))
+            self._last = (self.branches[n], first_new, merged.size, int(merged.parents[first_new - 1]))
         self.grafted += merged.size - first_new + 1
         self.main.renumber(node_map, merged.size)
         return merged
 
-    def _priced(self, tree: DraftTree, merged: DraftTree, node_map: list[int]
-                ) -> tuple[DraftTree, list[int], int]:
+    def _priced(self, tree: DraftTree, merged: DraftTree, node_map: list[int],
+                stats: BranchStats) -> tuple[DraftTree, list[int], int]:
         """The nodes of `merged` worth verifying, priced as in the module docstring: each node's
         probability of lying on the accepted path (main nodes from the main proposer's rank
-        statistics, new nodes from `BranchStats`), best first (a child never outranks its
+        statistics, new nodes from the branch's `stats`), best first (a child never outranks its
         parent, so every prefix is a tree), cut where expected tokens per second peak.
         Without measured costs everything is kept. Returns the tree, the main nodes' new ids
         (0 = dropped) and the first new node's id."""
@@ -151,7 +151,7 @@ class NgramGraftProposer:
                 rank = self.main.node_ranks[node - 1]
                 step = ranks[rank - 1] if 0 < rank <= len(ranks) else 0.0
             else:
-                step = self.branch.rate(node - tree.size - 1)
+                step = stats.rate(node - tree.size - 1)
             on_path.append(on_path[parent] * step)
         order = sorted(range(1, merged.size + 1), key=lambda n: (-on_path[n], n))
         draft_seconds = max(choice.seconds - cost.verify(choice.total_tokens), 0.0) if choice.depth \
@@ -169,21 +169,21 @@ class NgramGraftProposer:
         first_new = next((new_id[n] for n in kept if n > tree.size), pruned.size + 1)
         return pruned, [new_id.get(node, 0) for node in node_map], first_new
 
-    def _continuation(self, token_ids: list[int]) -> list[int]:
+    def _continuation(self, token_ids: list[int]) -> tuple[int, list[int]]:
+        """(n, continuation) of the longest matching n-gram; (max_n, []) when none matched."""
         window = token_ids[-self.search_window :]
         for n in range(self.max_n, self.min_n - 1, -1):
             found = find_continuations(window, n, self.graft_tokens, max_matches=1)
             if found:
-                self.branch = self.branches[n]
-                return found[0]
-        return []
+                return n, found[0]
+        return self.max_n, []
 
     def observe(self, tree, result, output) -> None:
         if self._last is not None and result is not None and tree is not None:
-            first_new, size, parent = self._last
+            stats, first_new, size, parent = self._last
             if size == tree.size and (parent == 0 or parent in result.accepted_nodes):
                 accepted = sum(1 for node in result.accepted_nodes if node >= first_new)
-                self.branch.record(size - first_new + 1, accepted)
+                stats.record(size - first_new + 1, accepted)
         self._last = None
         self.main.observe(tree, result, output)
 
