@@ -201,6 +201,23 @@ async def _run_endpoint(config: RegenerateConfig, pending: list[Conversation], o
 
 # ---------------------------------------------------------------------------------------------
 # In-process: the engine's batched decoding, one turn of `batch_size` conversations at a time.
+def length_sorted_batches(pending: list[Conversation], batch_size: int, window_batches: int = 8
+                          ) -> Iterator[list[Conversation]]:
+    """Batches of conversations of similar length, in input order window by window.
+
+    A batch is padded to its longest prompt, so mixing a 30-token prompt with a 400-token one
+    wastes most of the prefill (4x on ShareGPT first turns). Sorting the whole input would let
+    a run stopped early hold only short prompts; sorting each window of `window_batches`
+    batches keeps what is done at any point a fair sample of the input.
+    """
+    window = batch_size * window_batches
+    for start in range(0, len(pending), window):
+        chunk = sorted(pending[start : start + window],
+                       key=lambda c: sum(map(len, c.user_turns)) + len(c.system_prompt or ""))
+        for begin in range(0, len(chunk), batch_size):
+            yield chunk[begin : begin + batch_size]
+
+
 def _run_in_process(config: RegenerateConfig, pending: list[Conversation], output: ResumableJsonl,
                     report: RegenerateReport, bar: Any, started: float) -> None:
     from eyas.data.templates import TemplateError, render_prompt
@@ -218,8 +235,7 @@ def _run_in_process(config: RegenerateConfig, pending: list[Conversation], outpu
     )
     context = target.config.context_length
     by = f"in-process:{config.model}"
-    for begin in range(0, len(pending), config.batch_size):
-        batch = pending[begin : begin + config.batch_size]
+    for batch in length_sorted_batches(pending, config.batch_size):
         histories = [prompt_history(conversation) for conversation in batch]
         answers: list[list[Answer]] = [[] for _ in batch]
         failed: set[int] = set()

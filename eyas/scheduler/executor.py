@@ -193,6 +193,11 @@ class StepExecutor:
         if backlog <= steady_backlog:
             request.acceptance.record_draft_time(seconds, budget)
             self.pooled.record_draft_time(seconds, budget)
+            pricing = request.acceptance.tree
+            if pricing is not None and pricing.expected_tokens(budget) is not None:
+                modelled = pricing.draft_seconds(budget)
+                request.acceptance.record_draft_calibration(seconds, modelled)
+                self.pooled.record_draft_calibration(seconds, modelled)
         return tree
 
     def _shadow_allowed(self, request: Request, plan: StepPlan, span: int) -> bool:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from eyas.scheduler.config import EngineConfig
 from eyas.scheduler.kv_pool import KVPool
 from eyas.scheduler.request import Request, RequestStatus
-from eyas.scheduler.speculation import AcceptanceEstimate, StepCostModel, choose_draft_length
+from eyas.scheduler.speculation import AcceptanceEstimate, StepCostModel, choose_draft_length, tree_pricing
 
 MIN_PREFILL_TOKENS = 32  # prefill progress per step even when decoding fills the budget
 PLAIN_PROBE_EVERY = 16  # while speculating, every 16th step is plain: it re-measures c(B, 1)
@@ -107,6 +107,7 @@ class Scheduler:
             request.status = RequestStatus.PREFILLING
             if self.pooled is not None:
                 request.acceptance = self.pooled.seeded()
+            request.acceptance.tree = tree_pricing(request.proposer)
             request.admitted_order = self._admitted
             self._admitted += 1
             self.running.append(request)

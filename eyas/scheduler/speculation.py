@@ -8,9 +8,9 @@ and finds a draft at all with probability p, emits on average
     E(k) = 1 + p * (alpha + alpha^2 + ... + alpha^k)       (accepted + the bonus/recovered)
 
 tokens per step (EAGLE-3 reference, section 7). Drafting itself costs d seconds per token
-(measured per request: ~0 for n-grams, real for a draft model). Each step picks
+(measured per request: ~0 for n-grams, real for a draft model), D_i(k) = k * d_i. Each step picks
 
-    k* = argmax_k  sum_i E_i(k) / (c(B, 1 + k) + k * sum_i d_i),   k in 0..max_draft_tokens
+    k* = argmax_k  sum_i E_i(k) / (c(B, 1 + k) + sum_i D_i(k)),   k in 0..max_draft_tokens
 
 and speculates only when that rate beats plain decoding (k = 0: B / c(B, 1)) by `margin`.
 c(B, T) is measured at start-up over the batch sizes and lengths that can occur and then
@@ -30,6 +30,14 @@ estimate relaxes back toward its prior, and the scheduler's draft probes (one ve
 token per request, after 32, 64, ... 1024 plain steps: scheduler.py) measure it again. The
 drafting cost d is timed per `propose` call, except calls that first caught up over more
 tokens than one step emits (the prompt, or a run of plain steps: executor.py).
+
+A tree proposer (EAGLE-3 with a measured tree, with or without an n-gram branch) is not a
+chain: k budget nodes spread over a few levels, and a step accepts whichever branch the target
+agrees with. Such a proposer prices its own tree (`TreePricing`): E_i(k) is its expected tokens
+per step for a k-node tree, from its acceptance statistics by rank and depth (sizing.py), scaled
+by p; D_i(k) is its modelled drafting time for that tree (one head pass per level), scaled by
+the ratio of measured to modelled drafting time (catch-up and Python included). The chain
+model's alpha would credit one candidate per level only and undercount a tree.
 """
 
 from __future__ import annotations
@@ -37,7 +45,7 @@ from __future__ import annotations
 import time
 from bisect import bisect_left
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 import torch
 
@@ -47,6 +55,24 @@ SHADOW_SHARE = 0.02  # shadow drafting may cost at most this share of a request'
 
 if TYPE_CHECKING:
     from eyas.engine.target import Target
+
+
+class TreePricing(Protocol):
+    """What a tree proposer knows of the tree it would draft under a budget of k nodes."""
+
+    def expected_tokens(self, max_nodes: int) -> float | None:
+        """Tokens per step, bonus included, when it drafts; None: it cannot tell (no statistics
+        or no measured costs), and the chain model applies."""
+
+    def draft_seconds(self, max_nodes: int) -> float:
+        """Modelled seconds of drafting that tree."""
+
+
+def tree_pricing(proposer: object) -> TreePricing | None:
+    """The proposer as a TreePricing when it can price its trees, else None."""
+    if hasattr(proposer, "expected_tokens") and hasattr(proposer, "draft_seconds"):
+        return proposer  # type: ignore[return-value]
+    return None
 
 
 @dataclass
@@ -63,6 +89,8 @@ class AcceptanceEstimate:
     found: float = 0.0  # steps where the proposer drafted something (decayed)
     asked: float = 0.0  # steps where it was asked to (decayed)
     draft_seconds_per_token: float = 0.0  # EMA of the proposer's cost per draft token
+    draft_calibration: float = 1.0  # EMA of measured / modelled drafting time (tree proposers)
+    tree: TreePricing | None = None  # the request's proposer, when it prices its trees
 
     @property
     def alpha(self) -> float:
@@ -78,11 +106,23 @@ class AcceptanceEstimate:
         """A fresh estimate whose priors are this one's current values (a new request starts
         from what the server has seen so far)."""
         return AcceptanceEstimate(prior_alpha=self.alpha, prior_availability=self.availability,
-                                  draft_seconds_per_token=self.draft_seconds_per_token)
+                                  draft_seconds_per_token=self.draft_seconds_per_token,
+                                  draft_calibration=self.draft_calibration)
 
     def expected_tokens(self, k: int) -> float:
+        """E(k) of the module docstring: the tree's own price, else the chain model's."""
+        if k >= 1 and self.tree is not None:
+            tree_tokens = self.tree.expected_tokens(k)
+            if tree_tokens is not None:
+                return 1.0 + self.availability * max(tree_tokens - 1.0, 0.0)
         alpha = min(self.alpha, 0.999)
         return 1.0 + self.availability * sum(alpha ** j for j in range(1, k + 1))
+
+    def draft_seconds(self, k: int) -> float:
+        """D(k): seconds of drafting k tokens."""
+        if k >= 1 and self.tree is not None and self.tree.expected_tokens(k) is not None:
+            return self.tree.draft_seconds(k) * self.draft_calibration
+        return k * self.draft_seconds_per_token
 
     def record(self, drafted_depth: int, accepted: int) -> None:
         """One verification of a chain (or the deepest path) of `drafted_depth` tokens."""
@@ -98,6 +138,11 @@ class AcceptanceEstimate:
             per_token = seconds / tokens
             previous = self.draft_seconds_per_token
             self.draft_seconds_per_token = per_token if previous == 0.0 else 0.8 * previous + 0.2 * per_token
+
+    def record_draft_calibration(self, measured: float, modelled: float) -> None:
+        """A tree proposer's measured drafting time beside its modelled time for the same tree."""
+        if measured > 0 and modelled > 0:
+            self.draft_calibration = 0.8 * self.draft_calibration + 0.2 * (measured / modelled)
 
     def relax(self) -> None:
         for name in ("accepted", "trials", "found", "asked"):
@@ -242,11 +287,11 @@ def choose_draft_length(estimates: Sequence[AcceptanceEstimate], rows: int, cost
     if not estimates or max_draft_tokens < 1:
         return 0
     plain_rate = len(estimates) / costs.cost(rows, 1)
-    draft_seconds = sum(e.draft_seconds_per_token for e in estimates)
     best_k, best_rate = 0, plain_rate * margin
     for k in range(1, max_draft_tokens + 1):
         tokens = sum(e.expected_tokens(k) for e in estimates)
-        rate = tokens / (costs.cost(rows, 1 + k) + k * draft_seconds)
+        drafting = sum(e.draft_seconds(k) for e in estimates)
+        rate = tokens / (costs.cost(rows, 1 + k) + drafting)
         if rate > best_rate:
             best_k, best_rate = k, rate
     return best_k

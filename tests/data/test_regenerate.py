@@ -139,3 +139,17 @@ def test_in_process_regeneration_with_a_tiny_model(tmp_path: Path, tiny_model_di
     assert [m["role"] for m in conversation] == ["system", "user", "assistant", "user", "assistant"]
     assert all(m["content"] for m in conversation)
     assert outputs[0][0]["meta"]["regenerated"]["finish_reasons"][0] in ("stop", "length")
+
+
+def test_in_process_batches_group_similar_lengths_window_by_window() -> None:
+    from eyas.data.records import conversation_from_dict
+    from eyas.data.regenerate import length_sorted_batches
+
+    lengths = [50, 3, 40, 1, 30, 2, 20, 4, 9, 8]
+    pending = [conversation_from_dict({"id": f"r{i}", "conversations": [{"role": "user", "content": "x" * n}]},
+                                      "test", f"test-{i}") for i, n in enumerate(lengths)]
+    batches = list(length_sorted_batches(pending, batch_size=2, window_batches=2))
+    sizes = [[len(c.user_turns[0]) for c in batch] for batch in batches]
+    # windows of 4 records in input order, each sorted by length, cut into batches of 2
+    assert sizes == [[1, 3], [40, 50], [2, 4], [20, 30], [8, 9]]
+    assert sorted(c.id for batch in batches for c in batch) == sorted(c.id for c in pending)

@@ -263,3 +263,23 @@ def test_an_eagle3_engine_starts_from_the_heads_measured_draft_cost(tiny_target,
     assert served.scheduler.pooled.draft_seconds_per_token == head_pass
     plain = Engine(tiny_target, config, draft="ngram")
     assert plain.scheduler.pooled.draft_seconds_per_token == 0.0
+
+
+def test_an_auto_eagle3_engine_prices_each_requests_tree_and_calibrates_its_drafting(
+        tiny_target, plain, random_head_dir):
+    """In auto mode the serving rule reads each request's own tree price (expected tokens per
+    budget, speculation.TreePricing) and scales the head's modelled drafting time by what the
+    engine measured; outputs stay equal to plain."""
+    served = engine(tiny_target, f"eagle3:{random_head_dir}", speculation="auto", max_running=2)
+    try:
+        finished = threading.Event()
+        request = served.submit(prompts()[-1], SamplingParams(max_tokens=24, ignore_eos=True),
+                                lambda output: output.finished and finished.set())
+        assert finished.wait(60)
+    finally:
+        served.shutdown()
+    assert request.acceptance.tree is request.proposer
+    assert request.proposer.expected_tokens(2) is not None  # the head's costs were measured
+    assert request.token_ids[-24:] == plain[-1].token_ids
+    assert request.spec_metrics.drafted > 0  # the untrained head's optimistic prior drafts
+    assert served.executor.pooled.draft_calibration != 1.0  # measured drafting was compared

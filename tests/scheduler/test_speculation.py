@@ -89,3 +89,42 @@ def test_a_shadow_draft_measures_what_verification_would_have_accepted():
     assert shadow.follow([1, 2, 3]) == (2, 2)  # all accepted
     shadow.start(DraftTree.chain([4]))
     assert shadow.follow([3]) == (1, 0)
+
+
+class PricedTree:
+    """A tree proposer's own price list: expected tokens and modelled drafting time by budget."""
+
+    def __init__(self, tokens: dict[int, float] | None, seconds_per_level: float = 0.001) -> None:
+        self.tokens, self.seconds_per_level = tokens, seconds_per_level
+
+    def expected_tokens(self, max_nodes: int) -> float | None:
+        return None if self.tokens is None else self.tokens[min(max_nodes, max(self.tokens))]
+
+    def draft_seconds(self, max_nodes: int) -> float:
+        return self.seconds_per_level * max_nodes
+
+
+def test_a_tree_proposer_is_priced_by_its_own_tree_not_by_a_chain():
+    # c(1, T) = 12, 14, 16, 18, 20 ms for T = 1..5; plain = 83.3 tok/s, to beat by 5%: 87.5.
+    costs = cpu_like_costs()
+    chain = estimate(0.2)  # per-depth acceptance 0.2: 1.2 / 14 ms = 85.7 tok/s, no k pays
+    assert choose_draft_length([chain], 1, costs, 4) == 0
+    # The same request drafting a tree that accepts 0.45 / 0.75 / 0.85 / 0.9 tokens for
+    # budgets 1..4 at 1 ms per budget node (found 99% of the time): 96.4, 96.8, 92.0, 85.9
+    # tok/s -> k = 2.
+    tree = estimate(0.2)
+    tree.tree = PricedTree({1: 1.45, 2: 1.75, 3: 1.85, 4: 1.9})
+    assert tree.expected_tokens(2) == pytest.approx(1 + (tree.availability * 0.75))
+    assert choose_draft_length([tree], 1, costs, 4) == 2
+    # Drafting measured at 3x its model: 85.3, 79.5, ... tok/s -> plain.
+    for _ in range(40):
+        tree.record_draft_calibration(measured=0.003, modelled=0.001)
+    assert tree.draft_calibration == pytest.approx(3.0, rel=1e-3)
+    assert choose_draft_length([tree], 1, costs, 4) == 0
+    # A proposer that cannot price its tree (a fixed shape) falls back to the chain model.
+    unpriced = estimate(0.2)
+    unpriced.tree = PricedTree(None)
+    assert unpriced.expected_tokens(3) == pytest.approx(chain.expected_tokens(3))
+    assert unpriced.draft_seconds(3) == 3 * unpriced.draft_seconds_per_token
+    # Seeded copies keep the calibration (a new request starts from what the server measured).
+    assert tree.seeded().draft_calibration == tree.draft_calibration and tree.seeded().tree is None

@@ -137,3 +137,25 @@ def test_sampling_with_an_eagle3_tree_follows_the_target(tiny_target, random_hea
     plain, spec = histogram(False), histogram(True)
     p_value, dof = homogeneity_p_value(plain, spec)
     assert dof >= 2 and p_value > 1e-3, (plain, spec)
+
+
+def test_the_proposer_prices_the_tree_it_drafts_under_a_budget(random_head):
+    """What the serving rule reads (eyas.scheduler.speculation.TreePricing): the expected tokens
+    of the tree `propose` drafts under a budget (the shape cut to budget + 1 tokens) and one
+    head pass per level."""
+    from eyas.engine.speculative.sizing import CostModel, expected_tokens
+
+    proposer = Eagle3Proposer(random_head)  # auto: shape from measured costs
+    assert proposer.expected_tokens(4) is None  # nothing measured yet: the chain model applies
+    proposer.cost = CostModel({1: 0.010, 8: 0.020}, {1: 0.002, 2: 0.003})
+    proposer.shape = TreeShape(depth=3, top_k=2, total_tokens=6)
+    ranks = proposer.ranks.probabilities
+    assert proposer.expected_tokens(2) == pytest.approx(expected_tokens(3, 2, 3, ranks))
+    assert proposer.expected_tokens(64) == pytest.approx(expected_tokens(3, 2, 6, ranks))
+    assert proposer.expected_tokens(1) == pytest.approx(1 + ranks[0])
+    assert proposer.draft_seconds(1) == pytest.approx(0.002)  # one level, one row
+    assert proposer.draft_seconds(2) == pytest.approx(0.002 + 0.003)  # two levels
+    assert proposer.draft_seconds(9) == pytest.approx(0.002 + 2 * 0.003)  # the shape's three
+    fixed = Eagle3Proposer(random_head, TreeShape(3, 2, 6))
+    fixed.cost = proposer.cost
+    assert fixed.expected_tokens(4) is None  # a fixed tree is not priced

@@ -179,3 +179,38 @@ def test_a_reliable_branch_displaces_the_heads_weaker_guess():
     assert graft.propose(REPEATING, 8).tokens.tolist() == [999, 8]  # 8 (0.4) beats 998 (0.12)
     assert main.node_ranks == [1, 0]  # the head's rank-2 node was left out
     assert graft.grafted == 1
+
+
+class PricedFixedTree(FixedTreeProposer):
+    """FixedTreeProposer that also prices its one-node tree (as EAGLE-3 does for serving)."""
+
+    def expected_tokens(self, max_nodes):
+        return 1.0 + self.ranks.probabilities[0]
+
+    def draft_seconds(self, max_nodes):
+        return 0.001
+
+
+def test_the_branch_adds_its_measured_gain_to_the_price_the_serving_rule_reads():
+    import copy
+
+    flat = {1: 0.010, 2: 0.0101, 4: 0.0102, 8: 0.0104, 16: 0.011}
+    main = PricedFixedTree(flat)
+    graft = NgramGraftProposer(main, graft_tokens=4)
+    assert graft.expected_tokens(8) == main.expected_tokens(8)  # no branch seen yet
+    assert graft.draft_seconds(8) == 0.001
+    drafted = graft.propose(REPEATING, 8)  # the whole branch kept: 4 new nodes
+    on_path, branch_tokens = 1.0, 0.0
+    for j in range(4):
+        on_path *= graft.branches[3].rate(j)
+        branch_tokens += on_path
+    assert drafted.size == 5
+    assert graft.branch_gain == pytest.approx(0.2 * branch_tokens)  # one step of the average
+    assert graft.expected_tokens(8) == pytest.approx(main.expected_tokens(8) + graft.branch_gain)
+    gain = graft.branch_gain
+    graft.propose(REPEATING, 1)  # a one-token probe: no room for the branch, nothing learnt
+    assert graft.branch_gain == gain
+    graft.propose([1, 2, 3, 4], 8)  # nothing matched: the branch added nothing this step
+    assert graft.branch_gain == pytest.approx(0.8 * gain)
+    twin = copy.copy(graft)  # a new request starts from the average over requests so far
+    assert 0 < twin.branch_gain == graft._pooled_gain[0] < graft.branch_gain

@@ -78,6 +78,7 @@ class Eagle3Proposer:
         self.node_ranks: list[int] = []  # rank of each node of the last tree
         self.choice = None  # last TreeChoice (auto mode)
         self.shape_memo: dict[tuple[float, ...], object] = {}  # rounded rank probabilities -> TreeChoice
+        self.price_memo: dict[tuple, list[float]] = {}  # (shape, rounded ranks) -> expected tokens by size
         self.tap_layers = tuple(head.config.target_layer_ids)
         self.past: tuple[Tensor, Tensor] | None = None  # committed KV [1, KV, n, D]
         self.committed = 0  # committed rows (= positions 0..committed-1)
@@ -124,6 +125,37 @@ class Eagle3Proposer:
         else:
             self.shape = TreeShape(choice.depth, choice.top_k, choice.total_tokens)
         self.steps_since_resize = 0
+
+    # -- what a tree is worth (the serving rule, eyas.scheduler.speculation.TreePricing) ------
+    def expected_tokens(self, max_nodes: int) -> float | None:
+        """Tokens per step, bonus included, of the tree `propose` drafts under a budget of
+        `max_nodes`, from the observed rank statistics; None with a fixed tree (no measured
+        costs to price it against)."""
+        if not self.auto or self.cost is None or max_nodes < 1:
+            return None
+        from eyas.engine.speculative.sizing import candidate_probabilities
+
+        # The serving rule asks for every request and budget each step: one sorted candidate
+        # list per shape and rank statistics (shared by the copies), summed up front.
+        shape = self.shape
+        key = (shape.depth, shape.top_k, *(round(p, 3) for p in self.ranks.probabilities))
+        sums = self.price_memo.get(key)
+        if sums is None:
+            if len(self.price_memo) >= 4096:
+                self.price_memo.clear()
+            sums = [1.0]
+            for probability in candidate_probabilities(shape.depth, shape.top_k, list(key[2:])):
+                sums.append(sums[-1] + probability)
+            self.price_memo[key] = sums
+        return sums[min(shape.total_tokens - 1, max_nodes, len(sums) - 1)]
+
+    def draft_seconds(self, max_nodes: int) -> float:
+        """Modelled seconds of drafting that tree: one head pass per level (the first over one
+        row, each further one over top_k rows), from the measured cost model."""
+        if self.cost is None or max_nodes < 1:
+            return 0.0
+        levels = min(self.shape.depth, max_nodes)
+        return sum(self.cost.draft(1 if level == 1 else self.shape.top_k) for level in range(1, levels + 1))
 
     def stats(self) -> dict:
         shape = {"tree": f"{self.shape.depth},{self.shape.top_k},{self.shape.total_tokens}",

@@ -24,6 +24,10 @@ measured verification costs. So a reliable branch can displace the head's weaker
 an unreliable one costs nothing when verification past a few tokens is expensive. Without
 measured costs (a fixed `--tree`) every node is kept.
 
+For the serving rule (eyas.scheduler.speculation), the graft prices its tree as the main
+proposer's expected tokens for the budget plus `branch_gain`: what the branch added to the
+kept tree over the request's recent steps.
+
 Usage:
     eyas generate --draft eagle3:smollm2-135m+ngram            # n-gram 3..2, 4 tokens
     eyas generate --draft "eagle3:smollm2-135m+ngram:3,1,4"    # MAX_N, MIN_N, GRAFT_TOKENS
@@ -39,6 +43,8 @@ import torch
 from eyas.engine.speculative.draft import DraftTree
 from eyas.engine.speculative.proposers.ngram import find_continuations
 from eyas.errors import EyasError
+
+BRANCH_GAIN_KEPT = 0.8  # weight the branch's average gain keeps at each step
 
 
 @dataclass
@@ -98,21 +104,37 @@ class NgramGraftProposer:
         self.branches = {n: BranchStats(graft_tokens) for n in range(min_n, max_n + 1)}
         # the last step's grafted branch: its statistics, first new id, tree size, graft parent
         self._last: tuple[BranchStats, int, int, int] | None = None
+        # Expected tokens per step the branch added to the main tree lately (the serving rule):
+        # per request, starting from the average over every request so far (shared by copies).
+        self.branch_gain = 0.0
+        self._pooled_gain = [0.0]
 
     def __copy__(self) -> NgramGraftProposer:
         twin = object.__new__(NgramGraftProposer)
         twin.__dict__.update(self.__dict__)
         twin.main = copy.copy(self.main)  # per-request state lives in the main proposer
         twin.grafted, twin._last = 0, None  # the branch statistics are shared, as the head's are
+        twin.branch_gain = self._pooled_gain[0]  # per request: how repetitive its text is
         return twin
 
     def draft_seconds_per_token(self, target) -> float:
         estimate = getattr(self.main, "draft_seconds_per_token", None)
         return float(estimate(target)) if estimate is not None else 0.0
 
+    def expected_tokens(self, max_nodes: int) -> float | None:
+        """The main tree's expected tokens per step plus what the branch added lately (an
+        exponential average over this request's steps: 0 where nothing matched)."""
+        main = getattr(self.main, "expected_tokens", None)
+        tokens = main(max_nodes) if main is not None else None
+        return None if tokens is None else tokens + self.branch_gain
+
+    def draft_seconds(self, max_nodes: int) -> float:
+        main = getattr(self.main, "draft_seconds", None)
+        return main(max_nodes) if main is not None else 0.0
+
     def begin(self, target, prompt_ids, params) -> None:
         self.main.begin(target, prompt_ids, params)
-        self.grafted = 0
+        self.grafted, self.branch_gain = 0, self._pooled_gain[0]
 
     def propose(self, token_ids: list[int], max_nodes: int) -> DraftTree:
         tree = self.main.propose(token_ids, max_nodes).truncated(max(max_nodes, 0))
@@ -123,8 +145,14 @@ class NgramGraftProposer:
         n, branch = self._continuation(token_ids)
         merged, node_map = graft_branch(tree, branch, max_nodes)
         first_new = tree.size + 1  # merged ids from here on are the branch's new nodes
+        gain: float | None = 0.0 if not branch else None  # None: this step says nothing
         if merged.size > tree.size:
-            merged, node_map, first_new = self._priced(tree, merged, node_map, self.branches[n])
+            merged, node_map, first_new, priced = self._priced(tree, merged, node_map, self.branches[n])
+            pricing = getattr(self.main, "expected_tokens", None)
+            main = pricing(max_nodes) if pricing is not None and priced is not None else None
+            if main is not None:  # the kept tree against the main tree alone, same budget
+                gain = max(priced - main, 0.0)
+        self._record_gain(gain)
         self._last = None
         if merged.size >= first_new:
             self._last = (self.branches[n], first_new, merged.size, int(merged.parents[first_new - 1]))
@@ -132,17 +160,26 @@ class NgramGraftProposer:
         self.main.renumber(node_map, merged.size)
         return merged
 
+    def _record_gain(self, gain: float | None) -> None:
+        """Follow the branch's gain: 0 where no n-gram matched; not followed where the budget
+        left the branch no room (a one-token draft probe) or nothing was priced."""
+        if gain is None:
+            return
+        self.branch_gain = BRANCH_GAIN_KEPT * self.branch_gain + (1 - BRANCH_GAIN_KEPT) * gain
+        self._pooled_gain[0] = 0.98 * self._pooled_gain[0] + 0.02 * gain
+
     def _priced(self, tree: DraftTree, merged: DraftTree, node_map: list[int],
-                stats: BranchStats) -> tuple[DraftTree, list[int], int]:
+                stats: BranchStats) -> tuple[DraftTree, list[int], int, float | None]:
         """The nodes of `merged` worth verifying, priced as in the module docstring: each node's
         probability of lying on the accepted path (main nodes from the main proposer's rank
         statistics, new nodes from the branch's `stats`), best first (a child never outranks its
         parent, so every prefix is a tree), cut where expected tokens per second peak.
         Without measured costs everything is kept. Returns the tree, the main nodes' new ids
-        (0 = dropped) and the first new node's id."""
+        (0 = dropped), the first new node's id and the kept tree's expected tokens per step
+        (None without measured costs)."""
         cost, choice = getattr(self.main, "cost", None), getattr(self.main, "choice", None)
         if cost is None or choice is None or not getattr(self.main, "auto", False):
-            return merged, node_map, tree.size + 1
+            return merged, node_map, tree.size + 1, None
         ranks = self.main.ranks.probabilities
         parents = merged.parents.tolist()
         on_path = [1.0]  # node 0 = the root
@@ -156,18 +193,18 @@ class NgramGraftProposer:
         order = sorted(range(1, merged.size + 1), key=lambda n: (-on_path[n], n))
         draft_seconds = max(choice.seconds - cost.verify(choice.total_tokens), 0.0) if choice.depth \
             else cost.draft(1)
-        best_count, best_rate, tokens = 1, 0.0, 1.0
+        best_count, best_rate, best_tokens, tokens = 1, 0.0, 1.0, 1.0
         for count, node in enumerate(order, start=1):
             tokens += on_path[node]
             rate = tokens / (cost.verify(count + 1) + draft_seconds)
             if rate > best_rate:
-                best_count, best_rate = count, rate
+                best_count, best_rate, best_tokens = count, rate, tokens
         kept = sorted(order[:best_count])  # ids keep parents before children
         new_id = {old: new for new, old in enumerate(kept, start=1)}
         pruned = DraftTree(merged.tokens[[n - 1 for n in kept]],
                            torch.tensor([new_id.get(parents[n - 1], 0) for n in kept], dtype=torch.long))
         first_new = next((new_id[n] for n in kept if n > tree.size), pruned.size + 1)
-        return pruned, [new_id.get(node, 0) for node in node_map], first_new
+        return pruned, [new_id.get(node, 0) for node in node_map], first_new, best_tokens
 
     def _continuation(self, token_ids: list[int]) -> tuple[int, list[int]]:
         """(n, continuation) of the longest matching n-gram; (max_n, []) when none matched."""
