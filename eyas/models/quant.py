@@ -80,7 +80,7 @@ class Int4Linear(nn.Module):
         shape = x.shape
         flat = x.reshape(-1, shape[-1]).to(torch.bfloat16)
         sizes = row_chunks(flat.shape[0])
-        if len(sizes) == 1:  # a decode step: one call, no split (its Python costs ~7 us a layer)
+        if len(sizes) == 1:  # a decode step: one call, no split (~7 us of Python a call)
             y = torch._weight_int4pack_mm_for_cpu(flat, self.packed, self.group_size, self.scales_and_zeros)
         else:
             y = torch.cat([torch._weight_int4pack_mm_for_cpu(part, self.packed, self.group_size,

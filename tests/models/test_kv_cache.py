@@ -35,6 +35,19 @@ def test_scattered_slot_write_per_row():
     assert torch.count_nonzero(cache.keys[0, 0, 0]) == 4  # two slots x two dims
 
 
+def test_scattered_slot_write_of_one_row_of_a_pool_view():
+    """One row (the serving engine at concurrency 1) takes index_copy_; a view of a larger
+    pool writes through to the pool."""
+    pool = make_cache(batch=3)
+    row = KVCache.__new__(KVCache)
+    row.keys, row.values, row.max_slots = pool.keys[:, 1:2], pool.values[:, 1:2], pool.max_slots
+    k = torch.tensor([[[[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]]])  # [B=1, KV=1, T=3, D=2]
+    row.write(1, torch.tensor([[6, 0, 3]]), k, -k)
+    assert pool.keys[1, 1, 0, [6, 0, 3]].tolist() == [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]
+    assert pool.values[1, 1, 0, [6, 0, 3]].tolist() == [[-1.0, -2.0], [-3.0, -4.0], [-5.0, -6.0]]
+    assert torch.count_nonzero(pool.keys) == 6  # nothing else was written, in any row or layer
+
+
 def test_compact_moves_kept_slots_down_in_order_on_every_layer():
     cache = make_cache(batch=1)
     for layer in range(2):
