@@ -109,20 +109,20 @@ class AcceptanceEstimate:
                                   draft_seconds_per_token=self.draft_seconds_per_token,
                                   draft_calibration=self.draft_calibration)
 
-    def expected_tokens(self, k: int) -> float:
-        """E(k) of the module docstring: the tree's own price, else the chain model's."""
+    def price(self, k: int) -> tuple[float, float]:
+        """(E(k), D(k)) of the module docstring: the tree's own price where the proposer gives
+        one, else the chain model's."""
         if k >= 1 and self.tree is not None:
             tree_tokens = self.tree.expected_tokens(k)
             if tree_tokens is not None:
-                return 1.0 + self.availability * max(tree_tokens - 1.0, 0.0)
+                return (1.0 + self.availability * max(tree_tokens - 1.0, 0.0),
+                        self.tree.draft_seconds(k) * self.draft_calibration)
         alpha = min(self.alpha, 0.999)
-        return 1.0 + self.availability * sum(alpha ** j for j in range(1, k + 1))
+        return (1.0 + self.availability * sum(alpha ** j for j in range(1, k + 1)),
+                k * self.draft_seconds_per_token)
 
-    def draft_seconds(self, k: int) -> float:
-        """D(k): seconds of drafting k tokens."""
-        if k >= 1 and self.tree is not None and self.tree.expected_tokens(k) is not None:
-            return self.tree.draft_seconds(k) * self.draft_calibration
-        return k * self.draft_seconds_per_token
+    def expected_tokens(self, k: int) -> float:
+        return self.price(k)[0]
 
     def record(self, drafted_depth: int, accepted: int) -> None:
         """One verification of a chain (or the deepest path) of `drafted_depth` tokens."""
@@ -289,8 +289,8 @@ def choose_draft_length(estimates: Sequence[AcceptanceEstimate], rows: int, cost
     plain_rate = len(estimates) / costs.cost(rows, 1)
     best_k, best_rate = 0, plain_rate * margin
     for k in range(1, max_draft_tokens + 1):
-        tokens = sum(e.expected_tokens(k) for e in estimates)
-        drafting = sum(e.draft_seconds(k) for e in estimates)
+        prices = [e.price(k) for e in estimates]
+        tokens, drafting = sum(p[0] for p in prices), sum(p[1] for p in prices)
         rate = tokens / (costs.cost(rows, 1 + k) + drafting)
         if rate > best_rate:
             best_k, best_rate = k, rate

@@ -125,6 +125,6 @@ def test_a_tree_proposer_is_priced_by_its_own_tree_not_by_a_chain():
     unpriced = estimate(0.2)
     unpriced.tree = PricedTree(None)
     assert unpriced.expected_tokens(3) == pytest.approx(chain.expected_tokens(3))
-    assert unpriced.draft_seconds(3) == 3 * unpriced.draft_seconds_per_token
+    assert unpriced.price(3)[1] == 3 * unpriced.draft_seconds_per_token
     # Seeded copies keep the calibration (a new request starts from what the server measured).
     assert tree.seeded().draft_calibration == tree.draft_calibration and tree.seeded().tree is None

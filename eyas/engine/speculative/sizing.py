@@ -59,6 +59,11 @@ class CostModel:
     def draft(self, rows: int) -> float:
         return self._interpolate(self.draft_seconds, rows)
 
+    def tree_draft(self, depth: int, top_k: int) -> float:
+        """Seconds of drafting a depth x top_k tree: one head pass per level, the first over
+        one row, each further one over the top_k nodes expanded."""
+        return sum(self.draft(1 if level == 1 else top_k) for level in range(1, depth + 1))
+
     def relative(self) -> dict[int, float]:
         """Verification cost relative to a single-token step (what the docs quote)."""
         one = self.verify(1)
@@ -167,10 +172,20 @@ def candidate_probabilities(depth: int, top_k: int, ranks: list[float]) -> list[
     return sorted(candidates, reverse=True)
 
 
+def accepted_by_size(depth: int, top_k: int, ranks: list[float]) -> list[float]:
+    """Expected accepted tokens per step of a depth x top_k tree cut to n candidates, for n =
+    0, 1, ... every candidate (the best n are kept: a running sum of candidate_probabilities)."""
+    sums = [0.0]
+    for probability in candidate_probabilities(depth, top_k, ranks):
+        sums.append(sums[-1] + probability)
+    return sums
+
+
 def expected_tokens(depth: int, top_k: int, total: int, ranks: list[float]) -> float:
     """Expected tokens per step (bonus included) of an EAGLE-2 tree under rank probabilities:
     the best total - 1 candidates are kept."""
-    return 1.0 + sum(candidate_probabilities(depth, top_k, ranks)[: max(total - 1, 0)])
+    accepted = accepted_by_size(depth, top_k, ranks)
+    return 1.0 + accepted[min(max(total - 1, 0), len(accepted) - 1)]
 
 
 def choose_shape(cost: CostModel, ranks: list[float], max_depth: int = 8, max_top_k: int = 4,
@@ -180,14 +195,11 @@ def choose_shape(cost: CostModel, ranks: list[float], max_depth: int = 8, max_to
     best = TreeChoice(0, 0, 1, 1.0, plain, 1.0 / plain)
     for depth in range(1, max_depth + 1):
         for top_k in range(1, max_top_k + 1):
-            draft_seconds = sum(cost.draft(top_k if level > 1 else 1) for level in range(1, depth + 1))
+            draft_seconds = cost.tree_draft(depth, top_k)
             largest = min(max_total, 1 + sum(top_k ** min(level, 2) for level in range(1, depth + 1)))
-            kept = 0.0  # sum of the best total - 1 candidates, grown one candidate per total
-            candidates = candidate_probabilities(depth, top_k, ranks)
+            accepted = accepted_by_size(depth, top_k, ranks)
             for total in range(2, largest + 1):
-                if total - 2 < len(candidates):
-                    kept += candidates[total - 2]
-                tokens = 1.0 + kept
+                tokens = 1.0 + accepted[min(total - 1, len(accepted) - 1)]
                 seconds = cost.verify(total) + draft_seconds
                 if tokens / seconds > best.tokens_per_second:
                     best = TreeChoice(depth, top_k, total, tokens, seconds, tokens / seconds)

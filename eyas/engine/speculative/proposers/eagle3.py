@@ -78,7 +78,7 @@ class Eagle3Proposer:
         self.node_ranks: list[int] = []  # rank of each node of the last tree
         self.choice = None  # last TreeChoice (auto mode)
         self.shape_memo: dict[tuple[float, ...], object] = {}  # rounded rank probabilities -> TreeChoice
-        self.price_memo: dict[tuple, list[float]] = {}  # (shape, rounded ranks) -> expected tokens by size
+        self.price_memo: dict[tuple, list[float]] = {}  # (shape, rounded ranks) -> accepted_by_size
         self.tap_layers = tuple(head.config.target_layer_ids)
         self.past: tuple[Tensor, Tensor] | None = None  # committed KV [1, KV, n, D]
         self.committed = 0  # committed rows (= positions 0..committed-1)
@@ -133,29 +133,25 @@ class Eagle3Proposer:
         costs to price it against)."""
         if not self.auto or self.cost is None or max_nodes < 1:
             return None
-        from eyas.engine.speculative.sizing import candidate_probabilities
+        from eyas.engine.speculative.sizing import accepted_by_size
 
-        # The serving rule asks for every request and budget each step: one sorted candidate
-        # list per shape and rank statistics (shared by the copies), summed up front.
+        # The serving rule asks for every request and budget each step: one running sum per
+        # shape and rank statistics, memoized (and shared by the copies).
         shape = self.shape
         key = (shape.depth, shape.top_k, *(round(p, 3) for p in self.ranks.probabilities))
-        sums = self.price_memo.get(key)
-        if sums is None:
+        accepted = self.price_memo.get(key)
+        if accepted is None:
             if len(self.price_memo) >= 4096:
                 self.price_memo.clear()
-            sums = [1.0]
-            for probability in candidate_probabilities(shape.depth, shape.top_k, list(key[2:])):
-                sums.append(sums[-1] + probability)
-            self.price_memo[key] = sums
-        return sums[min(shape.total_tokens - 1, max_nodes, len(sums) - 1)]
+            accepted = self.price_memo[key] = accepted_by_size(shape.depth, shape.top_k, list(key[2:]))
+        return 1.0 + accepted[min(shape.total_tokens - 1, max_nodes, len(accepted) - 1)]
 
     def draft_seconds(self, max_nodes: int) -> float:
         """Modelled seconds of drafting that tree: one head pass per level (the first over one
         row, each further one over top_k rows), from the measured cost model."""
         if self.cost is None or max_nodes < 1:
             return 0.0
-        levels = min(self.shape.depth, max_nodes)
-        return sum(self.cost.draft(1 if level == 1 else self.shape.top_k) for level in range(1, levels + 1))
+        return self.cost.tree_draft(min(self.shape.depth, max_nodes), self.shape.top_k)
 
     def stats(self) -> dict:
         shape = {"tree": f"{self.shape.depth},{self.shape.top_k},{self.shape.total_tokens}",
