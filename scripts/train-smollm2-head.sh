@@ -14,30 +14,51 @@ RUN=${1:-runs/head}
 EYAS=${EYAS:-.venv/bin/eyas}
 mkdir -p "$RUN"
 
+# Answers written by SmolLM2 itself (greedy, at most 256 tokens) to the prompts on stdin: two
+# processes of one thread each on alternate prompts (float32: the fastest batched decoding on
+# a CPU), joined in DIR/regenerated.jsonl.     regenerate_halves DIR FIRST SECOND BATCH_SIZE
+regenerate_halves() {
+    local dir=$1 first=$2 second=$3 batch=$4 part
+    awk -v odd="$dir/part$first.jsonl" -v even="$dir/part$second.jsonl" \
+        'NR % 2 == 1 { print > odd } NR % 2 == 0 { print > even }'
+    for part in "$first" "$second"; do
+        OMP_NUM_THREADS=1 "$EYAS" data regenerate --input "$dir/part$part.jsonl" \
+            --output "$dir/regen$part.jsonl" --model smollm2-135m --dtype float32 \
+            --batch-size "$batch" --max-tokens 256 --no-progress &
+    done
+    wait
+    cat "$dir/regen$first.jsonl" "$dir/regen$second.jsonl" > "$dir/regenerated.jsonl"
+}
+
+# SmolLM2's chat template (the loss mask keeps the answers only), then the hidden-state features
+# (taps of layers 2, 15, 27 and the last hidden state) on two ranks.
+#                                              render_and_extract CONVERSATIONS TOKENIZED FEATURES
+render_and_extract() {
+    "$EYAS" data render --model smollm2-135m --input "$1" --output "$2" --max-length 1024
+    OMP_NUM_THREADS=1 .venv/bin/torchrun --nproc_per_node 2 -m eyas.cli.features \
+        --model smollm2-135m --data "$2" --out "$3" --max-length 1024 --samples-per-shard 64
+}
+
+# The head in HEAD_DIR becomes the shipped one, in bfloat16 (half the size; the engine computes
+# in float32).                                 ship HEAD_DIR
+ship() {
+    .venv/bin/python - "$1" <<'PY'
+import sys, torch
+from eyas.eagle3.checkpoint import load_head, save_head
+save_head(load_head(sys.argv[1]), "eyas/assets/heads/smollm2-135m", dtype=torch.bfloat16)
+PY
+}
+
 # 1. ShareGPT user prompts (first turn), PII/DLP filtered, 1,500 characters at most.
 "$EYAS" data prepare --source sharegpt --output-dir "$RUN/prepared" --keep user --max-turns 1 \
     --min-chars 16 --max-chars 1500 --workers 1
 
-# 2. Answers written by SmolLM2 itself (greedy, at most 256 tokens), two processes of one thread
-#    each on alternate prompts of the first 2,400 (float32: the fastest batched decoding on a CPU).
-#    The shipped head used the first 704 answers (the run was stopped after 33 minutes).
-head -2400 "$RUN/prepared/train.jsonl" | awk 'NR%2==1' > "$RUN/partA.jsonl"
-head -2400 "$RUN/prepared/train.jsonl" | awk 'NR%2==0' > "$RUN/partB.jsonl"
-for part in A B; do
-    OMP_NUM_THREADS=1 "$EYAS" data regenerate --input "$RUN/part$part.jsonl" \
-        --output "$RUN/regen$part.jsonl" --model smollm2-135m --dtype float32 \
-        --batch-size 32 --max-tokens 256 --no-progress &
-done
-wait
-cat "$RUN/regenA.jsonl" "$RUN/regenB.jsonl" > "$RUN/regenerated.jsonl"
+# 2. Answers to the first 2,400 prompts, batches of 32. The shipped head used the first 704
+#    answers (the run was stopped after 33 minutes).
+head -2400 "$RUN/prepared/train.jsonl" | regenerate_halves "$RUN" A B 32
 
-# 3. SmolLM2's chat template; the loss mask keeps the answers only.
-"$EYAS" data render --model smollm2-135m --input "$RUN/regenerated.jsonl" \
-    --output "$RUN/train.tokenized.jsonl" --max-length 1024
-
-# 4. Hidden-state features (taps of layers 2, 15, 27 and the last hidden state), two ranks.
-OMP_NUM_THREADS=1 .venv/bin/torchrun --nproc_per_node 2 -m eyas.cli.features --model smollm2-135m \
-    --data "$RUN/train.tokenized.jsonl" --out "$RUN/features" --max-length 1024 --samples-per-shard 64
+# 3-4. Template and features.
+render_and_extract "$RUN/regenerated.jsonl" "$RUN/train.tokenized.jsonl" "$RUN/features"
 
 # 5. The head: training-time test with 5 steps, an 8,192-token draft vocabulary.
 "$EYAS" train --model smollm2-135m --features "$RUN/features" --out "$RUN/train" \
@@ -59,10 +80,7 @@ with open(f"{run}/regenerated2.jsonl", "w") as out:
             if json.loads(line)["id"] not in seen:
                 out.write(line)
 PY
-"$EYAS" data render --model smollm2-135m --input "$RUN/regenerated2.jsonl" \
-    --output "$RUN/train2.tokenized.jsonl" --max-length 1024
-OMP_NUM_THREADS=1 .venv/bin/torchrun --nproc_per_node 2 -m eyas.cli.features --model smollm2-135m \
-    --data "$RUN/train2.tokenized.jsonl" --out "$RUN/features2" --max-length 1024 --samples-per-shard 64
+render_and_extract "$RUN/regenerated2.jsonl" "$RUN/train2.tokenized.jsonl" "$RUN/features2"
 
 # 8. The first head, trained further on the new answers only (its held-out split is new to it).
 "$EYAS" train --model smollm2-135m --features "$RUN/features2" --out "$RUN/train2" \
@@ -72,33 +90,18 @@ OMP_NUM_THREADS=1 .venv/bin/torchrun --nproc_per_node 2 -m eyas.cli.features --m
 # 9. Evaluate it as in step 6.
 "$EYAS" eval --draft "eagle3:$RUN/train2/head" --dataset mtbench --num-prompts 40 --output-dir "$RUN/eval2"
 
-# 10. Ship it in bfloat16 (half the size; the engine computes in float32).
-.venv/bin/python - "$RUN" <<'PY'
-import sys, torch
-from eyas.eagle3.checkpoint import load_head, save_head
-save_head(load_head(f"{sys.argv[1]}/train2/head"), "eyas/assets/heads/smollm2-135m", dtype=torch.bfloat16)
-PY
+# 10. Ship it.
+ship "$RUN/train2/head"
 
 # 11. Answers to the prompts after the first 2,400 (the regeneration now batches prompts of
 #     similar length: about 3x the tokens/s of step 2), two 1-thread processes, stopped after
 #     about 40 minutes.
 mkdir -p "$RUN/stage3"
-tail -n +2401 "$RUN/prepared/train.jsonl" | awk 'NR%2==1' > "$RUN/stage3/partC.jsonl"
-tail -n +2401 "$RUN/prepared/train.jsonl" | awk 'NR%2==0' > "$RUN/stage3/partD.jsonl"
-for part in C D; do
-    OMP_NUM_THREADS=1 "$EYAS" data regenerate --input "$RUN/stage3/part$part.jsonl" \
-        --output "$RUN/stage3/regen$part.jsonl" --model smollm2-135m --dtype float32 \
-        --batch-size 64 --max-tokens 256 --no-progress &
-done
-wait
-cat "$RUN/stage3/regenC.jsonl" "$RUN/stage3/regenD.jsonl" > "$RUN/stage3/regenerated.jsonl"
+tail -n +2401 "$RUN/prepared/train.jsonl" | regenerate_halves "$RUN/stage3" C D 64
 
 # 12. Template and features as in steps 3-4.
-"$EYAS" data render --model smollm2-135m --input "$RUN/stage3/regenerated.jsonl" \
-    --output "$RUN/stage3/train.tokenized.jsonl" --max-length 1024
-OMP_NUM_THREADS=1 .venv/bin/torchrun --nproc_per_node 2 -m eyas.cli.features --model smollm2-135m \
-    --data "$RUN/stage3/train.tokenized.jsonl" --out "$RUN/stage3/features" --max-length 1024 \
-    --samples-per-shard 64
+render_and_extract "$RUN/stage3/regenerated.jsonl" "$RUN/stage3/train.tokenized.jsonl" \
+    "$RUN/stage3/features"
 
 # 13. The second-stage head, trained further on these answers only.
 "$EYAS" train --model smollm2-135m --features "$RUN/stage3/features" --out "$RUN/stage3/train" \
@@ -110,8 +113,4 @@ OMP_NUM_THREADS=1 .venv/bin/torchrun --nproc_per_node 2 -m eyas.cli.features --m
     --output-dir "$RUN/stage3/eval"
 
 # 15. Ship it as in step 10 (only if step 14 beat the head shipped before).
-.venv/bin/python - "$RUN" <<'PY'
-import sys, torch
-from eyas.eagle3.checkpoint import load_head, save_head
-save_head(load_head(f"{sys.argv[1]}/stage3/train/head"), "eyas/assets/heads/smollm2-135m", dtype=torch.bfloat16)
-PY
+ship "$RUN/stage3/train/head"
