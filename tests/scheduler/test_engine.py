@@ -269,8 +269,14 @@ def test_an_auto_eagle3_engine_prices_each_requests_tree_and_calibrates_its_draf
         tiny_target, plain, random_head_dir):
     """In auto mode the serving rule reads each request's own tree price (expected tokens per
     budget, speculation.TreePricing) and scales the head's modelled drafting time by what the
-    engine measured; outputs stay equal to plain."""
-    served = engine(tiny_target, f"eagle3:{random_head_dir}", speculation="auto", max_running=2)
+    engine measured; outputs stay equal to plain. The target's pass is priced as a
+    memory-bound one (a GPU's: 1 + k tokens cost what one does) so that whether drafting pays
+    does not hinge on this machine's timing of a 2-layer model beside a head of the same size."""
+    config = EngineConfig(max_running=2, prefill_chunk=16, initial_kv_slots=16, speculation="auto")
+    served = Engine(tiny_target, config, draft=f"eagle3:{random_head_dir}")
+    served.costs.table = {cell: 1.0 for cell in served.costs.table}
+    served.costs.smoothing = 0.0  # measured steps do not pull the prices back to this CPU's
+    served.start()
     try:
         finished = threading.Event()
         request = served.submit(prompts()[-1], SamplingParams(max_tokens=24, ignore_eos=True),
