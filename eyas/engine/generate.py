@@ -45,7 +45,7 @@ def check_lengths(target: Target, prompt_len: int, params: SamplingParams) -> in
 def new_cache(target: Target, batch_size: int, slots: int) -> KVCache:
     config = target.config
     return KVCache(config.num_hidden_layers, batch_size, config.num_key_value_heads, slots,
-                   config.head_dim, dtype=target.dtype, device=target.device)
+                   config.head_dim, dtype=target.kv_dtype, device=target.device)
 
 
 @torch.inference_mode()

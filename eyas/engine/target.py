@@ -45,6 +45,11 @@ class Target:
         return self.model.embed_tokens.weight.dtype
 
     @property
+    def kv_dtype(self) -> torch.dtype:
+        """Dtype of the target's KV caches (float64 for int4 on a CPU: Transformer.kv_dtype)."""
+        return self.model.kv_dtype
+
+    @property
     def eos_token_ids(self) -> set[int]:
         ids = set(self.config.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:

@@ -36,6 +36,7 @@ class KVCache:
 
     def write(self, layer: int, slots: int | Tensor, k: Tensor, v: Tensor) -> None:
         """Store k, v [B, KV, T, D] at `slots`: an int start (same for every row) or [B, T]."""
+        k, v = k.to(self.keys.dtype), v.to(self.values.dtype)  # no copy when they match
         if isinstance(slots, int):
             end = slots + k.shape[2]
             if end > self.max_slots:

@@ -107,17 +107,18 @@ class Attention(nn.Module):
         q = qk[:, :, :heads].transpose(1, 2)  # [B, Hq, T, D]
         k = qk[:, :, heads:].transpose(1, 2)  # [B, KV, T, D]
         v = qkv[:, :, heads + kv_heads :].transpose(1, 2)  # [B, KV, T, D]
-        if cache is not None:
-            cache.write(self.layer_index, write_at, k, v)
-            k, v = cache.read(self.layer_index, kv_len)  # [B, KV, S, D]
         if self.float64_attention:
             # Rounding noise of float32 attention differs between a one-token pass and a
             # many-token (verification) pass; bf16-activation int4 matmuls downstream amplify it
-            # into different tokens. In float64 the two agree after rounding back.
-            out = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask,
-                                                 enable_gqa=True).to(q.dtype)
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+            # into different tokens. In float64 the two agree after rounding back. The cache is
+            # float64 too (Transformer.kv_dtype): converting it at every step cost more than
+            # the attention itself.
+            q, k, v = q.double(), k.double(), v.double()
+        if cache is not None:
+            cache.write(self.layer_index, write_at, k, v)
+            k, v = cache.read(self.layer_index, kv_len)  # [B, KV, S, D]
+        out = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask,
+                                             enable_gqa=True).to(x.dtype)
         return self.o_proj(out.transpose(1, 2).reshape(batch, length, heads * head_dim))
 
 
@@ -158,6 +159,14 @@ class Transformer(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         self.register_buffer("inv_freq", rope_inverse_frequencies(config), persistent=False)
         self._rope_cache: tuple[Tensor, Tensor] | None = None
+
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        """Dtype of this model's KV caches: float64 where attention runs in float64 (int4 on a
+        CPU: see Attention.forward), else the weights' dtype."""
+        if any(layer.self_attn.float64_attention for layer in self.layers):
+            return torch.float64
+        return self.embed_tokens.weight.dtype
 
     # ---- rotary tables -------------------------------------------------------------------
     def rope_tables(self, length: int) -> tuple[Tensor, Tensor]:

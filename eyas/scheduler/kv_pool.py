@@ -25,7 +25,7 @@ class KVPool:
         config = target.config
         self.max_slots = max_slots
         self.cache = KVCache(config.num_hidden_layers, rows, config.num_key_value_heads,
-                             min(initial_slots, max_slots), config.head_dim, dtype=target.dtype,
+                             min(initial_slots, max_slots), config.head_dim, dtype=target.kv_dtype,
                              device=target.device)
         self.owners: list[object | None] = [None] * rows  # request holding each row
 

@@ -82,7 +82,7 @@ class DraftModelProposer:
         config = self.draft.config
         kept = [i for i in range(config.num_hidden_layers) if i not in self.skip_layers]
         return LayerSubsetKVCache(kept, 1, config.num_key_value_heads, slots, config.head_dim,
-                                  dtype=self.draft.dtype, device=self.draft.device)
+                                  dtype=self.draft.kv_dtype, device=self.draft.device)
 
     def _ensure_slots(self, needed: int) -> None:
         if needed > self.cache.max_slots:
