@@ -118,6 +118,9 @@ class FixedTreeProposer:
 
     renumber = Eagle3Proposer.renumber
 
+    def draft_seconds(self, max_nodes):  # one level of one row, as Eagle3Proposer prices it
+        return self.cost.tree_draft(min(self.choice.depth, max_nodes), self.choice.top_k)
+
     def observe(self, tree, result, output):
         self.observed.append(result)
 

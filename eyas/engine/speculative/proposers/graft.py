@@ -147,7 +147,8 @@ class NgramGraftProposer:
         first_new = tree.size + 1  # merged ids from here on are the branch's new nodes
         gain: float | None = 0.0 if not branch else None  # None: this step says nothing
         if merged.size > tree.size:
-            merged, node_map, first_new, priced = self._priced(tree, merged, node_map, self.branches[n])
+            merged, node_map, first_new, priced = self._priced(tree, merged, node_map,
+                                                               self.branches[n], max_nodes)
             pricing = getattr(self.main, "expected_tokens", None)
             main = pricing(max_nodes) if pricing is not None and priced is not None else None
             if main is not None:  # the kept tree against the main tree alone, same budget
@@ -169,7 +170,7 @@ class NgramGraftProposer:
         self._pooled_gain[0] = 0.98 * self._pooled_gain[0] + 0.02 * gain
 
     def _priced(self, tree: DraftTree, merged: DraftTree, node_map: list[int],
-                stats: BranchStats) -> tuple[DraftTree, list[int], int, float | None]:
+                stats: BranchStats, max_nodes: int) -> tuple[DraftTree, list[int], int, float | None]:
         """The nodes of `merged` worth verifying, priced as in the module docstring: each node's
         probability of lying on the accepted path (main nodes from the main proposer's rank
         statistics, new nodes from the branch's `stats`), best first (a child never outranks its
@@ -191,8 +192,9 @@ class NgramGraftProposer:
                 step = stats.rate(node - tree.size - 1)
             on_path.append(on_path[parent] * step)
         order = sorted(range(1, merged.size + 1), key=lambda n: (-on_path[n], n))
-        draft_seconds = max(choice.seconds - cost.verify(choice.total_tokens), 0.0) if choice.depth \
-            else cost.draft(1)
+        # the head's modelled drafting for this budget (the one the serving rule prices), or
+        # its one catch-up pass where the chosen shape drafts nothing
+        draft_seconds = self.main.draft_seconds(max_nodes) if choice.depth else cost.draft(1)
         best_count, best_rate, best_tokens, tokens = 1, 0.0, 1.0, 1.0
         for count, node in enumerate(order, start=1):
             tokens += on_path[node]
