@@ -24,6 +24,7 @@ from eyas.eagle3.config import Eagle3Config
 from eyas.eagle3.head import Eagle3Head
 from eyas.errors import EyasError
 from eyas.utils.io import atomic_path, read_json, write_json_atomic
+from eyas.utils.state import check_state, copy_state
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -67,24 +68,11 @@ def read_head_config(folder: str | Path) -> Eagle3Config:
 
 def load_head_state(head: Eagle3Head, state: dict[str, Tensor], source: str) -> None:
     """Load `state` into `head`, strictly except for the optional embedding."""
-    expected = set(head.state_dict())
-    missing = sorted(expected - set(state) - {EMBEDDING_NAME})
-    unexpected = sorted(set(state) - expected)
-    if missing or unexpected:
-        raise EyasError(f"{source} does not match the head: missing {missing}, unexpected {unexpected}")
-    own = head.state_dict()
-    for name, tensor in state.items():
-        if tuple(tensor.shape) != tuple(own[name].shape):
-            raise EyasError(f"{source}: {name} has shape {tuple(tensor.shape)}, the config "
-                            f"implies {tuple(own[name].shape)}")
+    check_state(head.state_dict(), state, source, "the head", optional={EMBEDDING_NAME})
+    state = dict(state)
     if EMBEDDING_NAME in state:
         head.set_embedding(state.pop(EMBEDDING_NAME).to(head.fc.weight.dtype))
-    with torch.no_grad():
-        for name, tensor in head.named_parameters():
-            if name in state:
-                tensor.copy_(state[name])
-        head.d2t.copy_(state["d2t"].long())
-        head.t2d.copy_(state["t2d"].bool())
+    copy_state(head, state)  # d2t and t2d become int64 and bool, the buffers' dtypes
 
 
 def load_head(folder: str | Path, embedding: Tensor | None = None, device: str | torch.device = "cpu",

@@ -24,6 +24,7 @@ from eyas.errors import EyasError
 from eyas.medusa.config import MedusaConfig
 from eyas.medusa.head import MedusaHeads
 from eyas.utils.io import atomic_path, read_json, write_json_atomic
+from eyas.utils.state import check_state, copy_state
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -63,22 +64,8 @@ def read_medusa_config(folder: str | Path) -> MedusaConfig:
 
 def load_medusa_state(heads: MedusaHeads, state: dict[str, Tensor], source: str) -> None:
     """Load `state` into `heads` strictly (a shared output layer is never in a checkpoint)."""
-    expected = set(medusa_state_dict(heads))
-    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
-    if missing or unexpected:
-        raise EyasError(f"{source} does not match the heads: missing {missing}, unexpected {unexpected}")
-    own = heads.state_dict()
-    for name, tensor in state.items():
-        if tuple(tensor.shape) != tuple(own[name].shape):
-            raise EyasError(f"{source}: {name} has shape {tuple(tensor.shape)}, the config implies "
-                            f"{tuple(own[name].shape)}")
-    with torch.no_grad():
-        for name, tensor in heads.named_parameters():
-            if name in state:
-                tensor.copy_(state[name])
-        for name, tensor in heads.named_buffers():
-            if name in state:
-                tensor.copy_(state[name])
+    check_state(medusa_state_dict(heads), state, source, "the heads")
+    copy_state(heads, state)
 
 
 def load_medusa(folder: str | Path, device: str | torch.device = "cpu",

@@ -89,3 +89,19 @@ def test_bad_folders_are_user_errors(tmp_path) -> None:
     (tmp_path / "small" / "config.json").write_text(json.dumps(config))
     with pytest.raises(EyasError, match="missing \\['blocks.3"):
         load_medusa(tmp_path / "small")
+
+
+def test_a_shared_output_layer_in_the_weights_is_rejected_and_shapes_are_checked() -> None:
+    from eyas.medusa.checkpoint import load_medusa_state, medusa_state_dict
+
+    shared = random_heads(None)
+    state = medusa_state_dict(shared)
+    assert not any(name.startswith("lm_head.") for name in state)  # shared: never saved
+    with pytest.raises(EyasError, match=r"unexpected \['lm_head.weight'\]"):
+        load_medusa_state(shared, {**state, "lm_head.weight": torch.zeros(VOCAB, HIDDEN)}, "f")
+    name = next(iter(state))
+    with pytest.raises(EyasError, match=f"f: {name} has shape"):
+        load_medusa_state(shared, {**state, name: state[name][:1]}, "f")
+    copy = random_heads(None, seed=1)
+    load_medusa_state(copy, state, "f")
+    assert all(torch.equal(copy.state_dict()[k], v) for k, v in state.items())
