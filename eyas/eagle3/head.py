@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from eyas.eagle3.config import Eagle3Config
 from eyas.eagle3.vocab import DraftVocab
 from eyas.models.llama import rope_inverse_frequencies
+from eyas.models.quant import Int4Linear
 
 
 def rotate_half(x: Tensor) -> Tensor:  # [..., D]: (x1, x2) -> (-x2, x1)
@@ -139,6 +140,22 @@ class Eagle3Head(nn.Module):
         self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.int64))
         self.register_buffer("t2d", t2d)
         self._inv_freq: dict[torch.device, Tensor] = {}
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Activations' dtype (the norms stay float even where the linears are int4)."""
+        return self.norm.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.norm.weight.device
+
+    @property
+    def precision(self) -> str:
+        """The weights' precision: int4 once the linears are Int4Linear (quantize_linears, for
+        an int4 target), else the dtype's name."""
+        quantized = any(isinstance(m, Int4Linear) for m in self.modules())
+        return "int4" if quantized else str(self.dtype).removeprefix("torch.")
 
     # ---- set-up ----------------------------------------------------------------------------
     def set_embedding(self, weight: Tensor) -> None:

@@ -134,3 +134,19 @@ def quantize_model(model: nn.Module, group_size: int = 32, lm_head: str = "int8"
     elif lm_head != "keep":
         raise ValueError(f"lm_head must be int8, int4 or keep, not {lm_head!r}")
     return model
+
+
+def quantize_linears(module: nn.Module, group_size: int = 32) -> nn.Module:
+    """Replace every nn.Linear inside `module` whose input width is a multiple of `group_size`
+    and output width a multiple of 16 by Int4Linear (in place): a draft head served
+    beside an int4 target. Its linear layers are read whole at every drafting pass, after the
+    target's pass has pushed them out of the CPU caches, so their bytes set the pass's time
+    (BENCHMARKS.md section 6d)."""
+    if not int4_available():
+        raise RuntimeError("this PyTorch build has no CPU int4 kernel (_weight_int4pack_mm_for_cpu)")
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if (isinstance(child, nn.Linear) and child.in_features % group_size == 0
+                    and child.out_features % 16 == 0):  # the kernel's packing needs both
+                setattr(parent, name, Int4Linear(child, group_size))  # others stay float
+    return module

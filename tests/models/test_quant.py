@@ -49,3 +49,20 @@ def test_an_int4_target_keeps_its_cache_in_float64_and_that_changes_no_logit(smo
             logits[dtype] = torch.cat([first, rest], dim=1)
     assert logits[torch.float64].dtype == torch.float32
     assert torch.equal(logits[torch.float32], logits[torch.float64])
+
+
+@pytest.mark.skipif(not int4_available(), reason="no CPU int4 kernel in this PyTorch")
+def test_quantize_linears_swaps_the_layers_it_can_and_keeps_the_rest_float():
+    from eyas.models.quant import quantize_linears
+
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(64, 96), nn.ReLU(), nn.Sequential(nn.Linear(96, 48), nn.Linear(48, 8)))
+    x = torch.randn(3, 64)
+    before = module(x)
+    quantize_linears(module)
+    assert [type(m).__name__ for m in (module[0], module[2][0], module[2][1])] == \
+        ["Int4Linear", "Int4Linear", "Linear"]  # 48 inputs: not a multiple of the group of 32
+    after = module(x)
+    assert after.shape == before.shape
+    assert torch.allclose(after, before, atol=0.1 * before.abs().max().item())
+    assert not torch.equal(after, before)  # the weights really are 4-bit now

@@ -46,6 +46,7 @@ def _eagle3(target: Target, option: str, tree: str | None) -> Proposer:
     from eyas.eagle3 import load_head
     from eyas.eagle3.shipped import SHIPPED_HEADS, shipped_head_dir
     from eyas.engine.speculative.proposers.eagle3 import Eagle3Proposer, TreeShape
+    from eyas.models.quant import quantize_linears
 
     if not option:
         raise EyasError("--draft eagle3 needs a head: eagle3:DIR (a head folder) or "
@@ -58,6 +59,8 @@ def _eagle3(target: Target, option: str, tree: str | None) -> Proposer:
         raise EyasError(f"the head in {option} was trained for a target with "
                         f"{head.config.target_num_hidden_layers} layers; this one has "
                         f"{target.config.num_hidden_layers}")
+    if target.precision == "int4":  # the head's weights in int4 too: its passes cost their bytes
+        quantize_linears(head)
     return Eagle3Proposer(head, TreeShape.parse(tree) if tree and tree != "auto" else None)
 
 

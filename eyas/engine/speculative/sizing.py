@@ -111,8 +111,7 @@ def measure_draft_costs(head, context: int = 256, rows=(1, 2, 3, 4, 6, 8), repea
                         ) -> dict[int, float]:
     """Seconds of one head pass over R rows after `context` committed rows."""
     config = head.config
-    device = head.fc.weight.device
-    dtype = head.fc.weight.dtype
+    device, dtype = head.device, head.dtype
     past_taps = torch.zeros(1, context, config.fused_input_size, dtype=dtype, device=device)
     past = head(past_taps, torch.zeros(1, context, dtype=torch.long, device=device),
                 torch.arange(context, device=device)[None]).past_kv
@@ -134,7 +133,8 @@ def cost_cache_path(key: str) -> Path:
 
 def load_or_measure(target, head=None) -> CostModel:
     """The cost model of this machine + model + precision (+ head), measured once and cached."""
-    head_key = "" if head is None else json.dumps(head.config.to_dict(), sort_keys=True)
+    head_key = "" if head is None else json.dumps({**head.config.to_dict(),
+                                                   "precision": head.precision}, sort_keys=True)
     key = "|".join([COST_VERSION, str(target.folder), target.precision, str(target.device),
                     str(torch.get_num_threads()), platform.processor() or platform.machine(),
                     torch.__version__, head_key])

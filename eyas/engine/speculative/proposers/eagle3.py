@@ -222,7 +222,7 @@ class Eagle3Proposer:
     def _catch_up(self, token_ids: list[int]) -> None:
         if self.pending_taps is None:
             return
-        taps = self.pending_taps.to(self.head.fc.weight.dtype)
+        taps = self.pending_taps.to(self.head.dtype)
         count = taps.shape[1]
         start = self.committed
         if start + count + 1 > len(token_ids):
