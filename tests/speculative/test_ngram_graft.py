@@ -194,26 +194,44 @@ class PricedFixedTree(FixedTreeProposer):
         return 0.001
 
 
-def test_the_branch_adds_its_measured_gain_to_the_price_the_serving_rule_reads():
+def test_the_serving_price_splits_the_budget_between_the_head_and_a_branch_that_matches():
     import copy
 
     flat = {1: 0.010, 2: 0.0101, 4: 0.0102, 8: 0.0104, 16: 0.011}
     main = PricedFixedTree(flat)
     graft = NgramGraftProposer(main, graft_tokens=4)
-    assert graft.expected_tokens(8) == main.expected_tokens(8)  # no branch seen yet
+    assert graft.expected_tokens(8) == main.expected_tokens(8)  # nothing matched yet
     assert graft.draft_seconds(8) == 0.001
-    drafted = graft.propose(REPEATING, 8)  # the whole branch kept: 4 new nodes
-    on_path, branch_tokens = 1.0, 0.0
-    for j in range(4):
-        on_path *= graft.branches[3].rate(j)
-        branch_tokens += on_path
+    drafted = graft.propose(REPEATING, 8)  # "5 6 7" matched: the whole branch kept
     assert drafted.size == 5
-    assert graft.branch_gain == pytest.approx(0.2 * branch_tokens)  # one step of the average
-    assert graft.expected_tokens(8) == pytest.approx(main.expected_tokens(8) + graft.branch_gain)
-    gain = graft.branch_gain
-    graft.propose(REPEATING, 1)  # a one-token probe: no room for the branch, nothing learnt
-    assert graft.branch_gain == gain
-    graft.propose([1, 2, 3, 4], 8)  # nothing matched: the branch added nothing this step
-    assert graft.branch_gain == pytest.approx(0.8 * gain)
+    assert graft.match_rate == pytest.approx(0.2) and graft.last_n == 3
+    rates = [graft.branches[3].rate(j) for j in range(4)]
+    on_path, branch = 1.0, []
+    for rate in rates:
+        on_path *= rate
+        branch.append(0.2 * on_path)
+    head = main.expected_tokens(1)
+    # k nodes: the head's k - b (its price for any k >= 1 is `head`) or none (1.0), plus b of the branch
+    assert graft.expected_tokens(1) == pytest.approx(max(head, 1.0 + branch[0]))
+    assert graft.expected_tokens(3) == pytest.approx(head + sum(branch[:2]))
+    assert graft.expected_tokens(8) == pytest.approx(head + sum(branch))  # 4 + 4 nodes
+    for _ in range(30):  # a request whose text keeps repeating: the branch is worth the budget
+        graft.propose(REPEATING, 8)
+    assert graft.match_rate > 0.99
+    assert graft.expected_tokens(4) > graft.expected_tokens(1) + 0.3
+    graft.propose([1, 2, 3, 4], 8)  # nothing matched: the rate decays
+    assert graft.match_rate == pytest.approx(0.8 * (1 - 0.8 ** 31))  # 0.2, 30 hits, a miss
     twin = copy.copy(graft)  # a new request starts from the average over requests so far
-    assert 0 < twin.branch_gain == graft._pooled_gain[0] < graft.branch_gain
+    assert 0 < twin.match_rate == graft._pooled_match[0] < graft.match_rate
+
+
+def test_at_a_budget_of_one_node_a_reliable_branch_takes_it_from_the_head():
+    steep = {1: 0.010, 2: 0.013, 3: 0.0135, 4: 0.020, 8: 0.024, 16: 0.05}
+    main = FixedTreeProposer(steep)  # one node, rank 1
+    graft = NgramGraftProposer(main, graft_tokens=4)
+    assert graft.propose(REPEATING, 1).tokens.tolist() == [999]  # the head's 0.55 beats 0.4
+    for _ in range(40):
+        graft.branches[3].record(drafted=4, accepted=4)
+    drafted = graft.propose(REPEATING, 1)
+    assert drafted.tokens.tolist() == [8] and drafted.parents.tolist() == [0]
+    assert main.node_ranks == [0]  # the head's node was left out

@@ -13,7 +13,8 @@ them first. Only the main proposer sees its statistics: it is told how its nodes
 renumbered (`renumber`), and a node it did not draft has rank 0 for it.
 
 Which nodes to verify is priced like the tree itself (sizing.py), jointly for the main tree
-and the branch: each node's probability of lying on the accepted path comes from the main
+and the branch, within the step's budget of nodes (the branch competes for it: a reliable
+branch displaces the head's weaker guesses even at a budget of one node): each node's probability of lying on the accepted path comes from the main
 proposer's rank statistics (main nodes) or from the observed acceptance of the branch's j-th
 new node once the one before it was accepted (`BranchStats`, one per matched n-gram length,
 decaying toward its prior so that a cut branch is tried again; branch nodes), multiplied down
@@ -24,9 +25,12 @@ measured verification costs. So a reliable branch can displace the head's weaker
 an unreliable one costs nothing when verification past a few tokens is expensive. Without
 measured costs (a fixed `--tree`) every node is kept.
 
-For the serving rule (eyas.scheduler.speculation), the graft prices its tree as the main
-proposer's expected tokens for the budget plus `branch_gain`: what the branch added to the
-kept tree over the request's recent steps.
+For the serving rule (eyas.scheduler.speculation), the graft prices a budget of k nodes as
+the best split between the two: the main proposer's expected tokens for k - b nodes plus what
+the first b nodes of a branch add, `match_rate` x (r1 + r1 r2 + ... + r1..rb), where
+`match_rate` is how often an n-gram matched over the request's recent steps and r_j are the
+statistics of the last matched length. So a request whose text repeats itself is given the
+budget its branch needs.
 
 Usage:
     eyas generate --draft eagle3:smollm2-135m+ngram            # n-gram 3..2, 4 tokens
@@ -44,7 +48,7 @@ from eyas.engine.speculative.draft import DraftTree
 from eyas.engine.speculative.proposers.ngram import find_continuations
 from eyas.errors import EyasError
 
-BRANCH_GAIN_KEPT = 0.8  # weight the branch's average gain keeps at each step
+MATCH_RATE_KEPT = 0.8  # weight a request's match rate keeps at each step
 
 
 @dataclass
@@ -104,17 +108,18 @@ class NgramGraftProposer:
         self.branches = {n: BranchStats(graft_tokens) for n in range(min_n, max_n + 1)}
         # the last step's grafted branch: its statistics, first new id, tree size, graft parent
         self._last: tuple[BranchStats, int, int, int] | None = None
-        # Expected tokens per step the branch added to the main tree lately (the serving rule):
-        # per request, starting from the average over every request so far (shared by copies).
-        self.branch_gain = 0.0
-        self._pooled_gain = [0.0]
+        # How often an n-gram matched lately, and the length matched last (the serving rule's
+        # price): per request, starting from the average over every request so far (the
+        # average is shared by the copies).
+        self.match_rate, self.last_n = 0.0, max_n
+        self._pooled_match = [0.0]
 
     def __copy__(self) -> NgramGraftProposer:
         twin = object.__new__(NgramGraftProposer)
         twin.__dict__.update(self.__dict__)
         twin.main = copy.copy(self.main)  # per-request state lives in the main proposer
         twin.grafted, twin._last = 0, None  # the branch statistics are shared, as the head's are
-        twin.branch_gain = self._pooled_gain[0]  # per request: how repetitive its text is
+        twin.match_rate = self._pooled_match[0]  # per request: how repetitive its text is
         return twin
 
     def draft_seconds_per_token(self, target) -> float:
@@ -122,11 +127,20 @@ class NgramGraftProposer:
         return float(estimate(target)) if estimate is not None else 0.0
 
     def expected_tokens(self, max_nodes: int) -> float | None:
-        """The main tree's expected tokens per step plus what the branch added lately (an
-        exponential average over this request's steps: 0 where nothing matched)."""
+        """Tokens per step for a budget of `max_nodes`, at the best split between the main
+        tree (k - b nodes) and the branch's first b nodes (module docstring); None when the
+        main proposer cannot price its tree."""
         main = getattr(self.main, "expected_tokens", None)
-        tokens = main(max_nodes) if main is not None else None
-        return None if tokens is None else tokens + self.branch_gain
+        if main is None or main(max(max_nodes, 1)) is None:
+            return None
+        stats = self.branches[self.last_n]
+        best, branch, on_path = main(max_nodes), 0.0, 1.0
+        for b in range(1, min(max_nodes, self.graft_tokens) + 1):
+            on_path *= stats.rate(b - 1)
+            branch += self.match_rate * on_path
+            rest = main(max_nodes - b) if max_nodes > b else 1.0
+            best = max(best, rest + branch)
+        return best
 
     def draft_seconds(self, max_nodes: int) -> float:
         main = getattr(self.main, "draft_seconds", None)
@@ -134,26 +148,23 @@ class NgramGraftProposer:
 
     def begin(self, target, prompt_ids, params) -> None:
         self.main.begin(target, prompt_ids, params)
-        self.grafted, self.branch_gain = 0, self._pooled_gain[0]
+        self.grafted, self.match_rate = 0, self._pooled_match[0]
 
     def propose(self, token_ids: list[int], max_nodes: int) -> DraftTree:
         tree = self.main.propose(token_ids, max_nodes).truncated(max(max_nodes, 0))
-        if tree.draft_probs is not None:  # a sampled chain: its probabilities cover it alone
+        if tree.draft_probs is not None or max_nodes <= 0:  # a sampled chain: its
+            self._last = None                               # probabilities cover it alone
             return tree
         for stats in self.branches.values():
             stats.relax()
         n, branch = self._continuation(token_ids)
-        merged, node_map = graft_branch(tree, branch, max_nodes)
+        self._record_match(n, bool(branch))
+        priced = self._can_price()  # then the branch competes for the budget (see _priced)
+        merged, node_map = graft_branch(tree, branch, tree.size + len(branch) if priced else max_nodes)
         first_new = tree.size + 1  # merged ids from here on are the branch's new nodes
-        gain: float | None = 0.0 if not branch else None  # None: this step says nothing
-        if merged.size > tree.size:
-            merged, node_map, first_new, priced = self._priced(tree, merged, node_map,
-                                                               self.branches[n], max_nodes)
-            pricing = getattr(self.main, "expected_tokens", None)
-            main = pricing(max_nodes) if pricing is not None and priced is not None else None
-            if main is not None:  # the kept tree against the main tree alone, same budget
-                gain = max(priced - main, 0.0)
-        self._record_gain(gain)
+        if merged.size > tree.size and priced:
+            merged, node_map, first_new = self._priced(tree, merged, node_map, self.branches[n],
+                                                       max_nodes)
         self._last = None
         if merged.size >= first_new:
             self._last = (self.branches[n], first_new, merged.size, int(merged.parents[first_new - 1]))
@@ -161,26 +172,29 @@ class NgramGraftProposer:
         self.main.renumber(node_map, merged.size)
         return merged
 
-    def _record_gain(self, gain: float | None) -> None:
-        """Follow the branch's gain: 0 where no n-gram matched; not followed where the budget
-        left the branch no room (a one-token draft probe) or nothing was priced."""
-        if gain is None:
-            return
-        self.branch_gain = BRANCH_GAIN_KEPT * self.branch_gain + (1 - BRANCH_GAIN_KEPT) * gain
-        self._pooled_gain[0] = 0.98 * self._pooled_gain[0] + 0.02 * gain
+    def _record_match(self, n: int, matched: bool) -> None:
+        """Follow how often an n-gram matches (the serving rule's price of the branch)."""
+        hit = 1.0 if matched else 0.0
+        self.match_rate = MATCH_RATE_KEPT * self.match_rate + (1 - MATCH_RATE_KEPT) * hit
+        self._pooled_match[0] = 0.98 * self._pooled_match[0] + 0.02 * hit
+        if matched:
+            self.last_n = n
+
+    def _can_price(self) -> bool:
+        """Measured costs and rank statistics to price nodes with (EAGLE-3 with --tree auto);
+        without them every grafted node that fits the budget is kept."""
+        return (getattr(self.main, "cost", None) is not None
+                and getattr(self.main, "choice", None) is not None and getattr(self.main, "auto", False))
 
     def _priced(self, tree: DraftTree, merged: DraftTree, node_map: list[int],
-                stats: BranchStats, max_nodes: int) -> tuple[DraftTree, list[int], int, float | None]:
+                stats: BranchStats, max_nodes: int) -> tuple[DraftTree, list[int], int]:
         """The nodes of `merged` worth verifying, priced as in the module docstring: each node's
         probability of lying on the accepted path (main nodes from the main proposer's rank
         statistics, new nodes from the branch's `stats`), best first (a child never outranks its
-        parent, so every prefix is a tree), cut where expected tokens per second peak.
-        Without measured costs everything is kept. Returns the tree, the main nodes' new ids
-        (0 = dropped), the first new node's id and the kept tree's expected tokens per step
-        (None without measured costs)."""
-        cost, choice = getattr(self.main, "cost", None), getattr(self.main, "choice", None)
-        if cost is None or choice is None or not getattr(self.main, "auto", False):
-            return merged, node_map, tree.size + 1, None
+        parent, so every prefix is a tree), cut where expected tokens per second peak, at
+        `max_nodes` at most. Returns the tree, the main nodes' new ids (0 = dropped) and the
+        first new node's id."""
+        cost, choice = self.main.cost, self.main.choice
         ranks = self.main.ranks.probabilities
         parents = merged.parents.tolist()
         on_path = [1.0]  # node 0 = the root
@@ -195,18 +209,18 @@ class NgramGraftProposer:
         # the head's modelled drafting for this budget (the one the serving rule prices), or
         # its one catch-up pass where the chosen shape drafts nothing
         draft_seconds = self.main.draft_seconds(max_nodes) if choice.depth else cost.draft(1)
-        best_count, best_rate, best_tokens, tokens = 1, 0.0, 1.0, 1.0
-        for count, node in enumerate(order, start=1):
+        best_count, best_rate, tokens = 1, 0.0, 1.0
+        for count, node in enumerate(order[: max(max_nodes, 1)], start=1):
             tokens += on_path[node]
             rate = tokens / (cost.verify(count + 1) + draft_seconds)
             if rate > best_rate:
-                best_count, best_rate, best_tokens = count, rate, tokens
+                best_count, best_rate = count, rate
         kept = sorted(order[:best_count])  # ids keep parents before children
         new_id = {old: new for new, old in enumerate(kept, start=1)}
         pruned = DraftTree(merged.tokens[[n - 1 for n in kept]],
                            torch.tensor([new_id.get(parents[n - 1], 0) for n in kept], dtype=torch.long))
         first_new = next((new_id[n] for n in kept if n > tree.size), pruned.size + 1)
-        return pruned, [new_id.get(node, 0) for node in node_map], first_new, best_tokens
+        return pruned, [new_id.get(node, 0) for node in node_map], first_new
 
     def _continuation(self, token_ids: list[int]) -> tuple[int, list[int]]:
         """(n, continuation) of the longest matching n-gram; (max_n, []) when none matched."""
