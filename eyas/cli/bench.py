@@ -38,6 +38,7 @@ import argparse
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from eyas.engine.target import PRECISIONS
 from eyas.errors import EyasError
 from eyas.utils.io import write_json_atomic
 
@@ -88,7 +89,7 @@ def _register_costs(sub: argparse._SubParsersAction) -> None:
                     "    eyas bench costs --model smollm2-135m --dtype float32",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     costs.add_argument("--model", default="smollm2-135m", help="model spec (default: %(default)s)")
-    costs.add_argument("--dtype", default="auto", help="precision (default: %(default)s)")
+    costs.add_argument("--dtype", default="auto", choices=PRECISIONS, help="precision (default: %(default)s)")
     costs.add_argument("--repeats", type=int, default=7, help="timed passes per size (median)")
     costs.set_defaults(func=run_costs_cli)
 

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
+from eyas.engine.target import PRECISIONS
 from eyas.errors import EyasError
 
 
@@ -141,7 +142,8 @@ def _add_regenerate(commands: Any) -> None:
     endpoint.add_argument("--max-failures", type=int, default=8,
                           help="stop the run after this many failed requests in a row")
     local = parser.add_argument_group("in-process")
-    local.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16 or int4")
+    local.add_argument("--dtype", default="auto", choices=PRECISIONS,
+                       help="precision of the in-process target (default: %(default)s)")
     local.add_argument("--batch-size", type=int, default=8)
     sampling = parser.add_argument_group("sampling (greedy by default; see docs/data.md)")
     sampling.add_argument("--max-tokens", type=int, default=512)

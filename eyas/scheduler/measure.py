@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 
 from eyas.engine.sampling import SamplingParams
-from eyas.engine.target import Target
+from eyas.engine.target import PRECISIONS, Target
 from eyas.errors import EyasError
 from eyas.scheduler.config import EngineConfig
 from eyas.scheduler.engine import Engine
@@ -109,7 +109,7 @@ def load_prompts(target: Target, name: str, count: int) -> list[list[int]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--dtype", default="auto", choices=PRECISIONS)
     parser.add_argument("--prompts", default="mtbench", choices=["mtbench", "code"])
     parser.add_argument("--num-prompts", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=128)
