@@ -153,6 +153,13 @@ def test_the_proposer_prices_the_tree_it_drafts_under_a_budget(random_head):
     assert proposer.expected_tokens(2) == pytest.approx(expected_tokens(3, 2, 3, ranks))
     assert proposer.expected_tokens(64) == pytest.approx(expected_tokens(3, 2, 6, ranks))
     assert proposer.expected_tokens(1) == pytest.approx(1 + ranks[0])
+    for _ in range(10):  # new acceptance statistics: the price follows them
+        proposer.ranks.record(1)
+    assert proposer.ranks.probabilities[0] > ranks[0]
+    assert proposer.expected_tokens(1) == pytest.approx(1 + proposer.ranks.probabilities[0])
+    proposer.shape = TreeShape(depth=1, top_k=2, total_tokens=3)  # and a new shape
+    assert proposer.expected_tokens(64) == pytest.approx(expected_tokens(1, 2, 3, proposer.ranks.probabilities))
+    proposer.shape = TreeShape(depth=3, top_k=2, total_tokens=6)
     assert proposer.draft_seconds(1) == pytest.approx(0.002)  # one level, one row
     assert proposer.draft_seconds(2) == pytest.approx(0.002 + 0.003)  # two levels
     assert proposer.draft_seconds(9) == pytest.approx(0.002 + 2 * 0.003)  # the shape's three

@@ -79,6 +79,8 @@ class Eagle3Proposer:
         self.choice = None  # last TreeChoice (auto mode)
         self.shape_memo: dict[tuple[float, ...], object] = {}  # rounded rank probabilities -> TreeChoice
         self.price_memo: dict[tuple, list[float]] = {}  # (shape, rounded ranks) -> accepted_by_size
+        self._priced_state: tuple | None = None  # what the last price was computed from
+        self._priced_accepted: list[float] = []
         self.tap_layers = tuple(head.config.target_layer_ids)
         self.past: tuple[Tensor, Tensor] | None = None  # committed KV [1, KV, n, D]
         self.committed = 0  # committed rows (= positions 0..committed-1)
@@ -133,17 +135,22 @@ class Eagle3Proposer:
         costs to price it against)."""
         if not self.auto or self.cost is None or max_nodes < 1:
             return None
-        from eyas.engine.speculative.sizing import accepted_by_size
-
         # The serving rule asks for every request and budget each step: one running sum per
-        # shape and rank statistics, memoized (and shared by the copies).
-        shape = self.shape
-        key = (shape.depth, shape.top_k, *(round(p, 3) for p in self.ranks.probabilities))
-        accepted = self.price_memo.get(key)
-        if accepted is None:
-            if len(self.price_memo) >= 4096:
-                self.price_memo.clear()
-            accepted = self.price_memo[key] = accepted_by_size(shape.depth, shape.top_k, list(key[2:]))
+        # shape and rank statistics, memoized (and shared by the copies); the statistics'
+        # running total tells whether they changed since this copy last asked.
+        shape, ranks = self.shape, self.ranks
+        state = (id(ranks), ranks.total, shape.depth, shape.top_k)
+        if self._priced_state != state:
+            from eyas.engine.speculative.sizing import accepted_by_size
+
+            key = (shape.depth, shape.top_k, *(round(p, 3) for p in ranks.probabilities))
+            accepted = self.price_memo.get(key)
+            if accepted is None:
+                if len(self.price_memo) >= 4096:
+                    self.price_memo.clear()
+                accepted = self.price_memo[key] = accepted_by_size(shape.depth, shape.top_k, list(key[2:]))
+            self._priced_state, self._priced_accepted = state, accepted
+        accepted = self._priced_accepted
         return 1.0 + accepted[min(shape.total_tokens - 1, max_nodes, len(accepted) - 1)]
 
     def draft_seconds(self, max_nodes: int) -> float:
