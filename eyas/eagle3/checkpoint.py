@@ -71,7 +71,7 @@ def load_head_state(head: Eagle3Head, state: dict[str, Tensor], source: str) -> 
     check_state(head.state_dict(), state, source, "the head", optional={EMBEDDING_NAME})
     state = dict(state)
     if EMBEDDING_NAME in state:
-        head.set_embedding(state.pop(EMBEDDING_NAME).to(head.fc.weight.dtype))
+        head.set_embedding(state.pop(EMBEDDING_NAME).to(head.dtype))
     copy_state(head, state)  # d2t and t2d become int64 and bool, the buffers' dtypes
 
 

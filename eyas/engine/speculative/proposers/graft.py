@@ -14,14 +14,14 @@ renumbered (`renumber`), and a node it did not draft has rank 0 for it.
 
 Which nodes to verify is priced like the tree itself (sizing.py), jointly for the main tree
 and the branch, within the step's budget of nodes (the branch competes for it: a reliable
-branch displaces the head's weaker guesses even at a budget of one node): each node's probability of lying on the accepted path comes from the main
-proposer's rank statistics (main nodes) or from the observed acceptance of the branch's j-th
-new node once the one before it was accepted (`BranchStats`, one per matched n-gram length,
-decaying toward its prior so that a cut branch is tried again; branch nodes), multiplied down
-the path. Nodes are ranked by that probability (a child never outranks its parent, so every
+branch displaces the head's weaker guesses even at a budget of one node): each node's
+probability of lying on the accepted path comes from the main proposer's rank statistics
+(main nodes) or from the observed acceptance of the branch's j-th new node once the one
+before it was accepted (`BranchStats`, one per matched n-gram length, decaying toward its
+prior so that a cut branch is tried again; branch nodes), multiplied down the path. Nodes are ranked by that probability (a child never outranks its parent, so every
 prefix of the ranking is a tree), and the prefix with the most expected tokens per second of
-the step, (1 + sum of probabilities) / (verify(1 + nodes) + drafting), is kept, with the
-measured verification costs. So a reliable branch can displace the head's weaker guesses, and
+the step, (1 + sum of probabilities) / (verify(1 + nodes) + drafting), is kept (at most the
+budget), with the measured verification costs. So a reliable branch can displace the head's weaker guesses, and
 an unreliable one costs nothing when verification past a few tokens is expensive. Without
 measured costs (a fixed `--tree`) every node is kept.
 
@@ -152,8 +152,8 @@ class NgramGraftProposer:
 
     def propose(self, token_ids: list[int], max_nodes: int) -> DraftTree:
         tree = self.main.propose(token_ids, max_nodes).truncated(max(max_nodes, 0))
-        if tree.draft_probs is not None or max_nodes <= 0:  # a sampled chain: its
-            self._last = None                               # probabilities cover it alone
+        if tree.draft_probs is not None or max_nodes <= 0:
+            self._last = None  # a sampled chain (its probabilities cover it alone), or no room
             return tree
         for stats in self.branches.values():
             stats.relax()
