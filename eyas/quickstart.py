@@ -117,7 +117,8 @@ def plan_steps(config: QuickstartConfig) -> list[Step]:
     steps.append(Step("eval-shipped-ngram", "the shipped head with the prompt-lookup branch",
                       _eval_argv(config, f"eagle3:{config.head}+ngram", out / "eval-shipped-ngram",
                                  quiet), no_head))
-    drafts = ["none", "ngram"] + ([f"eagle3=eagle3:{config.head}"] if config.head else [])
+    # the shipped head served as it does best on a CPU: with the prompt-lookup branch
+    drafts = ["none", "ngram"] + ([f"eagle3-ngram=eagle3:{config.head}+ngram"] if config.head else [])
     steps.append(Step("serve-compare", f"eyas serve with {', '.join(d.split('=')[0] for d in drafts)}",
                       ["bench", "compare", "--model", config.model,
                        *[arg for d in drafts for arg in ("--draft", d)],
