@@ -8,22 +8,23 @@ tree, sharing the nodes where both agree, so a step accepts whichever branch was
 
 How: the main proposer drafts its tree first, with the step's budget; the n-gram branch (at
 most `graft_tokens` tokens, only where an n-gram of at least `min_n` tokens matched) is then
-merged in as a trie. The n-gram nodes come after the main tree's nodes, so the budget cuts
-them first. Only the main proposer sees its statistics: it is told how its nodes were
-renumbered (`renumber`), and a node it did not draft has rank 0 for it.
+merged in as a trie. The n-gram nodes come after the main tree's nodes; with measured costs
+they compete with them for the budget (below), without, the budget cuts them first. Only the
+main proposer sees its statistics: it is told how its nodes were renumbered (`renumber`), and
+a node it did not draft has rank 0 for it.
 
 Which nodes to verify is priced like the tree itself (sizing.py), jointly for the main tree
-and the branch, within the step's budget of nodes (the branch competes for it: a reliable
-branch displaces the head's weaker guesses even at a budget of one node): each node's
-probability of lying on the accepted path comes from the main proposer's rank statistics
-(main nodes) or from the observed acceptance of the branch's j-th new node once the one
-before it was accepted (`BranchStats`, one per matched n-gram length, decaying toward its
-prior so that a cut branch is tried again; branch nodes), multiplied down the path. Nodes are ranked by that probability (a child never outranks its parent, so every
-prefix of the ranking is a tree), and the prefix with the most expected tokens per second of
-the step, (1 + sum of probabilities) / (verify(1 + nodes) + drafting), is kept (at most the
-budget), with the measured verification costs. So a reliable branch can displace the head's weaker guesses, and
-an unreliable one costs nothing when verification past a few tokens is expensive. Without
-measured costs (a fixed `--tree`) every node is kept.
+and the branch, within the step's budget of nodes: each node's probability of lying on the
+accepted path comes from the main proposer's rank statistics (main nodes) or from the observed
+acceptance of the branch's j-th new node once the one before it was accepted (`BranchStats`,
+one per matched n-gram length, decaying toward its prior so that a cut branch is tried again;
+branch nodes), multiplied down the path. Nodes are ranked by that probability (a child never
+outranks its parent, so every prefix of the ranking is a tree), and the prefix with the most
+expected tokens per second of the step, (1 + sum of probabilities) / (verify(1 + nodes) +
+drafting), is kept (at most the budget), with the measured verification costs. So a reliable
+branch displaces the head's weaker guesses, even at a budget of one node, and an unreliable one
+costs nothing when verification past a few tokens is expensive. Without measured costs (a
+fixed `--tree`) every node that fits the budget is kept.
 
 For the serving rule (eyas.scheduler.speculation), the graft prices a budget of k nodes as
 the best split between the two: the main proposer's expected tokens for k - b nodes plus what
@@ -131,10 +132,11 @@ class NgramGraftProposer:
         tree (k - b nodes) and the branch's first b nodes (module docstring); None when the
         main proposer cannot price its tree."""
         main = getattr(self.main, "expected_tokens", None)
-        if main is None or main(max(max_nodes, 1)) is None:
+        best = main(max_nodes) if main is not None else None
+        if best is None:
             return None
         stats = self.branches[self.last_n]
-        best, branch, on_path = main(max_nodes), 0.0, 1.0
+        branch, on_path = 0.0, 1.0
         for b in range(1, min(max_nodes, self.graft_tokens) + 1):
             on_path *= stats.rate(b - 1)
             branch += self.match_rate * on_path
