@@ -46,7 +46,8 @@ class Target:
 
     @property
     def kv_dtype(self) -> torch.dtype:
-        """Dtype of the target's KV caches (float64 for int4 on a CPU: Transformer.kv_dtype)."""
+        """Dtype of the target's KV caches (Transformer.kv_dtype: float32, or float64 for int4 on a
+        CPU without the fused layers)."""
         return self.model.kv_dtype
 
     @property

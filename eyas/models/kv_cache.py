@@ -57,6 +57,10 @@ class KVCache:
         """Keys and values of slots [0, length) of one layer: [B, KV, length, D] each."""
         return self.keys[layer, :, :, :length], self.values[layer, :, :, :length]
 
+    def layer_tensors(self, layer: int) -> tuple[Tensor, Tensor]:
+        """Keys and values of one layer, every slot: [B, KV, S, D] views of the storage."""
+        return self.keys[layer], self.values[layer]
+
     def compact(self, row: int, keep_slots: Tensor | list[int], start: int) -> None:
         """Copy the entries at `keep_slots` of one batch row to slots start, start+1, ...
 
@@ -97,6 +101,9 @@ class LayerSubsetKVCache(KVCache):
 
     def read(self, layer: int, length: int) -> tuple[Tensor, Tensor]:
         return super().read(self.storage_index[layer], length)
+
+    def layer_tensors(self, layer: int) -> tuple[Tensor, Tensor]:
+        return super().layer_tensors(self.storage_index[layer])
 
     def grown(self, max_slots: int) -> LayerSubsetKVCache:
         """A larger cache holding this one's slots (the old one is dropped by the caller)."""

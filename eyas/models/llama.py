@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from eyas.models import fused_cpu
 from eyas.models.config import ModelConfig
 from eyas.models.kv_cache import KVCache
 
@@ -159,13 +160,16 @@ class Transformer(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         self.register_buffer("inv_freq", rope_inverse_frequencies(config), persistent=False)
         self._rope_cache: tuple[Tensor, Tensor] | None = None
+        self.fused_plan: list | bool | None = None  # fused_cpu layers, False = none; None = not looked at
 
     @property
     def kv_dtype(self) -> torch.dtype:
-        """Dtype of this model's KV caches: float64 where attention runs in float64 (int4 on a
-        CPU: see Attention.forward), else the weights' dtype."""
+        """Dtype of this model's KV caches. int4 on a CPU: float32 where the fused layers run
+        (their attention gives a row the same bits in any pass, models/fused_cpu.py), else
+        float64, where the Python layers' attention runs (see Attention.forward). Otherwise
+        the weights' dtype."""
         if any(layer.self_attn.float64_attention for layer in self.layers):
-            return torch.float64
+            return torch.float32 if self.fused_layers() else torch.float64
         return self.embed_tokens.weight.dtype
 
     # ---- rotary tables -------------------------------------------------------------------
@@ -223,11 +227,26 @@ class Transformer(nn.Module):
         # 2. The decoder stack, collecting the taps on the way.
         taps: list[Tensor] = []
         wanted = set(tap_layers)
+        plan = self._fused(cache, x)
+        if plan:  # int4 on a CPU: one C++ call per layer (models/fused_cpu.py), rows flattened
+            x = x.reshape(batch * length, -1).contiguous()
+            cos, sin = cos.reshape(batch * length, -1), sin.reshape(batch * length, -1)
+            slots = (torch.arange(write_at, write_at + length).expand(batch, length).contiguous()
+                     if isinstance(write_at, int) else write_at.long().contiguous())
+            if attn_mask is not None:
+                attn_mask = attn_mask.expand(batch, length, kv_len)
         for index, layer in enumerate(self.layers):
             if index in wanted:
-                taps.append(x)
-            if index not in skip_layers:
+                taps.append(x.view(batch, length, -1) if plan else x)
+            if index in skip_layers:
+                continue
+            if plan:
+                keys, values = cache.layer_tensors(index)
+                x = fused_cpu.run_layer(plan[index], x, cos, sin, keys, values, slots, kv_len, attn_mask)
+            else:
                 x = layer(x, cos, sin, cache, write_at, kv_len, mask)
+        if plan:
+            x = x.view(batch, length, -1)
         if len(self.layers) in wanted:
             taps.append(x)
         hidden = self.norm(x)
@@ -248,6 +267,21 @@ class Transformer(nn.Module):
             by_layer = dict(zip(order, taps))
             tap_tensor = torch.cat([by_layer[k] for k in tap_layers], dim=-1)
         return ForwardOutput(logits=logits, hidden=hidden, taps=tap_tensor)
+
+    def fused_layers(self) -> list | None:
+        """The fused C++ layers of an int4 model on a CPU (models/fused_cpu.py), or None."""
+        if self.fused_plan is None:
+            self.fused_plan = fused_cpu.fused_layers(self) or False
+        return self.fused_plan or None
+
+    def _fused(self, cache: KVCache | None, x: Tensor) -> list | None:
+        """The fused layers where this pass may use them: a float32 or float64 KV cache,
+        float32 activations, no autograd."""
+        if cache is None or cache.keys.dtype not in (torch.float32, torch.float64):
+            return None
+        if x.dtype != torch.float32 or torch.is_grad_enabled():
+            return None
+        return self.fused_layers()
 
     def output_logits(self, hidden: Tensor, greedy: bool = False) -> Tensor:  # [..., H] -> [..., V]
         """The output layer. greedy=True allows a layer that finds each row's argmax exactly
@@ -286,6 +320,7 @@ class Transformer(nn.Module):
             for norm in ("input_layernorm", "post_attention_layernorm"):
                 own[dst + f"{norm}.weight"] = state[src + f"{norm}.weight"]
         missing, unexpected = self.load_state_dict(own, strict=False)
+        self.fused_plan = None
         missing = [m for m in missing if not (m == "lm_head.weight" and self.config.tie_word_embeddings)]
         if missing or unexpected:
             raise ValueError(f"checkpoint mismatch: missing {missing}, unexpected {unexpected}")

@@ -126,6 +126,7 @@ def quantize_model(model: nn.Module, group_size: int = 32, lm_head: str = "int8"
             for name, child in list(parent.named_children()):
                 if isinstance(child, nn.Linear):
                     setattr(parent, name, Int4Linear(child, group_size))
+    model.fused_plan = None  # look again for the fused int4 layers (models/fused_cpu.py)
     head = model.lm_head
     if lm_head == "int8":
         model.lm_head = Int8Linear(head)

@@ -28,25 +28,29 @@ def test_int4_rows_are_the_same_alone_and_in_any_split():
 
 
 @pytest.mark.skipif(not int4_available(), reason="no CPU int4 kernel in this PyTorch")
-def test_an_int4_target_keeps_its_cache_in_float64_and_that_changes_no_logit(smollm_int4_target,
-                                                                             smollm_target):
-    """float64 attention reads a float64 cache (no conversion of the whole cache per step);
-    the values stored are the float32 keys and values made exact in float64, so every logit
-    equals the one computed from a float32 cache."""
+def test_the_python_layers_of_an_int4_target_keep_a_float64_cache_that_changes_no_logit(
+        smollm_int4_target, smollm_target):
+    """Without the fused layers (models/fused_cpu.py), float64 attention reads a float64 cache
+    (no conversion of the whole cache per step); the values stored are the float32 keys and
+    values made exact in float64, so every logit equals the one computed from a float32 cache."""
     from eyas.models.kv_cache import KVCache
 
     target = smollm_int4_target
-    assert target.kv_dtype == torch.float64 and smollm_target.kv_dtype == torch.float32
-    config = target.config
-    prompt = torch.tensor([[1, 504, 3458, 314, 253, 1789, 28, 6120, 30, 260, 2114, 5549]])  # [1, 12]
-    logits = {}
-    with torch.inference_mode():
-        for dtype in (torch.float32, torch.float64):
-            cache = KVCache(config.num_hidden_layers, 1, config.num_key_value_heads, 16,
-                            config.head_dim, dtype=dtype)
-            first = target.model(prompt[:, :9], cache=cache, write_at=0).logits  # [1, 9, V]
-            rest = target.model(prompt[:, 9:], cache=cache, write_at=9).logits  # [1, 3, V]
-            logits[dtype] = torch.cat([first, rest], dim=1)
+    target.model.fused_plan = False  # the Python layers
+    try:
+        assert target.kv_dtype == torch.float64 and smollm_target.kv_dtype == torch.float32
+        config = target.config
+        prompt = torch.tensor([[1, 504, 3458, 314, 253, 1789, 28, 6120, 30, 260, 2114, 5549]])  # [1, 12]
+        logits = {}
+        with torch.inference_mode():
+            for dtype in (torch.float32, torch.float64):
+                cache = KVCache(config.num_hidden_layers, 1, config.num_key_value_heads, 16,
+                                config.head_dim, dtype=dtype)
+                first = target.model(prompt[:, :9], cache=cache, write_at=0).logits  # [1, 9, V]
+                rest = target.model(prompt[:, 9:], cache=cache, write_at=9).logits  # [1, 3, V]
+                logits[dtype] = torch.cat([first, rest], dim=1)
+    finally:
+        target.model.fused_plan = None  # look the fused layers up again
     assert logits[torch.float64].dtype == torch.float32
     assert torch.equal(logits[torch.float32], logits[torch.float64])
 

@@ -135,7 +135,8 @@ def load_or_measure(target, head=None) -> CostModel:
     """The cost model of this machine + model + precision (+ head), measured once and cached."""
     head_key = "" if head is None else json.dumps({**head.config.to_dict(),
                                                    "precision": head.precision}, sort_keys=True)
-    key = "|".join([COST_VERSION, str(target.folder), target.precision, str(target.device),
+    layers = "fused" if target.model.fused_layers() else "python"  # models/fused_cpu.py
+    key = "|".join([COST_VERSION, str(target.folder), target.precision, layers, str(target.device),
                     str(torch.get_num_threads()), platform.processor() or platform.machine(),
                     torch.__version__, head_key])
     path = cost_cache_path(key)

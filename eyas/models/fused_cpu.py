@@ -1,0 +1,146 @@
+"""The int4 decoder layer in one C++ call: the CPU decode step without its Python overhead.
+
+A decode step of int4 SmolLM2-135M spent ~4.5 ms in its 120 int4 matmuls and ~8 ms around
+them: ~25 small ops per layer (norms, RoPE, dtype conversions, cache writes, float64 attention)
+and the Python that issues them. `csrc/int4_decoder_layer.cpp` does everything between the
+matmuls in plain loops, and the model calls it once per layer (BENCHMARKS.md section 1).
+
+It is compiled on first use with PyTorch's extension builder (g++, ~25 s; `make setup` does it
+ahead of time) into ~/.cache/eyas/ext (EYAS_EXT_DIR overrides). Where it cannot be built, or
+with EYAS_FUSED=0, the model runs its Python layers: same results up to float rounding, and
+since a process uses one or the other for every pass, speculative output stays identical to
+plain output either way.
+
+Usage:
+    python -m eyas.models.fused_cpu            # build now (or report why it cannot be built)
+    from eyas.models.fused_cpu import fused_layers
+    layers = fused_layers(model)               # None unless every layer qualifies
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import sys
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+SOURCE = Path(__file__).parent / "csrc" / "int4_decoder_layer.cpp"
+CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno"]
+
+_extension = None  # the loaded module, False after a failed build, None before trying
+
+
+def _cpu_tag() -> str:
+    """A short tag of this CPU's model and flags: -march=native builds are not portable."""
+    text = platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("model name", "flags")):
+                text += line
+                if line.startswith("flags"):
+                    break
+    except OSError:
+        pass
+    return hashlib.sha1(text.encode()).hexdigest()[:10]
+
+
+def build_directory() -> Path:
+    root = Path(os.environ.get("EYAS_EXT_DIR", Path.home() / ".cache" / "eyas" / "ext"))
+    tag = f"torch{torch.__version__.replace('+', '_')}-py{sys.version_info[0]}{sys.version_info[1]}-{_cpu_tag()}"
+    return root / tag
+
+
+def extension(verbose: bool = False):
+    """The compiled module, building it on first use; None where it cannot be built."""
+    global _extension
+    if _extension is None:
+        try:
+            from torch.utils.cpp_extension import load
+
+            directory = build_directory()
+            directory.mkdir(parents=True, exist_ok=True)
+            _extension = load("eyas_int4_decoder_layer", sources=[str(SOURCE)], extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"],
+                              build_directory=str(directory), verbose=verbose)
+        except Exception as error:  # no compiler, no headers, ...: the Python layers still work
+            warnings.warn(f"eyas: the fused int4 layer could not be built ({error}); "
+                          "decoding uses the Python layers (slower)", RuntimeWarning, stacklevel=2)
+            _extension = False
+    return _extension or None
+
+
+def enabled() -> bool:
+    return os.environ.get("EYAS_FUSED", "1") != "0"
+
+
+@dataclass(frozen=True)
+class FusedLayer:
+    """The tensors and sizes of one int4 DecoderLayer, in the extension's argument order."""
+
+    weights: tuple  # norm_in, qkv packed/scales/bias, o packed/scales, norm_post, gate_up, down
+    group: int
+    eps: float
+    heads: int
+    kv_heads: int
+
+
+def _fused_layer(layer: nn.Module) -> FusedLayer | None:
+    from eyas.models.quant import Int4Linear
+
+    attn, mlp = layer.self_attn, layer.mlp
+    linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+    if not all(isinstance(lin, Int4Linear) for lin in linears) or not attn.float64_attention:
+        return None
+    if attn.head_dim % 8 or attn.num_heads % attn.num_kv_heads:
+        return None
+    if attn.q_norm is not None or any(lin.bias is not None for lin in linears[1:]):
+        return None
+    groups = {lin.group_size for lin in linears}
+    norms = (layer.input_layernorm, layer.post_attention_layernorm)
+    if len(groups) != 1 or norms[0].eps != norms[1].eps:
+        return None
+    if any(n.weight.dtype != torch.float32 for n in norms):
+        return None
+    qkv, o, gate_up, down = linears
+    weights = (norms[0].weight.detach(), qkv.packed, qkv.scales_and_zeros, qkv.bias, o.packed,
+               o.scales_and_zeros, norms[1].weight.detach(), gate_up.packed, gate_up.scales_and_zeros,
+               down.packed, down.scales_and_zeros)
+    return FusedLayer(weights, groups.pop(), float(norms[0].eps), attn.num_heads, attn.num_kv_heads)
+
+
+def fused_layers(model: nn.Module) -> list[FusedLayer] | None:
+    """One FusedLayer per decoder layer of an int4 model on the CPU with float64 attention, or
+    None (another precision or device, qk-norm, EYAS_FUSED=0, or no extension)."""
+    if not enabled() or model.embed_tokens.weight.device.type != "cpu":
+        return None
+    layers = [_fused_layer(layer) for layer in model.layers]
+    if any(layer is None for layer in layers) or extension() is None:
+        return None
+    return layers
+
+
+def run_layer(layer: FusedLayer, x: Tensor, cos: Tensor, sin: Tensor, keys: Tensor, values: Tensor,
+              slots: Tensor, kv_len: int, mask: Tensor | None) -> Tensor:
+    """x [N, H] float32 -> [N, H]; keys/values [B, KV, S, D] float64 (one layer of the cache),
+    slots [B, T] int64 (N = B * T), cos/sin [N, D], mask [B, T, kv_len] bool or None."""
+    return extension().int4_decoder_layer(x, *layer.weights, layer.group, layer.eps, cos, sin, keys,
+                                          values, slots, kv_len, mask, layer.heads, layer.kv_heads)
+
+
+def main() -> int:
+    """Build the extension now (make setup runs this) and say where it is, or why not."""
+    module = extension(verbose="-v" in sys.argv[1:])
+    if module is None:
+        print("eyas: fused int4 layer not built; decoding will use the Python layers", file=sys.stderr)
+        return 0  # not an install failure: the fallback works
+    print(f"eyas: fused int4 layer ready in {build_directory()}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

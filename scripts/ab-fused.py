@@ -1,0 +1,78 @@
+"""The int4 target with its fused C++ layers against its Python layers, in one run.
+
+    python scripts/ab-fused.py [DRAFT] [NUM_PROMPTS]
+    python scripts/ab-fused.py eagle3:smollm2-135m+ngram 16     # the default
+
+Loads the int4 SmolLM2 target twice: one copy runs the fused layers (eyas/models/fused_cpu.py,
+float32 KV cache), the other the Python layers (float64 attention and cache, as before). Every
+MT-Bench first turn is decoded four ways, plain and speculative (DRAFT, `--tree auto`, fallback
+off) on each copy, the order alternating per prompt (greedy, 128 tokens). Prints median tok/s,
+per-prompt ratios, tau, and how many speculative outputs are identical to their own path's
+plain output (all of them, or eyas has a bug). The two paths may pick different tokens where
+bf16 rounding of an activation differs; how many prompts agree token for token is printed too.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+import torch
+
+from eyas.engine.generate import generate
+from eyas.engine.sampling import SamplingParams
+from eyas.engine.speculative.decode import speculative_generate
+from eyas.engine.speculative.methods import build_proposer
+from eyas.engine.speculative.policy import PolicyConfig
+from eyas.engine.target import load_target
+from eyas.scheduler.measure import load_prompts
+
+
+def main(draft: str = "eagle3:smollm2-135m+ngram", num_prompts: int = 16) -> None:
+    targets = {"python": load_target("smollm2-135m"), "fused": load_target("smollm2-135m")}
+    targets["python"].model.fused_plan = False  # the Python layers
+    assert targets["fused"].model.fused_layers() is not None, "the fused layer did not build"
+    assert [t.kv_dtype for t in targets.values()] == [torch.float64, torch.float32]
+    prompts = load_prompts(targets["fused"], "mtbench", num_prompts)
+    params, off = SamplingParams(max_tokens=128), PolicyConfig(enabled=False)
+    proposers = {name: build_proposer(draft, target, "auto") for name, target in targets.items()}
+    for name, target in targets.items():  # warm-up
+        generate(target, prompts[0], params)
+        speculative_generate(target, prompts[0], params, proposers[name], policy=off)
+    runs = [(f"{name} {kind}", name, kind) for name in targets for kind in ("plain", "speculative")]
+    rates: dict[str, list[float]] = {label: [] for label, _, _ in runs}
+    taus: dict[str, list[float]] = {name: [] for name in targets}
+    identical = {name: 0 for name in targets}
+    paths_agree = 0
+    for index, prompt in enumerate(prompts):
+        outputs = {}
+        for label, name, kind in runs if index % 2 == 0 else reversed(runs):
+            started = time.perf_counter()
+            if kind == "plain":
+                result = generate(targets[name], prompt, params)
+            else:
+                result = speculative_generate(targets[name], prompt, params, proposers[name], policy=off)
+                taus[name].append(result.stats["speculative"]["acceptance_length"])
+            rates[label].append(len(result.token_ids) / (time.perf_counter() - started))
+            outputs[label] = result.token_ids
+        for name in targets:
+            identical[name] += outputs[f"{name} plain"] == outputs[f"{name} speculative"]
+        paths_agree += outputs["python plain"] == outputs["fused plain"]
+    print(f"{draft}, {len(prompts)} MT-Bench prompts, int4 target, 128 tokens, greedy")
+    for label, values in rates.items():
+        name = label.split()[0]
+        ratio = statistics.median(v / p for v, p in zip(values, rates[f"{name} plain"]))
+        tau = f", tau mean {statistics.mean(taus[name]):.2f}" if label.endswith("speculative") else ""
+        print(f"{label}: median {statistics.median(values):.1f} tok/s, {ratio:.3f}x its plain{tau}")
+    for kind in ("plain", "speculative"):
+        gain = statistics.median(f / p for f, p in zip(rates[f"fused {kind}"], rates[f"python {kind}"]))
+        print(f"fused / python layers, {kind}, median per prompt: {gain:.3f}x")
+    print(f"speculative identical to plain: python {identical['python']}/{len(prompts)}, "
+          f"fused {identical['fused']}/{len(prompts)}; the two paths' plain outputs agree on "
+          f"{paths_agree}/{len(prompts)} prompts")
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(2)
+    main(*(sys.argv[1:2]), *(int(a) for a in sys.argv[2:3]))

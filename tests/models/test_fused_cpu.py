@@ -1,0 +1,121 @@
+"""The fused int4 decoder layer (models/fused_cpu.py): it is what an int4 target runs on a CPU,
+it gives a token the same bits in a one-token step and in a tree verification pass (the
+property lossless speculation rests on), and it agrees with the Python layers."""
+
+import shutil
+
+import pytest
+import torch
+
+from eyas.models import fused_cpu
+from eyas.models.kv_cache import KVCache
+from eyas.models.quant import int4_available
+
+pytestmark = [
+    pytest.mark.skipif(not int4_available(), reason="no CPU int4 kernel in this PyTorch"),
+    pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None,
+                       reason="no C++ compiler to build the fused layer"),
+]
+
+PROMPT = torch.tensor([[1, 504, 3458, 314, 253, 1789, 28, 6120, 30, 260, 2114, 5549]])  # [1, 12]
+
+
+def new_cache(target, rows=1, slots=32, dtype=None):
+    config = target.config
+    return KVCache(config.num_hidden_layers, rows, config.num_key_value_heads, slots, config.head_dim,
+                   dtype=dtype or target.kv_dtype)
+
+
+def test_an_int4_target_on_a_cpu_runs_the_fused_layers_with_a_float32_cache(smollm_int4_target,
+                                                                            smollm_target):
+    model = smollm_int4_target.model
+    assert fused_cpu.extension() is not None  # g++ is on every machine of this project's kind
+    assert model.fused_layers() is not None and len(model.fused_layers()) == 30
+    assert smollm_int4_target.kv_dtype == torch.float32
+    assert smollm_target.model.fused_layers() is None  # float32 weights: the Python layers
+
+
+def test_a_tree_verification_pass_gives_each_row_the_bits_of_one_token_steps(smollm_int4_target):
+    """Rows a, b, c, d: b and c are children of a, d of b. Each row's hidden state must equal,
+    bit for bit, the one-token decode of its path (a, b, d) or (a, c)."""
+    model = smollm_int4_target.model
+    a, b, c, d = 2683, 314, 1345, 28
+    with torch.inference_mode():
+        tree_cache = new_cache(smollm_int4_target)
+        model(PROMPT, cache=tree_cache, write_at=0, logits_at=None)
+        visible = torch.zeros(4, 16, dtype=torch.bool)  # [T, S]: slots 0..11 context, 12..15 the tree
+        visible[:, :12] = True
+        for row, path in enumerate([[12], [12, 13], [12, 14], [12, 13, 15]]):
+            visible[row, path] = True
+        tree = model(torch.tensor([[a, b, c, d]]), positions=torch.tensor([[12, 13, 13, 14]]),
+                     cache=tree_cache, write_at=12, attn_mask=visible[None], kv_len=16,
+                     logits_at=None).hidden  # [1, 4, H]
+        steps = {}
+        for path in ([a, b, d], [a, c]):
+            cache = new_cache(smollm_int4_target)
+            model(PROMPT, cache=cache, write_at=0, logits_at=None)
+            steps[tuple(path)] = [model(torch.tensor([[token]]), cache=cache, write_at=12 + i,
+                                        logits_at=None).hidden[0, 0] for i, token in enumerate(path)]
+    assert torch.equal(tree[0, 0], steps[(a, b, d)][0])
+    assert torch.equal(tree[0, 1], steps[(a, b, d)][1])
+    assert torch.equal(tree[0, 3], steps[(a, b, d)][2])
+    assert torch.equal(tree[0, 2], steps[(a, c)][1])
+
+
+def test_rows_of_a_batch_with_their_own_slots_equal_each_row_alone(smollm_int4_target):
+    """The serving engine's layout: B rows, tensor slots [B, T], a mask [B, T, S]."""
+    model = smollm_int4_target.model
+    prompts = [PROMPT[:, :7], PROMPT[:, 3:]]  # 7 and 9 tokens
+    with torch.inference_mode():
+        alone = []
+        for prompt in prompts:
+            cache = new_cache(smollm_int4_target)
+            model(prompt, cache=cache, write_at=0, logits_at=None)
+            alone.append(model(torch.tensor([[2683]]), cache=cache, write_at=prompt.shape[1],
+                               logits_at=None).hidden[0, 0])
+        cache = new_cache(smollm_int4_target, rows=2)
+        for row, prompt in enumerate(prompts):  # prefill each row in its own cache row
+            single = new_cache(smollm_int4_target)
+            model(prompt, cache=single, write_at=0, logits_at=None)
+            cache.keys[:, row], cache.values[:, row] = single.keys[:, 0], single.values[:, 0]
+        slots = torch.tensor([[7], [9]])  # [B, T]
+        mask = torch.zeros(2, 1, 10, dtype=torch.bool)
+        mask[0, 0, :8] = True
+        mask[1, 0, :10] = True
+        batch = model(torch.tensor([[2683], [2683]]), positions=slots, cache=cache, write_at=slots,
+                      attn_mask=mask, kv_len=10, logits_at=None).hidden  # [2, 1, H]
+    assert torch.equal(batch[0, 0], alone[0])
+    assert torch.equal(batch[1, 0], alone[1])
+
+
+def test_the_fused_and_the_python_layers_agree(smollm_int4_target):
+    """The same model through both paths: bf16 rounding of activations may differ in a last
+    bit here and there (RMSNorm sums in another order), nothing more."""
+    model = smollm_int4_target.model
+    hidden = {}
+    try:
+        for fused in (False, True):
+            model.fused_plan = None if fused else False  # False: the Python layers
+            with torch.inference_mode():
+                cache = new_cache(smollm_int4_target, dtype=torch.float64)
+                out = model(PROMPT, cache=cache, write_at=0, logits_at="all")
+                hidden[fused] = (out.hidden, out.logits)
+    finally:
+        model.fused_plan = None
+    (h_py, logits_py), (h_fused, logits_fused) = hidden[False], hidden[True]
+    assert h_fused.shape == h_py.shape == (1, 12, 576)
+    assert (h_fused - h_py).abs().max() <= 0.01 * h_py.abs().max()  # measured: 0.4%
+    assert (logits_fused - logits_py).abs().max() <= 0.02 * logits_py.abs().max()
+    assert torch.equal(logits_fused.argmax(-1), logits_py.argmax(-1))
+
+
+def test_a_write_past_the_cache_is_an_index_error(smollm_int4_target):
+    model = smollm_int4_target.model
+    with torch.inference_mode():
+        cache = new_cache(smollm_int4_target, slots=12)
+        model(PROMPT, cache=cache, write_at=0, logits_at=None)
+        with pytest.raises(IndexError, match="KV cache overflow"):
+            model(torch.tensor([[2683]]), cache=cache, write_at=torch.tensor([[12]]), kv_len=12,
+                  logits_at=None)
+        with pytest.raises(IndexError, match="KV cache overflow"):
+            model(torch.tensor([[2683]]), cache=cache, write_at=12, logits_at=None)
