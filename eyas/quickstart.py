@@ -92,8 +92,8 @@ def plan_steps(config: QuickstartConfig) -> list[Step]:
              ["data", "regenerate", "--input", str(out / "prepared" / "train.jsonl"),
               "--output", str(out / "regenerated.jsonl"), "--model", config.model,
               "--limit", str(config.prompts), "--batch-size", str(config.batch_size),
-              # float32: batched decoding on a CPU is fastest there (int4's exact attention is
-              # float64, costly across a batch); the weights are the same.
+              # float32: batched decoding on a CPU is fastest there (PyTorch's int4 kernel slows
+              # down past a few rows per call, BENCHMARKS.md section 1); the weights are the same.
               "--dtype", "float32",
               "--max-tokens", str(config.answer_tokens), *quiet]),
         Step("render", "the target's chat template, prompts masked out",

@@ -42,8 +42,9 @@ def test_self_drafting_accepts_every_draft_and_equals_plain(smollm_target, mtben
 
 
 def test_int4_speculative_equals_int4_plain(smollm_int4_target, mtbench_prompt_ids):
-    """int4 takes bf16 activations, which would amplify the rounding noise that separates a
-    one-token pass from a verification pass; its float64 attention keeps them token-identical."""
+    """int4 takes bf16 activations, which would amplify any rounding noise that separates a
+    one-token pass from a verification pass; its fused layers compute every row the same way
+    in any pass (models/fused_cpu.py), which keeps them token-identical."""
     target = smollm_int4_target
     prompts = mtbench_prompt_ids[:4]
     params = SamplingParams(max_tokens=NEW_TOKENS)

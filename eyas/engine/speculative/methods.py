@@ -22,7 +22,9 @@ def _ngram(target: Target, option: str, tree: str | None) -> Proposer:
 
     numbers = [int(x) for x in option.split(",")] if option else []
     keys = ["max_n", "min_n", "max_matches"]
-    return NgramProposer(NgramConfig(**dict(zip(keys, numbers))))
+    # priced: in single-stream decoding the draft is cut where it pays (proposers/ngram.py);
+    # the serving engine prices its steps itself and never hands the proposer costs
+    return NgramProposer(NgramConfig(**dict(zip(keys, numbers)), priced=True))
 
 
 def _model(target: Target, option: str, tree: str | None) -> Proposer:

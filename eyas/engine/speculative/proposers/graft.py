@@ -41,53 +41,14 @@ Usage:
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
 
 import torch
 
 from eyas.engine.speculative.draft import DraftTree
-from eyas.engine.speculative.proposers.ngram import find_continuations
+from eyas.engine.speculative.proposers.ngram import BranchStats, find_continuations
 from eyas.errors import EyasError
 
 MATCH_RATE_KEPT = 0.8  # weight a request's match rate keeps at each step
-
-
-@dataclass
-class BranchStats:
-    """P(the j-th new node of the n-gram branch is accepted | the one before it was), j = 1..,
-    counted over the steps whose accepted path reached the branch. The evidence decays toward
-    the prior at every step (`relax`): a branch cut because it was rarely right is tried again
-    later, when the text may have turned repetitive."""
-
-    length: int
-    prior: tuple[float, float] = (0.4, 0.6)  # the first new node; each later one
-    weight: float = 4.0  # pseudo-observations behind the prior
-    relax_rate: float = 0.99  # evidence kept per step
-    hits: list[float] = field(default_factory=list)  # decayed evidence, per node j
-    trials: list[float] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.hits = [0.0] * self.length
-        self.trials = [0.0] * self.length
-
-    def rate(self, j: int) -> float:
-        """P(new node j + 1 accepted | node j was); 0-based j."""
-        if j >= self.length:
-            return 0.0
-        prior = self.prior[0] if j == 0 else self.prior[1]
-        return (self.hits[j] + prior * self.weight) / (self.trials[j] + self.weight)
-
-    def record(self, drafted: int, accepted: int) -> None:
-        """A step that reached the branch: `accepted` of its `drafted` new nodes, in order."""
-        for j in range(min(accepted, self.length)):
-            self.hits[j] += 1
-            self.trials[j] += 1
-        if accepted < min(drafted, self.length):
-            self.trials[accepted] += 1
-
-    def relax(self) -> None:
-        self.hits = [h * self.relax_rate for h in self.hits]
-        self.trials = [t * self.relax_rate for t in self.trials]
 
 
 class NgramGraftProposer:
