@@ -157,15 +157,19 @@ void attention(const T* q, const T* keys, const T* values, const bool* mask, int
   const int64_t group = heads / kv_heads, queries = length * group;
   const T scale = T(1.0 / std::sqrt(double(head_dim)));
   const int64_t work = queries * kv_len * head_dim;
-  at::parallel_for(0, batch * kv_heads, work >= (1 << 15) ? 1 : batch * kv_heads,
-                   [&](int64_t begin, int64_t end) {
+  // Work items: (row of the batch, kv head, chunk of 32 queries), so that a long pass (a
+  // prefill) spreads over the threads; how queries are grouped changes no value.
+  const int64_t chunk = 32, chunks = (queries + chunk - 1) / chunk;
+  const int64_t items = batch * kv_heads * chunks;
+  at::parallel_for(0, items, work >= (1 << 15) ? 1 : items, [&](int64_t begin, int64_t end) {
     std::vector<T> probs(kv_len);
     std::vector<typename S::Vec> acc(head_dim / S::width);
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t b = item / kv_heads, kvh = item % kv_heads;
+      const int64_t b = item / (kv_heads * chunks), kvh = (item / chunks) % kv_heads;
+      const int64_t first = (item % chunks) * chunk, last = std::min(queries, first + chunk);
       const T* kb = keys + (b * kv_heads + kvh) * max_slots * head_dim;
       const T* vb = values + (b * kv_heads + kvh) * max_slots * head_dim;
-      for (int64_t m = 0; m < queries; ++m) {  // query m = head kvh * group + m % group of row m / group
+      for (int64_t m = first; m < last; ++m) {  // query m = head kvh * group + m % group of row m / group
         const int64_t t = m / group, h = kvh * group + m % group;
         const T* qv = q + ((b * length + t) * heads + h) * head_dim;
         const bool* visible = mask ? mask + (b * length + t) * kv_len : nullptr;
