@@ -235,3 +235,43 @@ def test_at_a_budget_of_one_node_a_reliable_branch_takes_it_from_the_head():
     drafted = graft.propose(REPEATING, 1)
     assert drafted.tokens.tolist() == [8] and drafted.parents.tolist() == [0]
     assert main.node_ranks == [0]  # the head's node was left out
+
+
+class SilentProposer(FixedTreeProposer):
+    """A main proposer whose sizing found no tree that pays: it drafts nothing."""
+
+    def propose(self, token_ids, max_nodes):
+        self.node_ranks = []
+        return DraftTree.empty()
+
+
+def test_in_single_stream_a_branch_alone_must_beat_a_plain_step():
+    steep = {1: 0.010, 2: 0.016, 4: 0.026, 8: 0.046, 16: 0.09}  # each token costs 0.6 of a step
+    graft = NgramGraftProposer(SilentProposer(steep), graft_tokens=4)
+    # the serving engine's copies verify at least the branch's first token
+    assert graft.propose(REPEATING, 8).tokens.tolist() == [8]
+    graft.single_stream(None)
+    # prior rate 0.4 for the first token: 1.4 tokens for 1.6 steps loses to a plain step
+    assert graft.propose(REPEATING, 8).size == 0
+    for _ in range(40):  # a branch that keeps being accepted in full pays for its tokens
+        graft.branches[3].record(drafted=4, accepted=4)
+    assert graft.propose(REPEATING, 8).tokens.tolist() == [8, 9, 10, 11]
+
+
+def test_in_single_stream_an_eagle3_head_that_cannot_pay_drafts_one_step_in_sixteen():
+    from eyas.engine.speculative.sizing import TreeChoice
+
+    proposer = object.__new__(Eagle3Proposer)
+    proposer.auto, proposer.probe_every, proposer._unpaid_steps = True, 0, 0
+    proposer.choice = TreeChoice(0, 0, 1, 1.0, 0.01, 100.0)  # the sizing's verdict: plain
+    drafted = []
+    proposer._catch_up = lambda token_ids: drafted.append(len(token_ids))
+    proposer.last_logits = None  # (so that a probe step stops right after its catch-up)
+    for _ in range(32):
+        proposer.propose([1, 2, 3], 4)
+    assert len(drafted) == 32  # serving copies: every step is offered to the head
+    proposer.single_stream(None)
+    drafted.clear()
+    for _ in range(32):
+        proposer.propose([1, 2, 3], 4)
+    assert len(drafted) == 2  # steps 16 and 32

@@ -46,10 +46,8 @@ def speculative_generate(
     metrics = SpecMetrics()
     switch = SpeculationPolicy(policy)
     proposer.begin(target, prompt_ids, params)
-    if getattr(proposer, "wants_costs", False):  # a priced n-gram: the measured costs
-        from eyas.engine.speculative.sizing import load_or_measure
-
-        proposer.use_costs(load_or_measure(target))
+    if hasattr(proposer, "single_stream"):  # priced n-grams, EAGLE-3 probes (proposers/)
+        proposer.single_stream(target)
     # 1. Prefill, then the first token comes from the prompt's last logits.
     started = time.perf_counter()
     ids = torch.tensor([prompt_ids], device=target.device)

@@ -32,13 +32,17 @@ def verify(
     accepted path, contiguous; the emitted tokens' last one (recovered/bonus) is the next root.
     """
     # 1. One pass: each node sees the context, its ancestors and itself.
-    ids, positions, mask = verification_inputs(tree, root_token, context_length)
     device = target.device
-    output = target.model(
-        ids.to(device), positions.to(device), cache=cache, write_at=context_length,
-        attn_mask=mask.to(device) if tree.size else None, kv_len=context_length + tree.size + 1,
-        tap_layers=tap_layers, greedy=params.greedy,
-    )
+    if not tree.size:  # a plain step: the root alone, as plain decoding runs it
+        output = target.model(torch.tensor([[root_token]], device=device), cache=cache,
+                              write_at=context_length, tap_layers=tap_layers, greedy=params.greedy)
+    else:
+        ids, positions, mask = verification_inputs(tree, root_token, context_length)
+        output = target.model(
+            ids.to(device), positions.to(device), cache=cache, write_at=context_length,
+            attn_mask=mask.to(device), kv_len=context_length + tree.size + 1,
+            tap_layers=tap_layers, greedy=params.greedy,
+        )
     logits = output.logits[0]  # [N+1, V]
     # 2. Acceptance.
     if params.greedy:
@@ -46,6 +50,7 @@ def verify(
     else:
         result = accept_sampling(tree, target_probs(logits, params), generator)
     # 3. The accepted path's entries become contiguous after the root; the rest is scratch.
-    keep = [context_length + node for node in result.accepted_nodes]
-    cache.compact(0, keep, start=context_length + 1)
+    if result.accepted_nodes:
+        keep = [context_length + node for node in result.accepted_nodes]
+        cache.compact(0, keep, start=context_length + 1)
     return result, output

@@ -5,9 +5,11 @@
 // the Python that issues them. This file does that work in plain loops between the matmuls.
 //
 // Numerics (what keeps speculative decoding lossless): every row's values depend on that row's
-// inputs and on the keys and values it may attend to, never on how many rows share the call,
-// so a token gets the same logits in a one-token decode step and in a verification pass.
-// Attention runs in float64 like the Python path (models/llama.py) and is rounded to float32.
+// inputs and on the keys and values it may attend to, never on how many rows share the call
+// or where they sit in it, so a token gets the same logits in a one-token decode step, in a
+// verification pass and in any batch. Attention runs in the KV cache's dtype (float32 as the
+// engine allocates it; float64 works too) and is rounded to bf16 for o_proj, as in the Python
+// layers (models/llama.py), which need float64 for the same agreement.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -52,8 +54,8 @@ Tensor int4_mm(const Tensor& a, const Tensor& packed, int64_t group, const Tenso
   return at::cat(parts);
 }
 
-// e^x for float x, to ~2 ulp, in a form the compiler vectorizes (std::exp is a scalar call,
-// ~20 ns: SiLU over 1,536 features of a 300-row prefill made it the layer's largest cost).
+// e^x for float x (relative error < 1e-7 over [-87, 88]) in a form the compiler can vectorize,
+// where std::exp is a scalar library call: SiLU's and the softmax's exponentials.
 // Cody-Waite range reduction x = k ln2 + r, |r| <= ln2 / 2, then a degree-6 polynomial.
 #pragma omp declare simd
 inline float exp_approx(float x) {
@@ -208,8 +210,8 @@ void attention(const T* q, const T* keys, const T* values, const bool* mask, int
 }  // namespace
 
 // x [N, H] float32 (N = B * T rows, row n = b * T + t) -> the layer's output [N, H] float32.
-// Writes this layer's keys and values at `slots` [B, T] of cache_k / cache_v [B, KV, S, D]
-// (float64). cos, sin [N, D] float32 (sin sign-folded: rotate_half(x) * sin == roll(x) * sin).
+// Writes this layer's keys and values at `slots` [B, T] of cache_k / cache_v [B', KV, S, D]
+// (B' >= B; float32 or float64). cos, sin [N, D] float32 (sin sign-folded: rotate_half(x) * sin == roll(x) * sin).
 Tensor int4_decoder_layer(const Tensor& x, const Tensor& norm_in, const Tensor& qkv_packed,
                           const Tensor& qkv_scales, const c10::optional<Tensor>& qkv_bias,
                           const Tensor& o_packed, const Tensor& o_scales, const Tensor& norm_post,
@@ -232,6 +234,9 @@ Tensor int4_decoder_layer(const Tensor& x, const Tensor& norm_in, const Tensor& 
   TORCH_CHECK_INDEX(kv_len > 0 && kv_len <= max_slots, "KV cache overflow: ", kv_len, " visible slots of ",
                     max_slots);
   TORCH_CHECK(head_dim % 8 == 0, "head_dim must be a multiple of 8");
+  TORCH_CHECK(cache_k.dim() == 4 && cache_k.sizes() == cache_v.sizes() && cache_k.size(0) >= batch &&
+              cache_k.size(1) == kv_heads && cache_k.size(3) == head_dim,
+              "cache layers must be [B, KV, S, D] with this layer's kv heads and head dim");
   const bool* mask_ptr = nullptr;
   Tensor mask_c;
   if (mask.has_value()) {

@@ -16,7 +16,11 @@ Tree rows are scratch: only committed rows stay in the head's KV.
 
 With no fixed shape (`--tree auto`), the shape comes from sizing.py: the target's measured
 verification costs, the head's measured step costs, and the acceptance ranks observed so far;
-it is chosen again every `resize_every` steps.
+it is chosen again every `resize_every` steps. When no shape pays (the sizing's depth 0), the
+serving engine's copies still draft a one-token chain (its serving rule decides each step's
+budget); in single-stream decoding (`single_stream`) only every `probe_every`-th step drafts
+one, to keep the statistics alive, and the others are plain steps (their rows are caught up
+in one head pass at the next probe).
 """
 
 from __future__ import annotations
@@ -87,15 +91,23 @@ class Eagle3Proposer:
         self.pending_taps: Tensor | None = None  # [1, m, 3H] taps of rows to commit
         self.last_hidden: Tensor | None = None  # [1, 1, H] output of the last committed row
         self.last_logits: Tensor | None = None  # [1, N] its draft logits
+        self.probe_every = 0  # single_stream: draft 1 step in this many when no shape pays
+        self._unpaid_steps = 0
 
     def begin(self, target, prompt_ids, params) -> None:
         if target.model.embed_tokens.weight.shape[0] != self.head.config.vocab_size:
             raise EyasError("the EAGLE-3 head was trained for a target with another vocabulary")
         self.past, self.committed, self.pending_taps = None, 0, None
         self.last_hidden = self.last_logits = None
+        self._unpaid_steps = 0
         if self.auto:
             self._measured_cost(target)
             self._resize()
+
+    def single_stream(self, target) -> None:
+        """Decoding one request (speculative_generate): where no tree shape pays, draft a
+        one-token probe every 16th step only (the serving engine decides budgets itself)."""
+        self.probe_every = 16
 
     def draft_seconds_per_token(self, target) -> float:
         """One head pass over one row, from the cached cost model (measured here if missing;
@@ -219,6 +231,11 @@ class Eagle3Proposer:
     # -- drafting -------------------------------------------------------------------------
     @torch.inference_mode()
     def propose(self, token_ids: list[int], max_nodes: int) -> DraftTree:
+        if self.probe_every and self.auto and self.choice is not None and self.choice.depth == 0:
+            self._unpaid_steps += 1
+            if self._unpaid_steps % self.probe_every:
+                self.node_ranks = []
+                return DraftTree.empty()  # a plain step; its taps wait for the next catch-up
         self._catch_up(token_ids)
         if max_nodes <= 0 or self.last_logits is None:
             return DraftTree.empty()

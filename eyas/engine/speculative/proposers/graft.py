@@ -74,6 +74,7 @@ class NgramGraftProposer:
         # price): per request, starting from the average over every request so far (the
         # average is shared by the copies).
         self.match_rate, self.last_n = 0.0, max_n
+        self.plain_allowed = False  # single_stream: a branch alone must beat a plain step
         self._pooled_match = [0.0]
 
     def __copy__(self) -> NgramGraftProposer:
@@ -108,6 +109,13 @@ class NgramGraftProposer:
     def draft_seconds(self, max_nodes: int) -> float:
         main = getattr(self.main, "draft_seconds", None)
         return main(max_nodes) if main is not None else 0.0
+
+    def single_stream(self, target) -> None:
+        """Decoding one request: where the main proposer drafts nothing, the branch alone may
+        also lose to a plain step (the serving engine decides budgets itself)."""
+        if hasattr(self.main, "single_stream"):
+            self.main.single_stream(target)
+        self.plain_allowed = True
 
     def begin(self, target, prompt_ids, params) -> None:
         self.main.begin(target, prompt_ids, params)
@@ -173,11 +181,15 @@ class NgramGraftProposer:
         # its one catch-up pass where the chosen shape drafts nothing
         draft_seconds = self.main.draft_seconds(max_nodes) if choice.depth else cost.draft(1)
         best_count, best_rate, tokens = 1, 0.0, 1.0
+        if tree.size == 0 and self.plain_allowed:  # the head drafted nothing: the branch alone
+            draft_seconds, best_count, best_rate = 0.0, 0, 1.0 / cost.verify(1)  # against plain
         for count, node in enumerate(order[: max(max_nodes, 1)], start=1):
             tokens += on_path[node]
             rate = tokens / (cost.verify(count + 1) + draft_seconds)
             if rate > best_rate:
                 best_count, best_rate = count, rate
+        if best_count == 0:
+            return DraftTree.empty(), [0] * len(node_map), 1
         kept = sorted(order[:best_count])  # ids keep parents before children
         new_id = {old: new for new, old in enumerate(kept, start=1)}
         pruned = DraftTree(merged.tokens[[n - 1 for n in kept]],

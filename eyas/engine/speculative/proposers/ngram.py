@@ -3,7 +3,7 @@ followed. n runs from `max_n` down to `min_n`; with `max_matches` > 1, several d
 continuations of the longest matching n-gram become branches of a tree (shared prefixes merged).
 
 Priced (`priced=True`, what `--draft ngram` builds; single-stream decoding hands it the
-measured verification costs, `use_costs`): only the most recent continuation is drafted, cut
+measured verification costs, `single_stream`): only the most recent continuation is drafted, cut
 to the length L that maximises expected tokens per second, (1 + r1 + r1 r2 + ... + r1..rL) /
 verify(1 + L), where r_j is the observed rate at which the j-th drafted token was accepted
 once the one before it was, per matched n-gram length (`BranchStats`). L = 0 is a plain step:
@@ -124,14 +124,17 @@ class NgramProposer:
                          for n in range(self.config.min_n, self.config.max_n + 1)}
         self._last: tuple[BranchStats, int] | None = None  # the last priced draft: stats, length
 
-    @property
-    def wants_costs(self) -> bool:
-        """Priced and not yet given costs (speculative_generate then measures them)."""
-        return self.config.priced and self.cost is None
-
     def use_costs(self, cost) -> None:
         """Measured verification costs (eyas.engine.speculative.sizing.CostModel)."""
         self.cost = cost
+
+    def single_stream(self, target) -> None:
+        """Decoding one request (speculative_generate): a priced proposer not yet given costs
+        gets the target's measured ones (the serving engine never calls this)."""
+        if self.config.priced and self.cost is None:
+            from eyas.engine.speculative.sizing import load_or_measure
+
+            self.use_costs(load_or_measure(target))
 
     def begin(self, target, prompt_ids, params) -> None:
         pass
