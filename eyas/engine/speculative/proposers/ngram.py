@@ -28,7 +28,7 @@ class NgramConfig:
     min_n: int = 1
     max_matches: int = 1
     search_window: int = 4096  # only the last tokens are searched (keeps the cost bounded)
-    priced: bool = False  # cut the draft where expected tokens per second peak (use_costs)
+    priced: bool = False  # cut the draft where expected tokens per second peak (single_stream)
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_n <= self.max_n:
