@@ -263,7 +263,9 @@ def test_in_single_stream_an_eagle3_head_that_cannot_pay_drafts_one_step_in_sixt
 
     proposer = object.__new__(Eagle3Proposer)
     proposer.auto, proposer.probe_every, proposer._unpaid_steps = True, 0, 0
+    proposer.step_ratios = None
     proposer.choice = TreeChoice(0, 0, 1, 1.0, 0.01, 100.0)  # the sizing's verdict: plain
+    proposer.cost = None  # (no step times are kept without costs)
     drafted = []
     proposer._catch_up = lambda token_ids: drafted.append(len(token_ids))
     proposer.last_logits = None  # (so that a probe step stops right after its catch-up)
@@ -271,7 +273,33 @@ def test_in_single_stream_an_eagle3_head_that_cannot_pay_drafts_one_step_in_sixt
         proposer.propose([1, 2, 3], 4)
     assert len(drafted) == 32  # serving copies: every step is offered to the head
     proposer.single_stream(None)
+    proposer.step_ratios["plain"] = 1.0  # its first plain step was measured
     drafted.clear()
     for _ in range(32):
         proposer.propose([1, 2, 3], 4)
     assert len(drafted) == 2  # steps 16 and 32
+
+
+def test_single_stream_sizing_follows_the_step_times_the_loop_measured():
+    """The start-up costs say a one-token chain pays; the loop's own steps say plain steps run
+    20% faster than modelled and speculative ones as modelled: then plain is chosen."""
+    from eyas.engine.speculative.proposers.eagle3 import TreeShape
+    from eyas.engine.speculative.sizing import CostModel, RankStats
+
+    proposer = object.__new__(Eagle3Proposer)
+    proposer.auto, proposer.shape_memo, proposer.step_ratios = True, {}, None
+    proposer.cost = CostModel({1: 0.010, 2: 0.0115, 4: 0.016, 8: 0.030}, {1: 0.001})
+    proposer.ranks = RankStats(max_rank=2, prior_weight=0.0)
+    proposer.ranks.counts, proposer.ranks.total = [0.4, 0.05], 1.0  # first guess right 40%
+    proposer.shape = TreeShape(1, 1, 2)
+    proposer._resize()
+    assert proposer.choice.depth == 1  # 1.4 tokens for 12.5 ms beats 1 token for 10 ms
+    proposer.single_stream(None)
+    assert proposer.propose([1, 2, 3], 4).size == 0  # a plain step first, to measure it
+    proposer.step_seconds(0, 0.008)  # a plain step: 0.8x its modelled 10 ms
+    proposer.step_seconds(1, 0.0125)  # a one-node step: as modelled (11.5 + 1 ms)
+    assert proposer.step_ratios == {"plain": 0.8, "speculative": 1.0}
+    proposer._resize()
+    assert proposer.choice.depth == 0  # 1.4 tokens for 12.5 ms loses to 1 token for 8 ms
+    calibrated = proposer.cost.calibrated(0.8, 1.0)
+    assert calibrated.verify(1) == pytest.approx(0.008) and calibrated.verify(2) == pytest.approx(0.0115)

@@ -48,6 +48,7 @@ def speculative_generate(
     proposer.begin(target, prompt_ids, params)
     if hasattr(proposer, "single_stream"):  # priced n-grams, EAGLE-3 probes (proposers/)
         proposer.single_stream(target)
+    step_clock = getattr(proposer, "step_seconds", None)  # EAGLE-3 sizing on measured steps
     # 1. Prefill, then the first token comes from the prompt's last logits.
     started = time.perf_counter()
     ids = torch.tensor([prompt_ids], device=target.device)
@@ -76,6 +77,8 @@ def speculative_generate(
         context_length += 1 + len(result.accepted_nodes)
         root = result.next_token
         finished_at = time.perf_counter()
+        if step_clock is not None:
+            step_clock(tree.size, finished_at - step_started)
         if tree.size:
             metrics.record(tree, node_depths(tree), result)
             metrics.draft_seconds += drafted_at - step_started

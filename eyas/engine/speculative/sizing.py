@@ -45,8 +45,8 @@ class CostModel:
     @staticmethod
     def _interpolate(table: dict[int, float], x: int) -> float:
         points = sorted(table.items())
-        if x <= points[0][0]:
-            return points[0][1]
+        if x <= points[0][0] or len(points) == 1:
+            return points[0][1] if x <= points[0][0] else points[0][1] * x / points[0][0]
         for (x0, y0), (x1, y1) in zip(points, points[1:]):
             if x <= x1:
                 return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
@@ -63,6 +63,15 @@ class CostModel:
         """Seconds of drafting a depth x top_k tree: one head pass per level, the first over
         one row, each further one over the top_k nodes expanded."""
         return sum(self.draft(1 if level == 1 else top_k) for level in range(1, depth + 1))
+
+    def calibrated(self, plain_factor: float, speculative_factor: float) -> CostModel:
+        """This model with a one-token pass scaled by `plain_factor` and every other pass and
+        head pass by `speculative_factor`: what the decode loop measured against what was
+        modelled (Eagle3Proposer.step_seconds)."""
+        verify = {t: s * (plain_factor if t == 1 else speculative_factor)
+                  for t, s in self.verify_seconds.items()}
+        verify.setdefault(1, self.verify(1) * plain_factor)
+        return CostModel(verify, {r: s * speculative_factor for r, s in self.draft_seconds.items()})
 
     def relative(self) -> dict[int, float]:
         """Verification cost relative to a single-token step (what the docs quote)."""

@@ -20,7 +20,9 @@ it is chosen again every `resize_every` steps. When no shape pays (the sizing's 
 serving engine's copies still draft a one-token chain (its serving rule decides each step's
 budget); in single-stream decoding (`single_stream`) only every `probe_every`-th step drafts
 one, to keep the statistics alive, and the others are plain steps (their rows are caught up
-in one head pass at the next probe).
+in one head pass at the next probe). Single-stream decoding also reports each step's wall time
+(`step_seconds`); the shape is then chosen from the cost model scaled to what plain and
+speculative steps really took in this loop.
 """
 
 from __future__ import annotations
@@ -93,6 +95,8 @@ class Eagle3Proposer:
         self.last_logits: Tensor | None = None  # [1, N] its draft logits
         self.probe_every = 0  # single_stream: draft 1 step in this many when no shape pays
         self._unpaid_steps = 0
+        # single_stream: measured / modelled seconds of plain and of speculative steps (running)
+        self.step_ratios: dict[str, float] | None = None
 
     def begin(self, target, prompt_ids, params) -> None:
         if target.model.embed_tokens.weight.shape[0] != self.head.config.vocab_size:
@@ -108,6 +112,22 @@ class Eagle3Proposer:
         """Decoding one request (speculative_generate): where no tree shape pays, draft a
         one-token probe every 16th step only (the serving engine decides budgets itself)."""
         self.probe_every = 16
+        if self.step_ratios is None:
+            self.step_ratios = {}
+
+    def step_seconds(self, size: int, seconds: float) -> None:
+        """The wall time of one decode step that verified `size` draft nodes (0: a plain step),
+        against the cost model's price of it; kept as running ratios (single_stream only)."""
+        if self.step_ratios is None or self.cost is None or seconds <= 0:
+            return
+        if size:
+            kind = "speculative"
+            modelled = self.cost.verify(1 + size) + self.cost.tree_draft(self.shape.depth, self.shape.top_k)
+        else:
+            kind, modelled = "plain", self.cost.verify(1)
+        ratio = seconds / modelled
+        previous = self.step_ratios.get(kind)
+        self.step_ratios[kind] = ratio if previous is None else 0.9 * previous + 0.1 * ratio
 
     def draft_seconds_per_token(self, target) -> float:
         """One head pass over one row, from the cached cost model (measured here if missing;
@@ -128,11 +148,15 @@ class Eagle3Proposer:
         # choose_shape tries every shape (milliseconds of Python); the serving engine's copies of
         # this proposer share the memo, so that each new request does not pay for it again.
         key = tuple(round(p, 3) for p in self.ranks.probabilities)
+        cost, ratios = self.cost, self.step_ratios or {}
+        if "plain" in ratios and "speculative" in ratios:  # single_stream: as measured here
+            factors = (round(ratios["plain"], 2), round(ratios["speculative"], 2))
+            cost, key = cost.calibrated(*factors), key + factors
         choice = self.shape_memo.get(key)
         if choice is None:
             if len(self.shape_memo) >= 4096:
                 self.shape_memo.clear()
-            choice = self.shape_memo[key] = choose_shape(self.cost, list(key))
+            choice = self.shape_memo[key] = choose_shape(cost, list(key[: len(self.ranks.probabilities)]))
         self.choice = choice
         if choice.depth == 0:  # speculation cannot pay: a one-token chain keeps statistics alive
             self.shape = TreeShape(depth=1, top_k=1, total_tokens=2)
@@ -231,6 +255,9 @@ class Eagle3Proposer:
     # -- drafting -------------------------------------------------------------------------
     @torch.inference_mode()
     def propose(self, token_ids: list[int], max_nodes: int) -> DraftTree:
+        if self.step_ratios is not None and self.auto and "plain" not in self.step_ratios:
+            self.node_ranks = []
+            return DraftTree.empty()  # single_stream: first a plain step, to measure its price
         if self.probe_every and self.auto and self.choice is not None and self.choice.depth == 0:
             self._unpaid_steps += 1
             if self._unpaid_steps % self.probe_every:

@@ -117,6 +117,10 @@ class NgramGraftProposer:
             self.main.single_stream(target)
         self.plain_allowed = True
 
+    def step_seconds(self, size: int, seconds: float) -> None:
+        if hasattr(self.main, "step_seconds"):
+            self.main.step_seconds(size, seconds)
+
     def begin(self, target, prompt_ids, params) -> None:
         self.main.begin(target, prompt_ids, params)
         self.grafted, self.match_rate = 0, self._pooled_match[0]
