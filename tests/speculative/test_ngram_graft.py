@@ -262,8 +262,7 @@ def test_in_single_stream_an_eagle3_head_that_cannot_pay_drafts_one_step_in_sixt
     from eyas.engine.speculative.sizing import TreeChoice
 
     proposer = object.__new__(Eagle3Proposer)
-    proposer.auto, proposer.probe_every, proposer._unpaid_steps = True, 0, 0
-    proposer.step_ratios = None
+    proposer.auto, proposer._unpaid_steps, proposer.step_ratios = True, 0, None
     proposer.choice = TreeChoice(0, 0, 1, 1.0, 0.01, 100.0)  # the sizing's verdict: plain
     proposer.cost = None  # (no step times are kept without costs)
     drafted = []

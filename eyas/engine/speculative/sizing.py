@@ -45,8 +45,10 @@ class CostModel:
     @staticmethod
     def _interpolate(table: dict[int, float], x: int) -> float:
         points = sorted(table.items())
-        if x <= points[0][0] or len(points) == 1:
-            return points[0][1] if x <= points[0][0] else points[0][1] * x / points[0][0]
+        if x <= points[0][0]:
+            return points[0][1]
+        if len(points) == 1:  # one measurement: proportional beyond it
+            return points[0][1] * x / points[0][0]
         for (x0, y0), (x1, y1) in zip(points, points[1:]):
             if x <= x1:
                 return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
@@ -196,6 +198,22 @@ def expected_tokens(depth: int, top_k: int, total: int, ranks: list[float]) -> f
     the best total - 1 candidates are kept."""
     accepted = accepted_by_size(depth, top_k, ranks)
     return 1.0 + accepted[min(max(total - 1, 0), len(accepted) - 1)]
+
+
+def best_prefix(on_path: list[float], cost: CostModel, draft_seconds: float = 0.0,
+                plain: bool = True) -> int:
+    """How many candidates to verify, best first (`on_path`: each one's probability of lying on
+    the accepted path, never rising), for the most expected tokens per second, (1 + sum of the
+    first n) / (verify(1 + n) + draft_seconds). 0 is a plain step, 1 / verify(1); with
+    plain=False at least one candidate is verified."""
+    best_count, best_rate = (0, 1.0 / cost.verify(1)) if plain else (1, 0.0)
+    tokens = 1.0
+    for count, probability in enumerate(on_path, start=1):
+        tokens += probability
+        rate = tokens / (cost.verify(count + 1) + draft_seconds)
+        if rate > best_rate:
+            best_count, best_rate = count, rate
+    return best_count
 
 
 def choose_shape(cost: CostModel, ranks: list[float], max_depth: int = 8, max_top_k: int = 4,

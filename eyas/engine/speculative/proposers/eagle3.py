@@ -18,7 +18,7 @@ With no fixed shape (`--tree auto`), the shape comes from sizing.py: the target'
 verification costs, the head's measured step costs, and the acceptance ranks observed so far;
 it is chosen again every `resize_every` steps. When no shape pays (the sizing's depth 0), the
 serving engine's copies still draft a one-token chain (its serving rule decides each step's
-budget); in single-stream decoding (`single_stream`) only every `probe_every`-th step drafts
+budget); in single-stream decoding (`single_stream`) only every `PROBE_EVERY`-th step drafts
 one, to keep the statistics alive, and the others are plain steps (their rows are caught up
 in one head pass at the next probe). Single-stream decoding also reports each step's wall time
 (`step_seconds`); the shape is then chosen from the cost model scaled to what plain and
@@ -70,6 +70,7 @@ class _Node:
 
 class Eagle3Proposer:
     name = "eagle3"
+    PROBE_EVERY = 16  # single_stream: where no shape pays, draft one step in this many
 
     def __init__(self, head, shape: TreeShape | None = None, resize_every: int = 16) -> None:
         from eyas.engine.speculative.sizing import RankStats
@@ -93,9 +94,9 @@ class Eagle3Proposer:
         self.pending_taps: Tensor | None = None  # [1, m, 3H] taps of rows to commit
         self.last_hidden: Tensor | None = None  # [1, 1, H] output of the last committed row
         self.last_logits: Tensor | None = None  # [1, N] its draft logits
-        self.probe_every = 0  # single_stream: draft 1 step in this many when no shape pays
         self._unpaid_steps = 0
-        # single_stream: measured / modelled seconds of plain and of speculative steps (running)
+        # single_stream (None: the serving engine's copies): measured / modelled seconds of
+        # plain and of speculative steps, running
         self.step_ratios: dict[str, float] | None = None
 
     def begin(self, target, prompt_ids, params) -> None:
@@ -111,7 +112,6 @@ class Eagle3Proposer:
     def single_stream(self, target) -> None:
         """Decoding one request (speculative_generate): where no tree shape pays, draft a
         one-token probe every 16th step only (the serving engine decides budgets itself)."""
-        self.probe_every = 16
         if self.step_ratios is None:
             self.step_ratios = {}
 
@@ -147,8 +147,8 @@ class Eagle3Proposer:
 
         # choose_shape tries every shape (milliseconds of Python); the serving engine's copies of
         # this proposer share the memo, so that each new request does not pay for it again.
-        key = tuple(round(p, 3) for p in self.ranks.probabilities)
-        cost, ratios = self.cost, self.step_ratios or {}
+        ranks = [round(p, 3) for p in self.ranks.probabilities]
+        cost, key, ratios = self.cost, tuple(ranks), self.step_ratios or {}
         if "plain" in ratios and "speculative" in ratios:  # single_stream: as measured here
             factors = (round(ratios["plain"], 2), round(ratios["speculative"], 2))
             cost, key = cost.calibrated(*factors), key + factors
@@ -156,7 +156,7 @@ class Eagle3Proposer:
         if choice is None:
             if len(self.shape_memo) >= 4096:
                 self.shape_memo.clear()
-            choice = self.shape_memo[key] = choose_shape(cost, list(key[: len(self.ranks.probabilities)]))
+            choice = self.shape_memo[key] = choose_shape(cost, ranks)
         self.choice = choice
         if choice.depth == 0:  # speculation cannot pay: a one-token chain keeps statistics alive
             self.shape = TreeShape(depth=1, top_k=1, total_tokens=2)
@@ -255,20 +255,27 @@ class Eagle3Proposer:
     # -- drafting -------------------------------------------------------------------------
     @torch.inference_mode()
     def propose(self, token_ids: list[int], max_nodes: int) -> DraftTree:
-        if self.step_ratios is not None and self.auto and "plain" not in self.step_ratios:
+        if self._plain_step_now():
             self.node_ranks = []
-            return DraftTree.empty()  # single_stream: first a plain step, to measure its price
-        if self.probe_every and self.auto and self.choice is not None and self.choice.depth == 0:
-            self._unpaid_steps += 1
-            if self._unpaid_steps % self.probe_every:
-                self.node_ranks = []
-                return DraftTree.empty()  # a plain step; its taps wait for the next catch-up
+            return DraftTree.empty()  # its taps wait for the next catch-up
         self._catch_up(token_ids)
         if max_nodes <= 0 or self.last_logits is None:
             return DraftTree.empty()
         budget = min(self.shape.total_tokens - 1, max_nodes)
         candidates = self._expand(token_ids, budget)
         return self._rerank(candidates, budget)
+
+    def _plain_step_now(self) -> bool:
+        """single_stream only: first one plain step (to measure its price), then, where the
+        sizing chose depth 0, every step but each PROBE_EVERY-th."""
+        if self.step_ratios is None or not self.auto:
+            return False
+        if "plain" not in self.step_ratios:
+            return True
+        if self.choice is None or self.choice.depth:
+            return False
+        self._unpaid_steps += 1
+        return self._unpaid_steps % self.PROBE_EVERY != 0
 
     def _catch_up(self, token_ids: list[int]) -> None:
         if self.pending_taps is None:

@@ -46,6 +46,7 @@ import torch
 
 from eyas.engine.speculative.draft import DraftTree
 from eyas.engine.speculative.proposers.ngram import BranchStats, find_continuations
+from eyas.engine.speculative.sizing import best_prefix
 from eyas.errors import EyasError
 
 MATCH_RATE_KEPT = 0.8  # weight a request's match rate keeps at each step
@@ -184,14 +185,11 @@ class NgramGraftProposer:
         # the head's modelled drafting for this budget (the one the serving rule prices), or
         # its one catch-up pass where the chosen shape drafts nothing
         draft_seconds = self.main.draft_seconds(max_nodes) if choice.depth else cost.draft(1)
-        best_count, best_rate, tokens = 1, 0.0, 1.0
-        if tree.size == 0 and self.plain_allowed:  # the head drafted nothing: the branch alone
-            draft_seconds, best_count, best_rate = 0.0, 0, 1.0 / cost.verify(1)  # against plain
-        for count, node in enumerate(order[: max(max_nodes, 1)], start=1):
-            tokens += on_path[node]
-            rate = tokens / (cost.verify(count + 1) + draft_seconds)
-            if rate > best_rate:
-                best_count, best_rate = count, rate
+        plain = tree.size == 0 and self.plain_allowed  # the head drafted nothing: the branch
+        if plain:  # alone, against a plain step
+            draft_seconds = 0.0
+        best_count = best_prefix([on_path[node] for node in order[: max(max_nodes, 1)]], cost,
+                                 draft_seconds, plain)
         if best_count == 0:
             return DraftTree.empty(), [0] * len(node_map), 1
         kept = sorted(order[:best_count])  # ids keep parents before children

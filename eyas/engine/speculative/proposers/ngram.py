@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from eyas.engine.speculative.draft import DraftTree
+from eyas.engine.speculative.sizing import best_prefix, load_or_measure
 from eyas.errors import EyasError
 
 
@@ -132,8 +133,6 @@ class NgramProposer:
         """Decoding one request (speculative_generate): a priced proposer not yet given costs
         gets the target's measured ones (the serving engine never calls this)."""
         if self.config.priced and self.cost is None:
-            from eyas.engine.speculative.sizing import load_or_measure
-
             self.use_costs(load_or_measure(target))
 
     def begin(self, target, prompt_ids, params) -> None:
@@ -155,14 +154,11 @@ class NgramProposer:
 
     def _priced(self, stats: BranchStats, chain: list[int]) -> DraftTree:
         """The prefix of `chain` with the most expected tokens per second (maybe none)."""
-        best_length, best_rate = 0, 1.0 / self.cost.verify(1)
-        reach, expected = 1.0, 1.0
-        for length in range(1, len(chain) + 1):
-            reach *= stats.rate(length - 1)
-            expected += reach
-            rate = expected / self.cost.verify(1 + length)
-            if rate > best_rate:
-                best_length, best_rate = length, rate
+        on_path, reach = [], 1.0
+        for j in range(len(chain)):
+            reach *= stats.rate(j)
+            on_path.append(reach)
+        best_length = best_prefix(on_path, self.cost)
         self._last = (stats, best_length) if best_length else None
         if not best_length:
             return DraftTree.empty()
