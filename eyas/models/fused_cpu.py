@@ -30,7 +30,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-SOURCE = Path(__file__).parent / "csrc" / "int4_decoder_layer.cpp"
+CSRC = Path(__file__).parent / "csrc"
+SOURCES = (CSRC / "int4_decoder_layer.cpp", CSRC / "int4_gemm.cpp")  # and int4_gemm.h
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno"]
 
 _extension = None  # the loaded module, False after a failed build, None before trying
@@ -50,9 +51,18 @@ def _cpu_tag() -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:10]
 
 
+def _source_tag() -> str:
+    """A short hash of the C++ sources and header (PyTorch's builder does not track headers)."""
+    digest = hashlib.sha1()
+    for path in sorted(CSRC.iterdir()):
+        digest.update(path.name.encode() + path.read_bytes())
+    return digest.hexdigest()[:8]
+
+
 def build_directory() -> Path:
     root = Path(os.environ.get("EYAS_EXT_DIR", Path.home() / ".cache" / "eyas" / "ext"))
-    tag = f"torch{torch.__version__.replace('+', '_')}-py{sys.version_info[0]}{sys.version_info[1]}-{_cpu_tag()}"
+    tag = (f"torch{torch.__version__.replace('+', '_')}-py{sys.version_info[0]}{sys.version_info[1]}"
+           f"-{_cpu_tag()}-{_source_tag()}")
     return root / tag
 
 
@@ -65,7 +75,8 @@ def extension(verbose: bool = False):
 
             directory = build_directory()
             directory.mkdir(parents=True, exist_ok=True)
-            _extension = load("eyas_int4_decoder_layer", sources=[str(SOURCE)], extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"],
+            _extension = load("eyas_int4_decoder_layer", sources=[str(path) for path in SOURCES],
+                              extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"],
                               build_directory=str(directory), verbose=verbose)
         except Exception as error:  # no compiler, no headers, ...: the Python layers still work
             warnings.warn(f"eyas: the fused int4 layer could not be built ({error}); "
@@ -76,6 +87,14 @@ def extension(verbose: bool = False):
 
 def enabled() -> bool:
     return os.environ.get("EYAS_FUSED", "1") != "0"
+
+
+def vnni_available() -> bool:
+    """Whether int4 weights may take the int4 x int8 AVX512-VNNI kernel's layout
+    (csrc/int4_gemm.cpp): the extension is enabled, built, and this CPU has the instructions.
+    EYAS_VNNI=0 keeps PyTorch's int4 kernel (for comparisons)."""
+    module = extension() if enabled() and os.environ.get("EYAS_VNNI", "1") != "0" else None
+    return module is not None and module.int4_vnni_supported()
 
 
 @dataclass(frozen=True)

@@ -58,19 +58,34 @@ def row_chunks(rows: int) -> list[int]:
 
 
 class Int4Linear(nn.Module):
-    """y = x @ dequant(W)^T (+ bias) with W held as packed int4 codes; bf16 activations."""
+    """y = x @ dequant(W)^T (+ bias) with W held as int4 codes, in one of two layouts:
+
+    - "vnni": the extension's int4 x int8 kernel (models/csrc/int4_gemm.cpp), where this CPU has
+      AVX512-VNNI and the fused extension is built (fused_cpu.vnni_available): float16 scales
+      and minimums, activations rounded to 14-bit integers per 32 inputs. `packed` is uint8
+      [O/16, I/32, 320].
+    - "torch": PyTorch's packed int4 kernel: bf16 scales and zero points, bf16 activations.
+    """
 
     def __init__(self, linear: nn.Linear, group_size: int = 32) -> None:
         super().__init__()
+        from eyas.models import fused_cpu
+
         out_features, in_features = linear.weight.shape
         if in_features % group_size:
             raise ValueError(f"in_features {in_features} is not a multiple of group {group_size}")
         codes, scale, low = quantize_groups(linear.weight.detach(), group_size)
-        # The kernel computes (code - 8) * scale + zero, so zero = minimum + 8 * scale.
-        zero = low + 8 * scale
-        scales_and_zeros = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous()
-        self.register_buffer("packed", torch._convert_weight_to_int4pack_for_cpu(codes, 1))
-        self.register_buffer("scales_and_zeros", scales_and_zeros.to(torch.bfloat16))  # [I/g, O, 2]
+        vnni = group_size == 32 and out_features % 16 == 0 and fused_cpu.vnni_available()
+        self.layout = "vnni" if vnni else "torch"
+        if vnni:
+            self.register_buffer("packed", fused_cpu.extension().int4_vnni_pack(codes, scale, low))
+            self.register_buffer("scales_and_zeros", torch.empty(0))  # inside `packed`
+        else:
+            # The kernel computes (code - 8) * scale + zero, so zero = minimum + 8 * scale.
+            zero = low + 8 * scale
+            scales_and_zeros = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous()
+            self.register_buffer("packed", torch._convert_weight_to_int4pack_for_cpu(codes, 1))
+            self.register_buffer("scales_and_zeros", scales_and_zeros.to(torch.bfloat16))  # [I/g, O, 2]
         bias = linear.bias.detach().float() if linear.bias is not None else None
         self.register_buffer("bias", bias)
         self.group_size = group_size
@@ -78,6 +93,14 @@ class Int4Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:  # [..., I] -> [..., O]
         shape = x.shape
+        if self.layout == "vnni":
+            from eyas.models import fused_cpu
+
+            flat = x.reshape(-1, shape[-1]).float()
+            y = fused_cpu.extension().int4_vnni_linear(flat, self.packed).to(x.dtype)
+            if self.bias is not None:
+                y = y + self.bias
+            return y.reshape(*shape[:-1], self.out_features)
         flat = x.reshape(-1, shape[-1]).to(torch.bfloat16)
         sizes = row_chunks(flat.shape[0])
         if len(sizes) == 1:  # a decode step: one call, no split (~7 us of Python a call)

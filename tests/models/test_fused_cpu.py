@@ -35,26 +35,29 @@ def test_an_int4_target_on_a_cpu_runs_the_fused_layers_with_a_float32_cache(smol
     assert smollm_target.model.fused_layers() is None  # float32 weights: the Python layers
 
 
-def test_a_tree_verification_pass_gives_each_row_the_bits_of_one_token_steps(smollm_int4_target):
+@pytest.mark.parametrize("context", [12, 62])  # 62: the tree's slots 62..65 cross a 64-slot chunk
+def test_a_tree_verification_pass_gives_each_row_the_bits_of_one_token_steps(smollm_int4_target, context):
     """Rows a, b, c, d: b and c are children of a, d of b. Each row's hidden state must equal,
     bit for bit, the one-token decode of its path (a, b, d) or (a, c)."""
     model = smollm_int4_target.model
+    prompt = PROMPT.repeat(1, 6)[:, :context]  # [1, context]
     a, b, c, d = 2683, 314, 1345, 28
+    n = context
     with torch.inference_mode():
-        tree_cache = new_cache(smollm_int4_target)
-        model(PROMPT, cache=tree_cache, write_at=0, logits_at=None)
-        visible = torch.zeros(4, 16, dtype=torch.bool)  # [T, S]: slots 0..11 context, 12..15 the tree
-        visible[:, :12] = True
-        for row, path in enumerate([[12], [12, 13], [12, 14], [12, 13, 15]]):
+        tree_cache = new_cache(smollm_int4_target, slots=96)
+        model(prompt, cache=tree_cache, write_at=0, logits_at=None)
+        visible = torch.zeros(4, n + 4, dtype=torch.bool)  # [T, S]: slots 0..n-1 context, then the tree
+        visible[:, :n] = True
+        for row, path in enumerate([[n], [n, n + 1], [n, n + 2], [n, n + 1, n + 3]]):
             visible[row, path] = True
-        tree = model(torch.tensor([[a, b, c, d]]), positions=torch.tensor([[12, 13, 13, 14]]),
-                     cache=tree_cache, write_at=12, attn_mask=visible[None], kv_len=16,
+        tree = model(torch.tensor([[a, b, c, d]]), positions=torch.tensor([[n, n + 1, n + 1, n + 2]]),
+                     cache=tree_cache, write_at=n, attn_mask=visible[None], kv_len=n + 4,
                      logits_at=None).hidden  # [1, 4, H]
         steps = {}
         for path in ([a, b, d], [a, c]):
-            cache = new_cache(smollm_int4_target)
-            model(PROMPT, cache=cache, write_at=0, logits_at=None)
-            steps[tuple(path)] = [model(torch.tensor([[token]]), cache=cache, write_at=12 + i,
+            cache = new_cache(smollm_int4_target, slots=96)
+            model(prompt, cache=cache, write_at=0, logits_at=None)
+            steps[tuple(path)] = [model(torch.tensor([[token]]), cache=cache, write_at=n + i,
                                         logits_at=None).hidden[0, 0] for i, token in enumerate(path)]
     assert torch.equal(tree[0, 0], steps[(a, b, d)][0])
     assert torch.equal(tree[0, 1], steps[(a, b, d)][1])

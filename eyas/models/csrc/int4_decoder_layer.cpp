@@ -3,21 +3,26 @@
 // Why: a decode step of SmolLM2-135M spends ~4.5 ms in its int4 matmuls and more than that in
 // the ~25 small ops per layer around them (norms, RoPE, dtype conversions, cache writes) and in
 // the Python that issues them. This file does that work in plain loops between the matmuls.
+// The matmuls run in the int4 x int8 VNNI kernel (int4_gemm.cpp) where the weights are in its
+// layout, else in PyTorch's int4 kernel on activations rounded to bf16.
 //
 // Numerics (what keeps speculative decoding lossless): every row's values depend on that row's
 // inputs and on the keys and values it may attend to, never on how many rows share the call
 // or where they sit in it, so a token gets the same logits in a one-token decode step, in a
 // verification pass and in any batch. Attention runs in the KV cache's dtype (float32 as the
-// engine allocates it; float64 works too) and is rounded to bf16 for o_proj, as in the Python
-// layers (models/llama.py), which need float64 for the same agreement.
+// engine allocates it; float64 works too), as in the Python layers (models/llama.py), which
+// need float64 for the same agreement.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+
+#include "int4_gemm.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #endif
@@ -54,6 +59,14 @@ Tensor int4_mm(const Tensor& a, const Tensor& packed, int64_t group, const Tenso
   return at::cat(parts);
 }
 
+// x [N, I] float32 -> [N, O] float32 through one of the two int4 weight layouts: the VNNI
+// kernel's (uint8 [O/16, I/32, 320], int4_gemm.cpp; `scales` unused) on float32 activations,
+// or PyTorch's packed int4 on activations rounded to bf16, its output widened back.
+Tensor linear(const Tensor& x, const Tensor& packed, int64_t group, const Tensor& scales) {
+  if (packed.scalar_type() == at::kByte && packed.dim() == 3) return eyas::int4_vnni_linear(x, packed);
+  return int4_mm(x.to(at::kBFloat16), packed, group, scales).to(at::kFloat);
+}
+
 // e^x for float x (relative error < 1e-7 over [-87, 88]) in a form the compiler can vectorize,
 // where std::exp is a scalar library call: SiLU's and the softmax's exponentials.
 // Cody-Waite range reduction x = k ln2 + r, |r| <= ln2 / 2, then a degree-6 polynomial.
@@ -78,14 +91,14 @@ inline float exp_approx(float x) {
 inline float exp_of(float x) { return exp_approx(x); }
 inline double exp_of(double x) { return std::exp(x); }
 
-// out[r] = bf16(x[r] * rsqrt(mean(x[r]^2) + eps) * w) for rows of width h.
-void rms_norm_rows(const float* x, const float* w, int64_t rows, int64_t h, double eps, BFloat16* out) {
+// out[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * w for rows of width h.
+void rms_norm_rows(const float* x, const float* w, int64_t rows, int64_t h, double eps, float* out) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * h;
     double squares = 0;
     for (int64_t i = 0; i < h; ++i) squares += double(xr[i]) * xr[i];
     const float scale = float(1.0 / std::sqrt(squares / h + eps));
-    for (int64_t i = 0; i < h; ++i) out[r * h + i] = BFloat16(xr[i] * scale * w[i]);
+    for (int64_t i = 0; i < h; ++i) out[r * h + i] = xr[i] * scale * w[i];
   }
 }
 
@@ -147,14 +160,14 @@ struct KeyBlock<float> {
 
 // Scaled dot-product attention in the cache's dtype: q [B, T, Hq, D], keys/values
 // [B, KV, S, D] (the cache), mask [B, T, S] or none (all kv_len slots visible); out
-// [B, T, Hq, D] rounded to float32 then bf16 (the o_proj input, as the Python path rounds).
+// [B, T, Hq, D] rounded to float32 (the o_proj input).
 // Each query's scores, softmax and weighted sum run over its visible slots in increasing order
 // with the same instructions whatever T is: a row's output does not depend on the other rows
 // of the pass, so a one-token step and a verification pass agree bit for bit.
 template <typename T>
 void attention(const T* q, const T* keys, const T* values, const bool* mask, int64_t batch,
                int64_t length, int64_t heads, int64_t kv_heads, int64_t head_dim,
-               int64_t max_slots, int64_t kv_len, BFloat16* out) {
+               int64_t max_slots, int64_t kv_len, float* out) {
   using S = Simd<T>;
   const int64_t group = heads / kv_heads, queries = length * group;
   const T scale = T(1.0 / std::sqrt(double(head_dim)));
@@ -199,13 +212,132 @@ void attention(const T* q, const T* keys, const T* values, const bool* mask, int
           const T* vr = vb + s * head_dim;
           for (int64_t c = 0; c < head_dim / S::width; ++c) acc[c] += p * S::load(vr + c * S::width);
         }
-        BFloat16* o = out + ((b * length + t) * heads + h) * head_dim;
+        float* o = out + ((b * length + t) * heads + h) * head_dim;
         for (int64_t c = 0; c < head_dim / S::width; ++c)
-          for (int64_t i = 0; i < S::width; ++i) o[c * S::width + i] = BFloat16(float(acc[c][i] / total));
+          for (int64_t i = 0; i < S::width; ++i) o[c * S::width + i] = float(acc[c][i] / total);
       }
     }
   });
 }
+
+#if defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+#define EYAS_CHUNKED_ATTENTION 1
+// Attention over a float32 cache in chunks of a query's visible keys, for head_dim = 16 * NV.
+//
+// Why: a one-token step has only B * KV work items in `attention` (3 for SmolLM2: one thread
+// does two of them), and its loops keep the weighted sum in memory. Here a work item is (row
+// of the batch, kv head, chunk j) and covers every query of that kv head: chunk j of a query
+// is its visible keys number 64j .. 64j + 63 in slot order, mostly the same slots for all the
+// queries of a pass, read from L1 by all of them. Each query keeps a partial softmax (max,
+// sum, weighted sum in registers) per chunk, and the partials are combined in chunk order.
+//
+// Numerics: a query's result depends only on the sequence of keys and values it may see, not
+// on the slots they sit in (a tree node's slot differs from its slot in sequential decoding),
+// the other rows of the pass, or kv_len: chunks count visible keys, every chunk runs over a
+// full 64-entry array (padding -inf, then 0) with the same instructions, and the chunks are
+// combined in order with a scalar exp.
+constexpr int64_t kChunk = 64;
+
+template <int NV>
+void chunked_attention(const float* q, const float* keys, const float* values, const bool* mask,
+                       int64_t batch, int64_t length, int64_t heads, int64_t kv_heads, int64_t max_slots,
+                       int64_t kv_len, float* out) {
+  constexpr int64_t head_dim = 16 * NV;
+  const int64_t group = heads / kv_heads, queries = length * group;
+  const float scale = float(1.0 / std::sqrt(double(head_dim)));
+  // visible[(b, t)]: the slots row t of batch row b may see, in increasing order
+  std::vector<std::vector<int32_t>> visible(batch * length);
+  int64_t chunks = 0;
+  for (int64_t bt = 0; bt < batch * length; ++bt) {
+    auto& slots = visible[bt];
+    slots.reserve(kv_len);
+    const bool* row = mask ? mask + bt * kv_len : nullptr;
+    for (int64_t s = 0; s < kv_len; ++s)
+      if (!row || row[s]) slots.push_back(int32_t(s));
+    chunks = std::max<int64_t>(chunks, (int64_t(slots.size()) + kChunk - 1) / kChunk);
+  }
+  // partials[(b, kvh, chunk), query]: max, sum, then head_dim weighted sums; max = -inf: empty
+  constexpr int64_t stride = head_dim + 2;
+  std::vector<float> partials(batch * kv_heads * chunks * queries * stride);
+  const int64_t items = batch * kv_heads * chunks;
+  at::parallel_for(0, items, queries * kv_len * head_dim >= (1 << 14) ? 1 : items, [&](int64_t begin, int64_t end) {
+    alignas(64) float scores[kChunk];
+    alignas(64) float probs[kChunk];
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t b = item / (kv_heads * chunks), kvh = (item / chunks) % kv_heads, chunk = item % chunks;
+      const float* kb = keys + (b * kv_heads + kvh) * max_slots * head_dim;
+      const float* vb = values + (b * kv_heads + kvh) * max_slots * head_dim;
+      for (int64_t m = 0; m < queries; ++m) {
+        const int64_t t = m / group, h = kvh * group + m % group;
+        const auto& slots = visible[b * length + t];
+        const int64_t first = chunk * kChunk;
+        const int64_t n = std::min<int64_t>(kChunk, int64_t(slots.size()) - first);  // keys in this chunk
+        float* part = partials.data() + (item * queries + m) * stride;
+        part[0] = -INFINITY;
+        if (n <= 0) continue;  // fewer visible keys than this chunk starts at
+        const float* qv = q + ((b * length + t) * heads + h) * head_dim;
+        const int32_t* chunk_slots = slots.data() + first;
+        float best = -INFINITY;
+        for (int64_t i = 0; i < kChunk; i += 8) {
+          const int64_t count = std::min<int64_t>(8, n - i);
+          if (count <= 0) {
+            for (int j = 0; j < 8; ++j) scores[i + j] = -INFINITY;
+            continue;
+          }
+          const float* k[8];
+          for (int j = 0; j < 8; ++j) k[j] = kb + int64_t(chunk_slots[i + std::min<int64_t>(j, count - 1)]) * head_dim;
+          float dots[8];
+          KeyBlock<float>::scores(qv, k, head_dim, dots);
+          for (int j = 0; j < 8; ++j) {
+            scores[i + j] = j < count ? dots[j] * scale : -INFINITY;
+            best = std::max(best, scores[i + j]);
+          }
+        }
+#pragma omp simd
+        for (int64_t i = 0; i < kChunk; ++i)
+          probs[i] = scores[i] == -INFINITY ? 0.0f : exp_approx(scores[i] - best);
+        float total = 0.0f;
+        __m512 acc[NV];
+        for (int c = 0; c < NV; ++c) acc[c] = _mm512_setzero_ps();
+        for (int64_t i = 0; i < n; ++i) {
+          if (probs[i] == 0.0f) continue;
+          total += probs[i];
+          const __m512 p = _mm512_set1_ps(probs[i]);
+          const float* vr = vb + int64_t(chunk_slots[i]) * head_dim;
+          for (int c = 0; c < NV; ++c) acc[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vr + 16 * c), acc[c]);
+        }
+        part[0] = best;
+        part[1] = total;
+        for (int c = 0; c < NV; ++c) _mm512_storeu_ps(part + 2 + 16 * c, acc[c]);
+      }
+    }
+  });
+  // Combine each query's chunks in order: the softmax over all its visible keys.
+  at::parallel_for(0, batch * kv_heads * queries, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t index = begin; index < end; ++index) {
+      const int64_t b = index / (kv_heads * queries), kvh = (index / queries) % kv_heads, m = index % queries;
+      const int64_t t = m / group, h = kvh * group + m % group;
+      const float* base = partials.data() + ((b * kv_heads + kvh) * chunks * queries + m) * stride;
+      float best = -INFINITY;
+      for (int64_t c = 0; c < chunks; ++c) best = std::max(best, base[c * queries * stride]);
+      float total = 0.0f;
+      __m512 acc[NV];
+      for (int v = 0; v < NV; ++v) acc[v] = _mm512_setzero_ps();
+      for (int64_t c = 0; c < chunks; ++c) {
+        const float* part = base + c * queries * stride;
+        if (part[0] == -INFINITY) continue;
+        const float weight = float(std::exp(double(part[0]) - double(best)));
+        total += weight * part[1];
+        const __m512 w = _mm512_set1_ps(weight);
+        for (int v = 0; v < NV; ++v) acc[v] = _mm512_fmadd_ps(w, _mm512_loadu_ps(part + 2 + 16 * v), acc[v]);
+      }
+      const __m512 inverse = _mm512_set1_ps(1.0f / total);
+      float* o = out + ((b * length + t) * heads + h) * head_dim;
+      for (int v = 0; v < NV; ++v) _mm512_storeu_ps(o + 16 * v, _mm512_mul_ps(acc[v], inverse));
+    }
+  });
+}
+#endif
 
 }  // namespace
 
@@ -244,20 +376,18 @@ Tensor int4_decoder_layer(const Tensor& x, const Tensor& norm_in, const Tensor& 
     TORCH_CHECK(mask_c.scalar_type() == at::kBool && mask_c.numel() == rows * kv_len, "mask: [B, T, kv_len] bool");
     mask_ptr = mask_c.data_ptr<bool>();
   }
-  const auto bf16 = x.options().dtype(at::kBFloat16);
-
-  // 1. Attention input: RMSNorm -> bf16 -> q/k/v projection.
-  Tensor normed = at::empty({rows, hidden}, bf16);
-  rms_norm_rows(x.data_ptr<float>(), norm_in.data_ptr<float>(), rows, hidden, eps, normed.data_ptr<BFloat16>());
-  Tensor qkv = int4_mm(normed, qkv_packed, group, qkv_scales);  // [N, (Hq + 2 KV) * D] bf16
+  // 1. Attention input: RMSNorm -> q/k/v projection.
+  Tensor normed = at::empty({rows, hidden}, x.options());
+  rms_norm_rows(x.data_ptr<float>(), norm_in.data_ptr<float>(), rows, hidden, eps, normed.data_ptr<float>());
+  Tensor qkv = linear(normed, qkv_packed, group, qkv_scales);  // [N, (Hq + 2 KV) * D]
   TORCH_CHECK(qkv.size(1) == qkv_width, "qkv projection width does not match the heads");
 
   // 2. RoPE on q and k (float32, as the Python path), then q in the cache's dtype, k and v
-  // into the cache; 3. attention in that dtype, rounded to bf16 for o_proj.
-  Tensor attended = at::empty({rows, heads * head_dim}, bf16);
+  // into the cache; 3. attention in that dtype, rounded to float32 for o_proj.
+  Tensor attended = at::empty({rows, heads * head_dim}, x.options());
   AT_DISPATCH_FLOATING_TYPES(cache_k.scalar_type(), "int4_decoder_layer", [&] {
     Tensor q = at::empty({rows, heads, head_dim}, x.options().dtype(cache_k.scalar_type()));
-    const BFloat16* src = qkv.data_ptr<BFloat16>();
+    const float* src = qkv.data_ptr<float>();
     const float* bias = qkv_bias.has_value() ? qkv_bias->data_ptr<float>() : nullptr;
     const float* cs = cos.data_ptr<float>();
     const float* sn = sin.data_ptr<float>();
@@ -273,9 +403,9 @@ Tensor int4_decoder_layer(const Tensor& x, const Tensor& norm_in, const Tensor& 
       const float* c = cs + n * head_dim;
       const float* sg = sn + n * head_dim;
       for (int64_t j = 0; j < heads + 2 * kv_heads; ++j) {
-        const BFloat16* in = src + n * qkv_width + j * head_dim;
+        const float* in = src + n * qkv_width + j * head_dim;
         for (int64_t d = 0; d < head_dim; ++d) {
-          vals[d] = float(in[d]);
+          vals[d] = in[d];
           if (bias) vals[d] += bias[j * head_dim + d];
         }
         scalar_t* dst;
@@ -293,47 +423,54 @@ Tensor int4_decoder_layer(const Tensor& x, const Tensor& norm_in, const Tensor& 
         }
       }
     }
+#ifdef EYAS_CHUNKED_ATTENTION
+    if (std::is_same_v<scalar_t, float> && (head_dim == 64 || head_dim == 128)) {  // a float32 cache
+      (head_dim == 64 ? chunked_attention<4> : chunked_attention<8>)(
+          reinterpret_cast<const float*>(qd), reinterpret_cast<const float*>(kc), reinterpret_cast<const float*>(vc),
+          mask_ptr, batch, length, heads, kv_heads, max_slots, kv_len, attended.data_ptr<float>());
+      return;
+    }
+#endif
     attention<scalar_t>(qd, kc, vc, mask_ptr, batch, length, heads, kv_heads, head_dim, max_slots,
-                        kv_len, attended.data_ptr<BFloat16>());
+                        kv_len, attended.data_ptr<float>());
   });
-  Tensor projected = int4_mm(attended, o_packed, group, o_scales);  // [N, H] bf16
+  Tensor projected = linear(attended, o_packed, group, o_scales);  // [N, H]
   Tensor out = at::empty({rows, hidden}, x.options());
   {
     const float* xi = x.data_ptr<float>();
-    const BFloat16* p = projected.data_ptr<BFloat16>();
+    const float* p = projected.data_ptr<float>();
     float* o = out.data_ptr<float>();
-    for (int64_t i = 0; i < rows * hidden; ++i) o[i] = xi[i] + float(p[i]);
+    for (int64_t i = 0; i < rows * hidden; ++i) o[i] = xi[i] + p[i];
   }
 
   // 5. MLP: RMSNorm -> gate/up -> silu(gate) * up -> down; 6. residual.
-  rms_norm_rows(out.data_ptr<float>(), norm_post.data_ptr<float>(), rows, hidden, eps, normed.data_ptr<BFloat16>());
-  Tensor gate_up = int4_mm(normed, gate_up_packed, group, gate_up_scales);  // [N, 2I] bf16
+  rms_norm_rows(out.data_ptr<float>(), norm_post.data_ptr<float>(), rows, hidden, eps, normed.data_ptr<float>());
+  Tensor gate_up = linear(normed, gate_up_packed, group, gate_up_scales);  // [N, 2I]
   const int64_t inner = gate_up.size(1) / 2;
-  Tensor act = at::empty({rows, inner}, bf16);
+  Tensor act = at::empty({rows, inner}, x.options());
   {
-    const BFloat16* g = gate_up.data_ptr<BFloat16>();
-    BFloat16* a = act.data_ptr<BFloat16>();
-    std::vector<float> silu(inner);
+    const float* g = gate_up.data_ptr<float>();
+    float* a = act.data_ptr<float>();
     for (int64_t n = 0; n < rows; ++n) {
-      const BFloat16* gate = g + n * 2 * inner;
-      const BFloat16* up = gate + inner;
+      const float* gate = g + n * 2 * inner;
+      const float* up = gate + inner;
+      float* an = a + n * inner;
 #pragma omp simd
-      for (int64_t i = 0; i < inner; ++i) {
-        const float gv = float(gate[i]);
-        silu[i] = gv / (1.0f + exp_approx(-gv)) * float(up[i]);
-      }
-      for (int64_t i = 0; i < inner; ++i) a[n * inner + i] = BFloat16(silu[i]);
+      for (int64_t i = 0; i < inner; ++i) an[i] = gate[i] / (1.0f + exp_approx(-gate[i])) * up[i];
     }
   }
-  Tensor down = int4_mm(act, down_packed, group, down_scales);  // [N, H] bf16
+  Tensor down = linear(act, down_packed, group, down_scales);  // [N, H]
   {
-    const BFloat16* p = down.data_ptr<BFloat16>();
+    const float* p = down.data_ptr<float>();
     float* o = out.data_ptr<float>();
-    for (int64_t i = 0; i < rows * hidden; ++i) o[i] += float(p[i]);
+    for (int64_t i = 0; i < rows * hidden; ++i) o[i] += p[i];
   }
   return out;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int4_decoder_layer", &int4_decoder_layer, "One int4 decoder layer (see the file's header)");
+  m.def("int4_vnni_supported", &eyas::int4_vnni_supported, "Whether the AVX512-VNNI int4 kernel was built");
+  m.def("int4_vnni_pack", &eyas::int4_vnni_pack, "codes [O, I], scale, minimum [O, I/32] -> packed (int4_gemm.cpp)");
+  m.def("int4_vnni_linear", &eyas::int4_vnni_linear, "x [N, I] float32 -> [N, O] float32 (int4_gemm.cpp)");
 }
