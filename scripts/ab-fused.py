@@ -1,10 +1,13 @@
-"""The int4 target with its fused C++ layers against its Python layers, in one run.
+"""Two int4 paths of the same target side by side, in one run.
 
-    python scripts/ab-fused.py [DRAFT] [NUM_PROMPTS]
-    python scripts/ab-fused.py eagle3:smollm2-135m+ngram 16     # the default
+    python scripts/ab-fused.py [DRAFT] [NUM_PROMPTS] [PAIR]
+    python scripts/ab-fused.py eagle3:smollm2-135m+ngram 16 layers     # the default
+    python scripts/ab-fused.py eagle3:smollm2-135m+ngram 16 kernel
 
-Loads the int4 SmolLM2 target twice: one copy runs the fused layers (eyas/models/fused_cpu.py,
-float32 KV cache), the other the Python layers (float64 attention and cache, as before). Every
+PAIR "layers": the fused C++ layers (eyas/models/fused_cpu.py, float32 KV cache) against the
+Python layers (float64 attention and cache). PAIR "kernel": the fused layers on the int4 x int8
+VNNI kernel (models/csrc/int4_gemm.cpp) against the same layers on PyTorch's int4 kernel
+(EYAS_VNNI=0 while that copy loads). Loads the int4 SmolLM2 target twice, one copy per path. Every
 MT-Bench first turn is decoded four ways, plain and speculative (DRAFT, `--tree auto`, fallback
 off) on each copy, the order alternating per prompt (greedy, 128 tokens). Prints median tok/s,
 per-prompt ratios, tau, and how many speculative outputs are identical to their own path's
@@ -14,6 +17,7 @@ bf16 rounding of an activation differs; how many prompts agree token for token i
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import time
@@ -29,12 +33,29 @@ from eyas.engine.target import load_target
 from eyas.scheduler.measure import load_prompts
 
 
-def main(draft: str = "eagle3:smollm2-135m+ngram", num_prompts: int = 16) -> None:
-    targets = {"python": load_target("smollm2-135m"), "fused": load_target("smollm2-135m")}
-    targets["python"].model.fused_plan = False  # the Python layers
-    assert targets["fused"].model.fused_layers() is not None, "the fused layer did not build"
-    assert [t.kv_dtype for t in targets.values()] == [torch.float64, torch.float32]
-    prompts = load_prompts(targets["fused"], "mtbench", num_prompts)
+def load_pair(pair: str) -> dict:
+    """{name: target}, the baseline first."""
+    if pair == "layers":
+        targets = {"python": load_target("smollm2-135m"), "fused": load_target("smollm2-135m")}
+        targets["python"].model.fused_plan = False  # the Python layers
+        assert [t.kv_dtype for t in targets.values()] == [torch.float64, torch.float32]
+    elif pair == "kernel":
+        os.environ["EYAS_VNNI"] = "0"  # Int4Linear picks its layout when the target loads
+        targets = {"pytorch-int4": load_target("smollm2-135m")}
+        del os.environ["EYAS_VNNI"]
+        targets["vnni"] = load_target("smollm2-135m")
+        layouts = [t.model.layers[0].mlp.down_proj.layout for t in targets.values()]
+        assert layouts == ["torch", "vnni"], f"no VNNI kernel on this machine: {layouts}"
+    else:
+        raise SystemExit(f"PAIR must be layers or kernel, not {pair!r}")
+    assert list(targets.values())[-1].model.fused_layers() is not None, "the fused layer did not build"
+    return targets
+
+
+def main(draft: str = "eagle3:smollm2-135m+ngram", num_prompts: int = 16, pair: str = "layers") -> None:
+    targets = load_pair(pair)
+    base, new = targets
+    prompts = load_prompts(targets[new], "mtbench", num_prompts)
     params, off = SamplingParams(max_tokens=128), PolicyConfig(enabled=False)
     proposers = {name: build_proposer(draft, target, "auto") for name, target in targets.items()}
     for name, target in targets.items():  # warm-up
@@ -58,7 +79,7 @@ def main(draft: str = "eagle3:smollm2-135m+ngram", num_prompts: int = 16) -> Non
             outputs[label] = result.token_ids
         for name in targets:
             identical[name] += outputs[f"{name} plain"] == outputs[f"{name} speculative"]
-        paths_agree += outputs["python plain"] == outputs["fused plain"]
+        paths_agree += outputs[f"{base} plain"] == outputs[f"{new} plain"]
     print(f"{draft}, {len(prompts)} MT-Bench prompts, int4 target, 128 tokens, greedy")
     for label, values in rates.items():
         name = label.split()[0]
@@ -66,13 +87,13 @@ def main(draft: str = "eagle3:smollm2-135m+ngram", num_prompts: int = 16) -> Non
         tau = f", tau mean {statistics.mean(taus[name]):.2f}" if label.endswith("speculative") else ""
         print(f"{label}: median {statistics.median(values):.1f} tok/s, {ratio:.3f}x its plain{tau}")
     for kind in ("plain", "speculative"):
-        gain = statistics.median(f / p for f, p in zip(rates[f"fused {kind}"], rates[f"python {kind}"]))
-        print(f"fused / python layers, {kind}, median per prompt: {gain:.3f}x")
-    print(f"speculative identical to plain: python {identical['python']}/{len(prompts)}, "
-          f"fused {identical['fused']}/{len(prompts)}; the two paths' plain outputs agree on "
+        gain = statistics.median(f / p for f, p in zip(rates[f"{new} {kind}"], rates[f"{base} {kind}"]))
+        print(f"{new} / {base}, {kind}, median per prompt: {gain:.3f}x")
+    print(f"speculative identical to plain: {base} {identical[base]}/{len(prompts)}, "
+          f"{new} {identical[new]}/{len(prompts)}; the two paths' plain outputs agree on "
           f"{paths_agree}/{len(prompts)} prompts")
 
 
 if __name__ == "__main__":
     torch.set_num_threads(2)
-    main(*(sys.argv[1:2]), *(int(a) for a in sys.argv[2:3]))
+    main(*(sys.argv[1:2]), *(int(a) for a in sys.argv[2:3]), *(sys.argv[3:4]))

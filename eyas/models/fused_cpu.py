@@ -143,6 +143,16 @@ def fused_layers(model: nn.Module) -> list[FusedLayer] | None:
     return layers
 
 
+def kernel_tag(model: nn.Module) -> str:
+    """Which code runs this model's passes: fused or Python layers, the int4 layouts
+    (quant.Int4Linear), and the C++ sources' hash. Measured costs are cached under it."""
+    from eyas.models.quant import Int4Linear
+
+    layers = "fused" if model.fused_layers() else "python"
+    layouts = "+".join(sorted({m.layout for m in model.modules() if isinstance(m, Int4Linear)})) or "none"
+    return f"{layers}-{layouts}-{_source_tag()}"
+
+
 def run_layer(layer: FusedLayer, x: Tensor, cos: Tensor, sin: Tensor, keys: Tensor, values: Tensor,
               slots: Tensor, kv_len: int, mask: Tensor | None) -> Tensor:
     """x [N, H] float32 -> [N, H]; keys/values [B, KV, S, D] float64 (one layer of the cache),

@@ -30,6 +30,7 @@ from typing import Callable
 
 import torch
 
+from eyas.models import fused_cpu
 from eyas.utils.io import cache_dir, write_json_atomic
 
 TOKEN_SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64)
@@ -146,7 +147,7 @@ def load_or_measure(target, head=None) -> CostModel:
     """The cost model of this machine + model + precision (+ head), measured once and cached."""
     head_key = "" if head is None else json.dumps({**head.config.to_dict(),
                                                    "precision": head.precision}, sort_keys=True)
-    layers = "fused" if target.model.fused_layers() else "python"  # models/fused_cpu.py
+    layers = fused_cpu.kernel_tag(target.model)  # fused or Python layers, int4 kernel, sources
     key = "|".join([COST_VERSION, str(target.folder), target.precision, layers, str(target.device),
                     str(torch.get_num_threads()), platform.processor() or platform.machine(),
                     torch.__version__, head_key])

@@ -413,11 +413,8 @@ Tensor int4_decoder_layer(const Tensor& x, const Tensor& norm_in, const Tensor& 
         else if (j < heads + kv_heads) dst = kc + ((b * kv_heads + (j - heads)) * max_slots + s) * head_dim;
         else dst = vc + ((b * kv_heads + (j - heads - kv_heads)) * max_slots + s) * head_dim;
         if (j < heads + kv_heads) {
-          for (int64_t d = 0; d < head_dim; ++d) {
-            const float rolled = vals[(d + half) % head_dim];
-            const float a = vals[d] * c[d];
-            dst[d] = scalar_t(a + rolled * sg[d]);
-          }
+          for (int64_t d = 0; d < half; ++d) dst[d] = scalar_t(vals[d] * c[d] + vals[d + half] * sg[d]);
+          for (int64_t d = half; d < head_dim; ++d) dst[d] = scalar_t(vals[d] * c[d] + vals[d - half] * sg[d]);
         } else {
           for (int64_t d = 0; d < head_dim; ++d) dst[d] = scalar_t(vals[d]);
         }
