@@ -3,7 +3,10 @@
 A decode step of int4 SmolLM2-135M spent ~4.5 ms in its 120 int4 matmuls and ~8 ms around
 them: ~25 small ops per layer (norms, RoPE, dtype conversions, cache writes, float64 attention)
 and the Python that issues them. `csrc/int4_decoder_layer.cpp` does everything between the
-matmuls in plain loops, and the model calls it once per layer (BENCHMARKS.md section 1).
+matmuls in plain loops, and the model calls it once per layer (BENCHMARKS.md section 1). The
+matmuls themselves run in `csrc/int4_gemm.cpp` (int4 x int8 on AVX512-VNNI, 2.6-3.3x
+PyTorch's int4 kernel) where the CPU has it and Int4Linear took its layout (vnni_available),
+else in PyTorch's int4 kernel.
 
 It is compiled on first use with PyTorch's extension builder (g++, ~25 s; `make setup` does it
 ahead of time) into ~/.cache/eyas/ext (EYAS_EXT_DIR overrides). Where it cannot be built, or
