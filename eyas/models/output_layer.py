@@ -23,6 +23,12 @@ within ~1e-6.
 Each row's candidates and their exact values depend on that row alone, so a row's argmax is
 the same whichever rows share its pass (a float32 matmul's rounding depends on the row count).
 
+Two screens compute step 1 and 2: where the CPU has AVX512-VNNI (models/fused_cpu.py
+vnni_available), the extension's (csrc/int8_screen.cpp: 14-bit integer activations, integer
+dot products, the bound computed beside each logit in the same pass); elsewhere PyTorch's int8
+kernel on bf16 activations, with the bound below. Both bounds are rigorous, so the argmax is
+the same either way; only the number of candidates differs.
+
 Usage:
     layer = ScreenedOutputLayer(TransposedLinear(model.lm_head), rows=model.embed_tokens.weight)
     logits = layer(hidden)                  # [..., V] exact float32 (sampling)
@@ -63,6 +69,14 @@ class ScreenedOutputLayer(nn.Module):
         self.register_buffer("approx_norm", approx.norm(dim=1))  # [V] |A_j|
         self.out_features = weight_t.shape[1]
         self.accumulation = weight_t.shape[0] * F32_UNIT / (1 - weight_t.shape[0] * F32_UNIT)
+        self.vnni = _vnni_screen(weight.shape)
+        if self.vnni:
+            from eyas.models import fused_cpu
+
+            self.register_buffer("packed", fused_cpu.extension().int8_screen_pack(codes))
+            self.register_buffer("code_sums", codes.sum(dim=1, dtype=torch.int32))  # [V]
+            self.register_buffer("scale_float", scale.float())  # [V]
+            del self.codes  # the packed copy replaces it
 
     def forward(self, x: Tensor) -> Tensor:  # [..., H] -> [..., V], every logit exact
         return x @ self.weight_t
@@ -72,18 +86,28 @@ class ScreenedOutputLayer(nn.Module):
         flat = x.reshape(-1, shape[-1]).float()  # [R, H]
         if flat.shape[0] == 0:
             return flat.new_zeros(*shape[:-1], self.out_features)
-        rounded = flat.to(torch.bfloat16)
-        approx = torch.cat([torch._weight_int8pack_mm(part, self.codes, self.scale)
-                            for part in rounded.split(row_chunks(flat.shape[0]))]).float()  # [R, V]
-        bound = self.error_bound(flat, rounded, approx)  # [R, V]
+        approx, bound = self.screen(flat)  # [R, V] each
         best_lower = (approx - bound).amax(dim=1, keepdim=True)  # [R, 1]
         rows, columns = (approx + bound >= best_lower).nonzero(as_tuple=True)  # the candidates
         exact = (flat[rows] * self.weight[columns]).sum(dim=1)  # [P], row by row
         approx[rows, columns] = exact
         return approx.reshape(*shape[:-1], self.out_features)
 
+    def screen(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """x [R, H] float32 -> (approximate logits, bound on their error) [R, V] each."""
+        if self.vnni:
+            from eyas.models import fused_cpu
+
+            return fused_cpu.extension().int8_screen(x, self.packed, self.scale_float, self.code_sums,
+                                                     self.weight_error, self.approx_norm)
+        rounded = x.to(torch.bfloat16)
+        approx = torch.cat([torch._weight_int8pack_mm(part, self.codes, self.scale)
+                            for part in rounded.split(row_chunks(x.shape[0]))]).float()  # [R, V]
+        return approx, self.error_bound(x, rounded, approx)
+
     def error_bound(self, x: Tensor, rounded: Tensor, approx: Tensor) -> Tensor:
-        """|exact logit - approximate logit| <= the returned [R, V], for inputs x [R, H].
+        """|exact logit - approximate logit| <= the returned [R, V], for inputs x [R, H], of
+        PyTorch's int8 kernel (the VNNI screen computes its own).
 
         exact - approx = x.(W - A) + (x - bf16(x)).A + float32 accumulation + bf16 output:
         Cauchy-Schwarz on the first two, the standard n*u bound on the third, and the unit
@@ -95,3 +119,11 @@ class ScreenedOutputLayer(nn.Module):
         bound = x_norm * self.weight_error + (input_error + accumulated) * self.approx_norm
         bound += approx.abs() * (BF16_UNIT / (1 - BF16_UNIT))
         return bound * SAFETY + 1e-6
+
+
+def _vnni_screen(shape: torch.Size) -> bool:
+    """Whether the extension's VNNI screen can take a [V, H] output layer here."""
+    from eyas.models import fused_cpu
+
+    vocab, hidden = shape
+    return vocab % 16 == 0 and hidden % 4 == 0 and hidden <= 2048 and fused_cpu.vnni_available()

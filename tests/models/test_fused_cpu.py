@@ -2,7 +2,9 @@
 it gives a token the same bits in a one-token step and in a tree verification pass (the
 property lossless speculation rests on), and it agrees with the Python layers."""
 
+import os
 import shutil
+from unittest import mock
 
 import pytest
 import torch
@@ -18,6 +20,22 @@ pytestmark = [
 ]
 
 PROMPT = torch.tensor([[1, 504, 3458, 314, 253, 1789, 28, 6120, 30, 260, 2114, 5549]])  # [1, 12]
+
+
+@pytest.fixture(scope="module", params=["vnni", "torch"])
+def int4_target(request, smollm_int4_target):
+    """The int4 target with each int4 layout its fused layers can run (quant.Int4Linear): the
+    VNNI kernel's (where this CPU has it) and PyTorch's (what a CPU without it runs)."""
+    if request.param == "vnni":
+        if smollm_int4_target.model.layers[0].mlp.down_proj.layout != "vnni":
+            pytest.skip("this CPU has no AVX512-VNNI: the int4 target uses PyTorch's kernel")
+        return smollm_int4_target
+    from eyas.engine.target import load_target
+
+    with mock.patch.dict(os.environ, {"EYAS_VNNI": "0"}):
+        target = load_target("smollm2-135m", dtype="int4")
+    assert target.model.layers[0].mlp.down_proj.layout == "torch"
+    return target
 
 
 def new_cache(target, rows=1, slots=32, dtype=None):
@@ -36,15 +54,15 @@ def test_an_int4_target_on_a_cpu_runs_the_fused_layers_with_a_float32_cache(smol
 
 
 @pytest.mark.parametrize("context", [12, 62])  # 62: the tree's slots 62..65 cross a 64-slot chunk
-def test_a_tree_verification_pass_gives_each_row_the_bits_of_one_token_steps(smollm_int4_target, context):
+def test_a_tree_verification_pass_gives_each_row_the_bits_of_one_token_steps(int4_target, context):
     """Rows a, b, c, d: b and c are children of a, d of b. Each row's hidden state must equal,
     bit for bit, the one-token decode of its path (a, b, d) or (a, c)."""
-    model = smollm_int4_target.model
+    model = int4_target.model
     prompt = PROMPT.repeat(1, 6)[:, :context]  # [1, context]
     a, b, c, d = 2683, 314, 1345, 28
     n = context
     with torch.inference_mode():
-        tree_cache = new_cache(smollm_int4_target, slots=96)
+        tree_cache = new_cache(int4_target, slots=96)
         model(prompt, cache=tree_cache, write_at=0, logits_at=None)
         visible = torch.zeros(4, n + 4, dtype=torch.bool)  # [T, S]: slots 0..n-1 context, then the tree
         visible[:, :n] = True
@@ -55,7 +73,7 @@ def test_a_tree_verification_pass_gives_each_row_the_bits_of_one_token_steps(smo
                      logits_at=None).hidden  # [1, 4, H]
         steps = {}
         for path in ([a, b, d], [a, c]):
-            cache = new_cache(smollm_int4_target, slots=96)
+            cache = new_cache(int4_target, slots=96)
             model(prompt, cache=cache, write_at=0, logits_at=None)
             steps[tuple(path)] = [model(torch.tensor([[token]]), cache=cache, write_at=n + i,
                                         logits_at=None).hidden[0, 0] for i, token in enumerate(path)]
@@ -65,20 +83,20 @@ def test_a_tree_verification_pass_gives_each_row_the_bits_of_one_token_steps(smo
     assert torch.equal(tree[0, 2], steps[(a, c)][1])
 
 
-def test_rows_of_a_batch_with_their_own_slots_equal_each_row_alone(smollm_int4_target):
+def test_rows_of_a_batch_with_their_own_slots_equal_each_row_alone(int4_target):
     """The serving engine's layout: B rows, tensor slots [B, T], a mask [B, T, S]."""
-    model = smollm_int4_target.model
+    model = int4_target.model
     prompts = [PROMPT[:, :7], PROMPT[:, 3:]]  # 7 and 9 tokens
     with torch.inference_mode():
         alone = []
         for prompt in prompts:
-            cache = new_cache(smollm_int4_target)
+            cache = new_cache(int4_target)
             model(prompt, cache=cache, write_at=0, logits_at=None)
             alone.append(model(torch.tensor([[2683]]), cache=cache, write_at=prompt.shape[1],
                                logits_at=None).hidden[0, 0])
-        cache = new_cache(smollm_int4_target, rows=2)
+        cache = new_cache(int4_target, rows=2)
         for row, prompt in enumerate(prompts):  # prefill each row in its own cache row
-            single = new_cache(smollm_int4_target)
+            single = new_cache(int4_target)
             model(prompt, cache=single, write_at=0, logits_at=None)
             cache.keys[:, row], cache.values[:, row] = single.keys[:, 0], single.values[:, 0]
         slots = torch.tensor([[7], [9]])  # [B, T]
@@ -91,16 +109,17 @@ def test_rows_of_a_batch_with_their_own_slots_equal_each_row_alone(smollm_int4_t
     assert torch.equal(batch[1, 0], alone[1])
 
 
-def test_the_fused_and_the_python_layers_agree(smollm_int4_target):
-    """The same model through both paths: bf16 rounding of activations may differ in a last
-    bit here and there (RMSNorm sums in another order), nothing more."""
-    model = smollm_int4_target.model
+def test_the_fused_and_the_python_layers_agree(int4_target):
+    """The same model through both paths, for each int4 layout: the rounding of activations
+    for the int4 matmuls may differ in a last bit here and there (RMSNorm sums in another
+    order, float64 attention in the Python layers), nothing more."""
+    model = int4_target.model
     hidden = {}
     try:
         for fused in (False, True):
             model.fused_plan = None if fused else False  # False: the Python layers
             with torch.inference_mode():
-                cache = new_cache(smollm_int4_target, dtype=torch.float64)
+                cache = new_cache(int4_target, dtype=torch.float64)
                 out = model(PROMPT, cache=cache, write_at=0, logits_at="all")
                 hidden[fused] = (out.hidden, out.logits)
     finally:

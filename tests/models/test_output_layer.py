@@ -1,5 +1,8 @@
 """The screened output layer: its argmax is the float32 argmax, whatever rows share the pass."""
 
+import os
+from unittest import mock
+
 import pytest
 import torch
 from torch import nn
@@ -39,22 +42,29 @@ def test_a_row_gets_the_same_values_alone_or_in_a_batch():
     assert torch.equal(together.reshape(10, 2048), alone)
 
 
-def test_the_error_bound_holds_on_smollm2_hidden_states(smollm_int4_target, mtbench_prompt_ids):
+@pytest.mark.parametrize("screen", ["model's", "pytorch"])
+def test_the_error_bound_holds_on_smollm2_hidden_states(smollm_int4_target, mtbench_prompt_ids, screen):
+    """Both screens: the extension's VNNI one (the model's, where the CPU has AVX512-VNNI) and
+    PyTorch's int8 kernel with the bound in output_layer.py (EYAS_VNNI=0)."""
     model = smollm_int4_target.model
     layer = model.lm_head
     assert isinstance(layer, ScreenedOutputLayer)  # what the engine decodes with on a CPU
     # SmolLM2 ties its embedding to the output layer: the row-major weight is not copied
     assert layer.weight.data_ptr() == model.embed_tokens.weight.data_ptr()
+    if screen == "pytorch":
+        with mock.patch.dict(os.environ, {"EYAS_VNNI": "0"}):
+            layer = ScreenedOutputLayer(TransposedLinear(nn.Linear(576, 49152, bias=False)), rows=layer.weight)
+        assert not layer.vnni
     ids = torch.tensor([sum(mtbench_prompt_ids[:3], [])])
     with torch.inference_mode():
         hidden = model(ids, logits_at=None).hidden[0]  # [T, H]
-        exact = layer(hidden)
-        rounded = hidden.to(torch.bfloat16)
-        approx = torch._weight_int8pack_mm(rounded, layer.codes, layer.scale).float()
-        bound = layer.error_bound(hidden, rounded, approx)
+        exact = hidden @ layer.weight.t()
+        approx, bound = layer.screen(hidden)
         screened = layer.greedy_logits(hidden)
+        candidates = (approx + bound >= (approx - bound).amax(1, keepdim=True)).sum(1)  # [T]
     assert bool(((exact - approx).abs() <= bound).all())
     assert torch.equal(screened.argmax(-1), exact.argmax(-1))
+    assert candidates.float().median() <= 64  # of 49,152: the screen is worth its cost
     best = exact.argmax(-1, keepdim=True)
     # the maximum is its float32 dot product (a matmul may round its last bit otherwise)
     assert torch.allclose(screened.gather(1, best), exact.gather(1, best), rtol=1e-6, atol=0)

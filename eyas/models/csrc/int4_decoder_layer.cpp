@@ -17,6 +17,7 @@
 #include <ATen/Parallel.h>
 
 #include "int4_gemm.h"
+#include "int8_screen.h"
 
 #include <algorithm>
 #include <cmath>
@@ -470,4 +471,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int4_vnni_supported", &eyas::int4_vnni_supported, "Whether the AVX512-VNNI int4 kernel was built");
   m.def("int4_vnni_pack", &eyas::int4_vnni_pack, "codes [O, I], scale, minimum [O, I/32] -> packed (int4_gemm.cpp)");
   m.def("int4_vnni_linear", &eyas::int4_vnni_linear, "x [N, I] float32 -> [N, O] float32 (int4_gemm.cpp)");
+  m.def("int8_screen_pack", &eyas::int8_screen_pack, "codes [V, H] int8 -> packed (int8_screen.cpp)");
+  m.def("int8_screen", &eyas::int8_screen, "x [R, H] -> (approx, bound) [R, V] (int8_screen.cpp)");
 }

@@ -1,0 +1,173 @@
+// The output layer's int8 screen on AVX512-VNNI: approximate logits and a rigorous bound on
+// their error, in one pass (models/output_layer.py uses them to find each row's exact argmax).
+//
+// Why: PyTorch's int8 kernel (`_weight_int8pack_mm`) takes bf16 activations and costs ~0.45 ms
+// per row for SmolLM2's 49152 x 576 layer on the 2-core machine, and the bound around it then
+// takes several passes over [R, V] in PyTorch. Here each row of activations becomes 14-bit
+// integers with one scale (xq = round(x / d), d = max|x| / 8191, split as 128 * hi + lo with
+// hi, lo in -64..64, as in int4_gemm.cpp) and multiplies the int8 codes with vpdpbusd; the
+// bound is computed beside each logit.
+//
+// Error bound, for row x and vocabulary row j (W_j the float32 weights, A_j = s_j * codes_j
+// the int8 copy, x^ = d * xq):
+//   x . W_j - approx_j = x . (W_j - A_j) + (x - x^) . A_j + (x^ . A_j - approx_j)
+//   |x . (W_j - A_j)| <= |x| |W_j - A_j|            (Cauchy-Schwarz; weight_error)
+//   |(x - x^) . A_j|  <= |x - x^| |A_j|              (the row's rounding error; approx_norm)
+//   |x^ . A_j - approx_j| <= 8 u |approx_j| (u = 2^-24): the integer dot product is exact,
+//   its conversion to float is exact while |codes . (hi + 64)| < 2^24 (H <= 2048), then three
+//   float roundings (128 * hi-part + lo-part, d * s_j, the product).
+// The sum is scaled by 1.01 (the bound's own rounding) plus 1e-6, as in output_layer.py.
+//
+// Layout (int8_screen_pack): int8 [V/16, H/4, 64]; in a block of 16 vocabulary rows, the 64
+// bytes for inputs 4k..4k+3 hold row c's 4 codes at bytes 4c..4c+3.
+
+#include "int8_screen.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define EYAS_SCREEN_VNNI 1
+#include <immintrin.h>
+#endif
+
+namespace eyas {
+namespace {
+
+constexpr int64_t kRows = 16, kMaxHidden = 2048, kTile = 4;
+constexpr float kRelative = 8.0f / 16777216.0f, kSafety = 1.01f, kAbsolute = 1e-6f;
+
+#ifdef EYAS_SCREEN_VNNI
+// One block of 16 vocabulary rows for R rows of x: approx and bound at [r, j0 .. j0 + 15].
+template <int R>
+void screen_tile(const int8_t* block, int64_t quads, const uint8_t* hi, const uint8_t* lo, int64_t hidden,
+                 const float* d, const float* x_norm, const float* x_error, const float* scale,
+                 const int32_t* sums, const float* weight_error, const float* approx_norm, float* approx,
+                 float* bound, int64_t vocab) {
+  __m512i acc[R][4];  // per row: hi even/odd quads, lo even/odd quads (independent chains)
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < 4; ++i) acc[r][i] = _mm512_setzero_si512();
+  for (int64_t k = 0; k < quads; ++k) {
+    const __m512i w = _mm512_loadu_si512(block + 64 * k);
+    for (int r = 0; r < R; ++r) {
+      int32_t h, l;
+      std::memcpy(&h, hi + r * hidden + 4 * k, 4);
+      std::memcpy(&l, lo + r * hidden + 4 * k, 4);
+      acc[r][k & 1] = _mm512_dpbusd_epi32(acc[r][k & 1], _mm512_set1_epi32(h), w);
+      acc[r][2 + (k & 1)] = _mm512_dpbusd_epi32(acc[r][2 + (k & 1)], _mm512_set1_epi32(l), w);
+    }
+  }
+  // the +64 offsets of hi and lo: codes . (v + 64) = codes . v + 64 * sum(codes)
+  const __m512i offset = _mm512_slli_epi32(_mm512_loadu_si512(sums), 6);
+  const __m512 s = _mm512_loadu_ps(scale), werr = _mm512_loadu_ps(weight_error);
+  const __m512 anorm = _mm512_loadu_ps(approx_norm);
+  const __m512 sign = _mm512_set1_ps(-0.0f);
+  for (int r = 0; r < R; ++r) {
+    const __m512i dot_hi = _mm512_sub_epi32(_mm512_add_epi32(acc[r][0], acc[r][1]), offset);
+    const __m512i dot_lo = _mm512_sub_epi32(_mm512_add_epi32(acc[r][2], acc[r][3]), offset);
+    const __m512 dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_hi), _mm512_set1_ps(128.0f), _mm512_cvtepi32_ps(dot_lo));
+    const __m512 value = _mm512_mul_ps(dot, _mm512_mul_ps(s, _mm512_set1_ps(d[r])));
+    __m512 b = _mm512_mul_ps(_mm512_set1_ps(x_norm[r]), werr);
+    b = _mm512_fmadd_ps(_mm512_set1_ps(x_error[r]), anorm, b);
+    b = _mm512_fmadd_ps(_mm512_andnot_ps(sign, value), _mm512_set1_ps(kRelative), b);
+    b = _mm512_fmadd_ps(b, _mm512_set1_ps(kSafety), _mm512_set1_ps(kAbsolute));
+    _mm512_storeu_ps(approx + r * vocab, value);
+    _mm512_storeu_ps(bound + r * vocab, b);
+  }
+}
+
+using ScreenFn = void (*)(const int8_t*, int64_t, const uint8_t*, const uint8_t*, int64_t, const float*,
+                          const float*, const float*, const float*, const int32_t*, const float*, const float*,
+                          float*, float*, int64_t);
+constexpr ScreenFn kScreenTiles[kTile + 1] = {nullptr, screen_tile<1>, screen_tile<2>, screen_tile<3>, screen_tile<4>};
+#endif
+
+}  // namespace
+
+at::Tensor int8_screen_pack(const at::Tensor& codes_in) {
+  TORCH_CHECK(codes_in.dim() == 2 && codes_in.scalar_type() == at::kChar, "codes must be int8 [V, H]");
+  const int64_t vocab = codes_in.size(0), hidden = codes_in.size(1);
+  TORCH_CHECK(vocab % kRows == 0 && hidden % 4 == 0 && hidden <= kMaxHidden,
+              "the int8 screen needs V a multiple of 16 and H a multiple of 4 up to 2048, got [", vocab, ", ",
+              hidden, "]");
+  const at::Tensor codes = codes_in.contiguous();
+  at::Tensor packed = at::empty({vocab / kRows, hidden / 4, 64}, codes.options());
+  const int8_t* src = codes.data_ptr<int8_t>();
+  int8_t* dst = packed.data_ptr<int8_t>();
+  at::parallel_for(0, vocab / kRows, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t block = begin; block < end; ++block)
+      for (int64_t k = 0; k < hidden / 4; ++k)
+        for (int64_t c = 0; c < kRows; ++c)
+          std::memcpy(dst + (block * (hidden / 4) + k) * 64 + 4 * c, src + (block * kRows + c) * hidden + 4 * k, 4);
+  });
+  return packed;
+}
+
+std::tuple<at::Tensor, at::Tensor> int8_screen(const at::Tensor& x_in, const at::Tensor& packed,
+                                               const at::Tensor& scale_in, const at::Tensor& sums_in,
+                                               const at::Tensor& weight_error_in, const at::Tensor& approx_norm_in) {
+#ifdef EYAS_SCREEN_VNNI
+  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == 64 && packed.scalar_type() == at::kChar && packed.is_contiguous(),
+              "packed must be int8 [V/16, H/4, 64] (int8_screen_pack)");
+  const int64_t vocab = packed.size(0) * kRows, hidden = packed.size(1) * 4;
+  TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) == hidden, "x must be [R, ", hidden, "]");
+  const at::Tensor x = x_in.to(at::kFloat).contiguous();
+  const at::Tensor scale = scale_in.to(at::kFloat).contiguous(), sums = sums_in.to(at::kInt).contiguous();
+  const at::Tensor weight_error = weight_error_in.to(at::kFloat).contiguous();
+  const at::Tensor approx_norm = approx_norm_in.to(at::kFloat).contiguous();
+  TORCH_CHECK(scale.numel() == vocab && sums.numel() == vocab && weight_error.numel() == vocab &&
+              approx_norm.numel() == vocab, "scale, sums, weight_error and approx_norm must have V entries");
+  const int64_t rows = x.size(0);
+  at::Tensor approx = at::empty({rows, vocab}, x.options()), bound = at::empty({rows, vocab}, x.options());
+  if (rows == 0) return {approx, bound};
+  // 1. Each row: 14-bit integers (hi + 64, lo + 64 as unsigned bytes), |x| and |x - x^|.
+  std::vector<uint8_t> hi(rows * hidden), lo(rows * hidden);
+  std::vector<float> d(rows), x_norm(rows), x_error(rows);
+  const float* xp = x.data_ptr<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = xp + r * hidden;
+    float amax = 0.0f;
+    for (int64_t i = 0; i < hidden; ++i) amax = std::max(amax, std::fabs(xr[i]));
+    const float inverse = amax > 0.0f ? 8191.0f / amax : 0.0f;
+    d[r] = amax / 8191.0f;
+    double norm = 0.0, error = 0.0;
+    for (int64_t i = 0; i < hidden; ++i) {
+      const int32_t q = int32_t(std::nearbyint(xr[i] * inverse));
+      const int32_t h = (q + 64) >> 7, l = q - 128 * h;
+      hi[r * hidden + i] = uint8_t(h + 64);
+      lo[r * hidden + i] = uint8_t(l + 64);
+      const double rest = double(xr[i]) - double(d[r]) * q;
+      norm += double(xr[i]) * xr[i];
+      error += rest * rest;
+    }
+    x_norm[r] = float(std::sqrt(norm) * (1.0 + 1e-6));  // rounded up: the bound stays a bound
+    x_error[r] = float(std::sqrt(error) * (1.0 + 1e-6));
+  }
+  // 2. Blocks of 16 vocabulary rows over the threads, rows in tiles of 4.
+  const int8_t* weights = packed.data_ptr<int8_t>();
+  const int64_t quads = hidden / 4;
+  float* ap = approx.data_ptr<float>();
+  float* bp = bound.data_ptr<float>();
+  at::parallel_for(0, vocab / kRows, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t block = begin; block < end; ++block) {
+      const int64_t j = block * kRows;
+      for (int64_t r = 0; r < rows; r += kTile) {
+        const int64_t n = std::min(kTile, rows - r);
+        kScreenTiles[n](weights + block * quads * 64, quads, hi.data() + r * hidden, lo.data() + r * hidden, hidden,
+                        d.data() + r, x_norm.data() + r, x_error.data() + r, scale.data_ptr<float>() + j,
+                        sums.data_ptr<int32_t>() + j, weight_error.data_ptr<float>() + j,
+                        approx_norm.data_ptr<float>() + j, ap + r * vocab + j, bp + r * vocab + j, vocab);
+      }
+    }
+  });
+  return {approx, bound};
+#else
+  (void)x_in, (void)packed, (void)scale_in, (void)sums_in, (void)weight_error_in, (void)approx_norm_in;
+  TORCH_CHECK(false, "this build of the eyas extension has no AVX512-VNNI kernel");
+#endif
+}
+
+}  // namespace eyas

@@ -1,0 +1,23 @@
+// The output layer's int8 screen on AVX512-VNNI (int8_screen.cpp): declarations shared with
+// int4_decoder_layer.cpp, which binds them to Python.
+#pragma once
+
+#include <torch/extension.h>
+
+#include <tuple>
+
+namespace eyas {
+
+// codes [V, H] int8 (one scale per vocabulary row) -> the kernel's layout, int8 [V/16, H/4, 64]:
+// per block of 16 rows, for every 4 inputs, 16 lanes of 4 bytes.
+at::Tensor int8_screen_pack(const at::Tensor& codes);
+
+// x [R, H] float32 -> (approx [R, V], bound [R, V]) float32 with |x . W_j - approx| <= bound
+// for every row and vocabulary entry j (int8_screen.cpp derives it). scale [V]: the codes'
+// scales; sums [V] int32: each row's sum of codes; weight_error [V]: |W_j - scale_j codes_j|;
+// approx_norm [V]: |scale_j codes_j|.
+std::tuple<at::Tensor, at::Tensor> int8_screen(const at::Tensor& x, const at::Tensor& packed,
+                                               const at::Tensor& scale, const at::Tensor& sums,
+                                               const at::Tensor& weight_error, const at::Tensor& approx_norm);
+
+}  // namespace eyas
