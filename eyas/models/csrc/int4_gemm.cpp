@@ -44,6 +44,10 @@ namespace eyas {
 namespace {
 
 constexpr int64_t kColumns = 16, kGroup = 32, kBlockBytes = 320, kTileRows = 8;
+// Blocks of columns prefetched ahead by each thread: at one row a block is ~250 ns of work and
+// the hardware prefetcher alone kept ~15 GB/s in flight; 2-8 ahead gave 1.10-1.11x on plain
+// decoding, side by side in one process (BENCHMARKS.md section 1).
+constexpr int64_t kAhead = 4;
 
 #ifdef EYAS_VNNI
 // Stores the low bytes of 16 int32 lanes (each in -128..127) at out.
@@ -185,6 +189,10 @@ void int4_vnni_gemm(const float* x, int64_t rows, int64_t in, const at::Tensor& 
   at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t cb = begin; cb < end; ++cb) {
       const uint8_t* block = weights + cb * groups * kBlockBytes;
+      if (cb + kAhead < end) {  // more loads in flight than the hardware prefetcher keeps
+        const char* next = reinterpret_cast<const char*>(block + kAhead * groups * kBlockBytes);
+        for (int64_t byte = 0; byte < groups * kBlockBytes; byte += 64) _mm_prefetch(next + byte, _MM_HINT_T0);
+      }
       for (int64_t r = 0; r < rows; r += kTileRows) {
         const int64_t n = std::min(kTileRows, rows - r);
         kTiles[n](block, groups, codes.data() + r * in * 2, in, scales.data() + r * groups, sums.data() + r * groups,
