@@ -34,7 +34,8 @@ import torch
 from torch import Tensor, nn
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = (CSRC / "int4_decoder_layer.cpp", CSRC / "int4_gemm.cpp", CSRC / "int8_screen.cpp")  # and headers
+SOURCES = tuple(CSRC / name for name in ("int4_decoder_layer.cpp", "attention.cpp", "int4_gemm.cpp",
+                                           "int8_screen.cpp"))  # and their headers
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno"]
 
 _extension = None  # the loaded module, False after a failed build, None before trying

@@ -2,10 +2,11 @@
 
 Why: on a CPU, decoding one token is bound by reading the weights. SmolLM2-135M ships as a
 Q4_1 GGUF (4-bit codes, one scale and one minimum per group of 32 weights); holding the weights
-in the same 4-bit form and multiplying with PyTorch's packed int4 kernel reads ~7x fewer bytes
-than float32. Re-quantizing weights that were dequantized from Q4_1 recovers the same codes
-whenever a group uses both its extreme codes (almost always), so the model stays the one the
-GGUF describes.
+in the same 4-bit form reads ~7x fewer bytes than float32. The products run in eyas's int4 x
+int8 kernel where the CPU has AVX512-VNNI (csrc/int4_gemm.cpp; float16 scales and minimums,
+as Q4_1 stores them), else in PyTorch's packed int4 kernel (Int4Linear.layout). Re-quantizing
+weights that were dequantized from Q4_1 recovers the same codes whenever a group uses both its
+extreme codes (almost always), so the model stays the one the GGUF describes.
 
 Usage:
     from eyas.models.quant import quantize_model

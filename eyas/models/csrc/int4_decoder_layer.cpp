@@ -16,17 +16,15 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include "attention.h"
 #include "int4_gemm.h"
 #include "int8_screen.h"
+#include "simd.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <type_traits>
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#endif
 #include <vector>
 
 using at::BFloat16;
@@ -68,29 +66,6 @@ Tensor linear(const Tensor& x, const Tensor& packed, int64_t group, const Tensor
   return int4_mm(x.to(at::kBFloat16), packed, group, scales).to(at::kFloat);
 }
 
-// e^x for float x (relative error < 1e-7 over [-87, 88]) in a form the compiler can vectorize,
-// where std::exp is a scalar library call: SiLU's and the softmax's exponentials.
-// Cody-Waite range reduction x = k ln2 + r, |r| <= ln2 / 2, then a degree-6 polynomial.
-#pragma omp declare simd
-inline float exp_approx(float x) {
-  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-  const float k = std::floor(x * 1.44269504088896341f + 0.5f);
-  const float r = (x - k * 0.693359375f) + k * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  int32_t bits = (int32_t(k) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
-}
-
-inline float exp_of(float x) { return exp_approx(x); }
-inline double exp_of(double x) { return std::exp(x); }
 
 // out[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * w for rows of width h.
 void rms_norm_rows(const float* x, const float* w, int64_t rows, int64_t h, double eps, float* out) {
@@ -103,242 +78,6 @@ void rms_norm_rows(const float* x, const float* w, int64_t rows, int64_t h, doub
   }
 }
 
-// Eight floats or four doubles: one AVX register (GCC vector extensions; -march=native picks
-// the instructions).
-template <typename T>
-struct Simd {
-  static constexpr int64_t width = 32 / sizeof(T);
-  typedef T Vec __attribute__((vector_size(32)));
-  static Vec load(const T* p) {
-    Vec v;
-    std::memcpy(&v, p, sizeof(v));
-    return v;
-  }
-  static T sum(Vec v) {
-    T total = 0;
-    for (int64_t i = 0; i < width; ++i) total += v[i];
-    return total;
-  }
-};
-
-// Scores of one query against a block of keys: q . k[i] for i < KeyBlock<T>::size (head_dim a
-// multiple of the SIMD width). Every key goes through this one code path (the caller repeats
-// the last key to fill a short block), so a (query, key) score has the same bits wherever the
-// key falls: in a block of a one-token step or of a verification pass.
-template <typename T>
-struct KeyBlock {
-  static constexpr int size = 4;
-  static void scores(const T* q, const T* const k[size], int64_t head_dim, T out[size]) {
-    using S = Simd<T>;
-    typename S::Vec acc[size] = {};
-    for (int64_t d = 0; d < head_dim; d += S::width) {
-      const typename S::Vec qv = S::load(q + d);
-      for (int i = 0; i < size; ++i) acc[i] += qv * S::load(k[i] + d);
-    }
-    for (int i = 0; i < size; ++i) out[i] = S::sum(acc[i]);
-  }
-};
-
-#if defined(__AVX2__) && defined(__FMA__)
-// float on AVX2: eight keys, eight accumulators, one horizontal reduction for all eight.
-template <>
-struct KeyBlock<float> {
-  static constexpr int size = 8;
-  static void scores(const float* q, const float* const k[size], int64_t head_dim, float out[size]) {
-    __m256 acc[size];
-    for (int i = 0; i < size; ++i) acc[i] = _mm256_setzero_ps();
-    for (int64_t d = 0; d < head_dim; d += 8) {
-      const __m256 qv = _mm256_loadu_ps(q + d);
-      for (int i = 0; i < size; ++i) acc[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[i] + d), acc[i]);
-    }
-    const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
-    const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
-    _mm256_storeu_ps(out, _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20),
-                                        _mm256_permute2f128_ps(a, b, 0x31)));
-  }
-};
-#endif
-
-// Scaled dot-product attention in the cache's dtype: q [B, T, Hq, D], keys/values
-// [B, KV, S, D] (the cache), mask [B, T, S] or none (all kv_len slots visible); out
-// [B, T, Hq, D] rounded to float32 (the o_proj input).
-// Each query's scores, softmax and weighted sum run over its visible slots in increasing order
-// with the same instructions whatever T is: a row's output does not depend on the other rows
-// of the pass, so a one-token step and a verification pass agree bit for bit.
-template <typename T>
-void attention(const T* q, const T* keys, const T* values, const bool* mask, int64_t batch,
-               int64_t length, int64_t heads, int64_t kv_heads, int64_t head_dim,
-               int64_t max_slots, int64_t kv_len, float* out) {
-  using S = Simd<T>;
-  const int64_t group = heads / kv_heads, queries = length * group;
-  const T scale = T(1.0 / std::sqrt(double(head_dim)));
-  const int64_t work = queries * kv_len * head_dim;
-  // Work items: (row of the batch, kv head, chunk of 32 queries), so that a long pass (a
-  // prefill) spreads over the threads; how queries are grouped changes no value.
-  const int64_t chunk = 32, chunks = (queries + chunk - 1) / chunk;
-  const int64_t items = batch * kv_heads * chunks;
-  at::parallel_for(0, items, work >= (1 << 15) ? 1 : items, [&](int64_t begin, int64_t end) {
-    std::vector<T> probs(kv_len);
-    std::vector<typename S::Vec> acc(head_dim / S::width);
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t b = item / (kv_heads * chunks), kvh = (item / chunks) % kv_heads;
-      const int64_t first = (item % chunks) * chunk, last = std::min(queries, first + chunk);
-      const T* kb = keys + (b * kv_heads + kvh) * max_slots * head_dim;
-      const T* vb = values + (b * kv_heads + kvh) * max_slots * head_dim;
-      for (int64_t m = first; m < last; ++m) {  // query m = head kvh * group + m % group of row m / group
-        const int64_t t = m / group, h = kvh * group + m % group;
-        const T* qv = q + ((b * length + t) * heads + h) * head_dim;
-        const bool* visible = mask ? mask + (b * length + t) * kv_len : nullptr;
-        constexpr int block = KeyBlock<T>::size;
-        for (int64_t s = 0; s < kv_len; s += block) {
-          const int64_t n = std::min<int64_t>(block, kv_len - s);
-          if (visible && std::none_of(visible + s, visible + s + n, [](bool v) { return v; })) continue;
-          const T* k[block];
-          for (int i = 0; i < block; ++i) k[i] = kb + (s + std::min<int64_t>(i, n - 1)) * head_dim;
-          T dots[block];
-          KeyBlock<T>::scores(qv, k, head_dim, dots);
-          for (int64_t i = 0; i < n; ++i) probs[s + i] = dots[i] * scale;
-        }
-        T best = -INFINITY;
-        for (int64_t s = 0; s < kv_len; ++s)
-          if (!visible || visible[s]) best = std::max(best, probs[s]);
-        for (int64_t s = 0; s < kv_len; ++s)
-          probs[s] = (!visible || visible[s]) ? exp_of(probs[s] - best) : T(0);
-        T total = 0;
-        for (auto& a : acc) a = typename S::Vec{};
-        for (int64_t s = 0; s < kv_len; ++s) {
-          const T p = probs[s];
-          if (p == T(0)) continue;
-          total += p;
-          const T* vr = vb + s * head_dim;
-          for (int64_t c = 0; c < head_dim / S::width; ++c) acc[c] += p * S::load(vr + c * S::width);
-        }
-        float* o = out + ((b * length + t) * heads + h) * head_dim;
-        for (int64_t c = 0; c < head_dim / S::width; ++c)
-          for (int64_t i = 0; i < S::width; ++i) o[c * S::width + i] = float(acc[c][i] / total);
-      }
-    }
-  });
-}
-
-#if defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
-#define EYAS_CHUNKED_ATTENTION 1
-// Attention over a float32 cache in chunks of a query's visible keys, for head_dim = 16 * NV.
-//
-// Why: a one-token step has only B * KV work items in `attention` (3 for SmolLM2: one thread
-// does two of them), and its loops keep the weighted sum in memory. Here a work item is (row
-// of the batch, kv head, chunk j) and covers every query of that kv head: chunk j of a query
-// is its visible keys number 64j .. 64j + 63 in slot order, mostly the same slots for all the
-// queries of a pass, read from L1 by all of them. Each query keeps a partial softmax (max,
-// sum, weighted sum in registers) per chunk, and the partials are combined in chunk order.
-//
-// Numerics: a query's result depends only on the sequence of keys and values it may see, not
-// on the slots they sit in (a tree node's slot differs from its slot in sequential decoding),
-// the other rows of the pass, or kv_len: chunks count visible keys, every chunk runs over a
-// full 64-entry array (padding -inf, then 0) with the same instructions, and the chunks are
-// combined in order with a scalar exp.
-constexpr int64_t kChunk = 64;
-
-template <int NV>
-void chunked_attention(const float* q, const float* keys, const float* values, const bool* mask,
-                       int64_t batch, int64_t length, int64_t heads, int64_t kv_heads, int64_t max_slots,
-                       int64_t kv_len, float* out) {
-  constexpr int64_t head_dim = 16 * NV;
-  const int64_t group = heads / kv_heads, queries = length * group;
-  const float scale = float(1.0 / std::sqrt(double(head_dim)));
-  // visible[(b, t)]: the slots row t of batch row b may see, in increasing order
-  std::vector<std::vector<int32_t>> visible(batch * length);
-  int64_t chunks = 0;
-  for (int64_t bt = 0; bt < batch * length; ++bt) {
-    auto& slots = visible[bt];
-    slots.reserve(kv_len);
-    const bool* row = mask ? mask + bt * kv_len : nullptr;
-    for (int64_t s = 0; s < kv_len; ++s)
-      if (!row || row[s]) slots.push_back(int32_t(s));
-    chunks = std::max<int64_t>(chunks, (int64_t(slots.size()) + kChunk - 1) / kChunk);
-  }
-  // partials[(b, kvh, chunk), query]: max, sum, then head_dim weighted sums; max = -inf: empty
-  constexpr int64_t stride = head_dim + 2;
-  std::vector<float> partials(batch * kv_heads * chunks * queries * stride);
-  const int64_t items = batch * kv_heads * chunks;
-  at::parallel_for(0, items, queries * kv_len * head_dim >= (1 << 14) ? 1 : items, [&](int64_t begin, int64_t end) {
-    alignas(64) float scores[kChunk];
-    alignas(64) float probs[kChunk];
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t b = item / (kv_heads * chunks), kvh = (item / chunks) % kv_heads, chunk = item % chunks;
-      const float* kb = keys + (b * kv_heads + kvh) * max_slots * head_dim;
-      const float* vb = values + (b * kv_heads + kvh) * max_slots * head_dim;
-      for (int64_t m = 0; m < queries; ++m) {
-        const int64_t t = m / group, h = kvh * group + m % group;
-        const auto& slots = visible[b * length + t];
-        const int64_t first = chunk * kChunk;
-        const int64_t n = std::min<int64_t>(kChunk, int64_t(slots.size()) - first);  // keys in this chunk
-        float* part = partials.data() + (item * queries + m) * stride;
-        part[0] = -INFINITY;
-        if (n <= 0) continue;  // fewer visible keys than this chunk starts at
-        const float* qv = q + ((b * length + t) * heads + h) * head_dim;
-        const int32_t* chunk_slots = slots.data() + first;
-        float best = -INFINITY;
-        for (int64_t i = 0; i < kChunk; i += 8) {
-          const int64_t count = std::min<int64_t>(8, n - i);
-          if (count <= 0) {
-            for (int j = 0; j < 8; ++j) scores[i + j] = -INFINITY;
-            continue;
-          }
-          const float* k[8];
-          for (int j = 0; j < 8; ++j) k[j] = kb + int64_t(chunk_slots[i + std::min<int64_t>(j, count - 1)]) * head_dim;
-          float dots[8];
-          KeyBlock<float>::scores(qv, k, head_dim, dots);
-          for (int j = 0; j < 8; ++j) {
-            scores[i + j] = j < count ? dots[j] * scale : -INFINITY;
-            best = std::max(best, scores[i + j]);
-          }
-        }
-#pragma omp simd
-        for (int64_t i = 0; i < kChunk; ++i)
-          probs[i] = scores[i] == -INFINITY ? 0.0f : exp_approx(scores[i] - best);
-        float total = 0.0f;
-        __m512 acc[NV];
-        for (int c = 0; c < NV; ++c) acc[c] = _mm512_setzero_ps();
-        for (int64_t i = 0; i < n; ++i) {
-          if (probs[i] == 0.0f) continue;
-          total += probs[i];
-          const __m512 p = _mm512_set1_ps(probs[i]);
-          const float* vr = vb + int64_t(chunk_slots[i]) * head_dim;
-          for (int c = 0; c < NV; ++c) acc[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vr + 16 * c), acc[c]);
-        }
-        part[0] = best;
-        part[1] = total;
-        for (int c = 0; c < NV; ++c) _mm512_storeu_ps(part + 2 + 16 * c, acc[c]);
-      }
-    }
-  });
-  // Combine each query's chunks in order: the softmax over all its visible keys.
-  at::parallel_for(0, batch * kv_heads * queries, 64, [&](int64_t begin, int64_t end) {
-    for (int64_t index = begin; index < end; ++index) {
-      const int64_t b = index / (kv_heads * queries), kvh = (index / queries) % kv_heads, m = index % queries;
-      const int64_t t = m / group, h = kvh * group + m % group;
-      const float* base = partials.data() + ((b * kv_heads + kvh) * chunks * queries + m) * stride;
-      float best = -INFINITY;
-      for (int64_t c = 0; c < chunks; ++c) best = std::max(best, base[c * queries * stride]);
-      float total = 0.0f;
-      __m512 acc[NV];
-      for (int v = 0; v < NV; ++v) acc[v] = _mm512_setzero_ps();
-      for (int64_t c = 0; c < chunks; ++c) {
-        const float* part = base + c * queries * stride;
-        if (part[0] == -INFINITY) continue;
-        const float weight = float(std::exp(double(part[0]) - double(best)));
-        total += weight * part[1];
-        const __m512 w = _mm512_set1_ps(weight);
-        for (int v = 0; v < NV; ++v) acc[v] = _mm512_fmadd_ps(w, _mm512_loadu_ps(part + 2 + 16 * v), acc[v]);
-      }
-      const __m512 inverse = _mm512_set1_ps(1.0f / total);
-      float* o = out + ((b * length + t) * heads + h) * head_dim;
-      for (int v = 0; v < NV; ++v) _mm512_storeu_ps(o + 16 * v, _mm512_mul_ps(acc[v], inverse));
-    }
-  });
-}
-#endif
 
 }  // namespace
 
@@ -421,16 +160,8 @@ Tensor int4_decoder_layer(const Tensor& x, const Tensor& norm_in, const Tensor& 
         }
       }
     }
-#ifdef EYAS_CHUNKED_ATTENTION
-    if (std::is_same_v<scalar_t, float> && (head_dim == 64 || head_dim == 128)) {  // a float32 cache
-      (head_dim == 64 ? chunked_attention<4> : chunked_attention<8>)(
-          reinterpret_cast<const float*>(qd), reinterpret_cast<const float*>(kc), reinterpret_cast<const float*>(vc),
-          mask_ptr, batch, length, heads, kv_heads, max_slots, kv_len, attended.data_ptr<float>());
-      return;
-    }
-#endif
-    attention<scalar_t>(qd, kc, vc, mask_ptr, batch, length, heads, kv_heads, head_dim, max_slots,
-                        kv_len, attended.data_ptr<float>());
+    eyas::attention(qd, kc, vc, mask_ptr, batch, length, heads, kv_heads, head_dim, max_slots, kv_len,
+                    attended.data_ptr<float>());  // attention.cpp
   });
   Tensor projected = linear(attended, o_packed, group, o_scales);  // [N, H]
   Tensor out = at::empty({rows, hidden}, x.options());
@@ -454,7 +185,7 @@ Tensor int4_decoder_layer(const Tensor& x, const Tensor& norm_in, const Tensor& 
       const float* up = gate + inner;
       float* an = a + n * inner;
 #pragma omp simd
-      for (int64_t i = 0; i < inner; ++i) an[i] = gate[i] / (1.0f + exp_approx(-gate[i])) * up[i];
+      for (int64_t i = 0; i < inner; ++i) an[i] = gate[i] / (1.0f + eyas::exp_approx(-gate[i])) * up[i];
     }
   }
   Tensor down = linear(act, down_packed, group, down_scales);  // [N, H]

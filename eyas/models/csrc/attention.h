@@ -1,0 +1,20 @@
+// Attention of the fused layer over its KV cache (attention.cpp): declarations.
+#pragma once
+
+#include <cstdint>
+
+namespace eyas {
+
+// Scaled dot-product attention of q [B, T, Hq, D] over the cache's keys and values
+// [B, KV, S, D] (slots 0..kv_len-1), mask [B, T, kv_len] bool or null (all visible); out
+// [B, T, Hq, D] float32. Computed in the cache's dtype. A row's output depends only on the
+// keys and values it may see, in slot order: never on the other rows of the pass, so a
+// one-token step and a verification pass agree bit for bit.
+void attention(const float* q, const float* keys, const float* values, const bool* mask, int64_t batch,
+               int64_t length, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t max_slots,
+               int64_t kv_len, float* out);
+void attention(const double* q, const double* keys, const double* values, const bool* mask, int64_t batch,
+               int64_t length, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t max_slots,
+               int64_t kv_len, float* out);
+
+}  // namespace eyas
