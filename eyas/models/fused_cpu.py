@@ -22,6 +22,7 @@ Usage:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import platform
@@ -55,8 +56,10 @@ def _cpu_tag() -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:10]
 
 
+@functools.cache
 def _source_tag() -> str:
-    """A short hash of the C++ sources and header (PyTorch's builder does not track headers)."""
+    """A short hash of the C++ sources and headers (PyTorch's builder does not track headers);
+    read once per process, since the loaded extension is built from them once."""
     digest = hashlib.sha1()
     for path in sorted(CSRC.iterdir()):
         digest.update(path.name.encode() + path.read_bytes())

@@ -27,7 +27,6 @@
 #include <cstring>
 #include <vector>
 
-using at::BFloat16;
 using at::Tensor;
 
 namespace {

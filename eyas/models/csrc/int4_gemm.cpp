@@ -8,9 +8,9 @@
 // dot-product instruction (vpdpbusd: 64 multiply-adds per instruction); a block of weights is
 // unpacked once and used for up to 8 rows.
 //
-// Activations get 14 bits, not 8: xq = round(x / d) in -8191..8191 with d = max|x| / 8191 per
-// group of 32 inputs, split as xq = 128 * hi + lo with hi, lo in -64..64, two int8 operands of
-// the same unpacked weights (twice the dot products of 8 bits). Rounding to int8 alone
+// Activations get 14 bits, not 8 (vnni.h): xq = round(x / d) in -8191..8191 with
+// d = max|x| / 8191 per group of 32 inputs, split as xq = 128 * hi + lo with hi, lo in -64..64,
+// two int8 operands of the same unpacked weights (twice the dot products of 8 bits). Rounding to int8 alone
 // (llama.cpp's Q8) cost SmolLM2-135M too much, in any one of its projections: top-1 agreement
 // with float32 fell from 99.0% (PyTorch's kernel on bf16 activations) to 94.9%, where 14 bits
 // give 99.9% (BENCHMARKS.md section 1).
@@ -35,10 +35,8 @@
 #include <algorithm>
 #include <cstring>
 #include <vector>
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-#define EYAS_VNNI 1
-#include <immintrin.h>
-#endif
+
+#include "vnni.h"
 
 namespace eyas {
 namespace {
@@ -58,7 +56,6 @@ inline void store_bytes(int8_t* out, __m512i v) {
 // Rows of x [rows, in] -> codes [rows, in / 32, 2, 32] int8 (per group: hi then lo), scales d
 // and sums [rows, in / 32].
 void quantize_rows(const float* x, int64_t rows, int64_t in, int8_t* codes, float* scales, float* sums) {
-  constexpr float levels = 8191.0f;
   const int64_t groups = in / kGroup;
   const __m512 sign = _mm512_set1_ps(-0.0f);
   at::parallel_for(0, rows, rows * in >= (1 << 16) ? 16 : rows, [&](int64_t begin, int64_t end) {
@@ -67,17 +64,16 @@ void quantize_rows(const float* x, int64_t rows, int64_t in, int8_t* codes, floa
         const float* xg = x + r * in + g * kGroup;
         const __m512 a = _mm512_loadu_ps(xg), b = _mm512_loadu_ps(xg + 16);
         const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, a), _mm512_andnot_ps(sign, b)));
-        const float inverse = amax > 0.0f ? levels / amax : 0.0f;
+        const float inverse = amax > 0.0f ? kActivationLevels / amax : 0.0f;
         const __m512 scale = _mm512_set1_ps(inverse);
         int8_t* out = codes + (r * in + g * kGroup) * 2;
-        const __m512i half = _mm512_set1_epi32(64);
         for (int i = 0; i < 2; ++i) {  // xq = round(x / d); hi = round(xq / 128); lo = xq - 128 hi
           const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(i ? b : a, scale));
-          const __m512i hi = _mm512_srai_epi32(_mm512_add_epi32(q, half), 7);
+          const __m512i hi = activation_high(q);
           store_bytes(out + 16 * i, hi);
           store_bytes(out + kGroup + 16 * i, _mm512_sub_epi32(q, _mm512_slli_epi32(hi, 7)));
         }
-        scales[r * groups + g] = amax / levels;
+        scales[r * groups + g] = amax / kActivationLevels;
         sums[r * groups + g] = _mm512_reduce_add_ps(_mm512_add_ps(a, b));
       }
     }

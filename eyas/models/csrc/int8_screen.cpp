@@ -4,8 +4,8 @@
 // Why: PyTorch's int8 kernel (`_weight_int8pack_mm`) takes bf16 activations and costs ~0.45 ms
 // per row for SmolLM2's 49152 x 576 layer on the 2-core machine, and the bound around it then
 // takes several passes over [R, V] in PyTorch. Here each row of activations becomes 14-bit
-// integers with one scale (xq = round(x / d), d = max|x| / 8191, split as 128 * hi + lo with
-// hi, lo in -64..64, as in int4_gemm.cpp) and multiplies the int8 codes with vpdpbusd; the
+// integers with one scale (vnni.h: xq = round(x / d), d = max|x| / 8191, split as 128 * hi + lo
+// with hi, lo in -64..64, as in int4_gemm.cpp) and multiplies the int8 codes with vpdpbusd; the
 // bound is computed beside each logit.
 //
 // Error bound, for row x and vocabulary row j (W_j the float32 weights, A_j = s_j * codes_j
@@ -29,10 +29,8 @@
 #include <cmath>
 #include <cstring>
 #include <vector>
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-#define EYAS_SCREEN_VNNI 1
-#include <immintrin.h>
-#endif
+
+#include "vnni.h"
 
 namespace eyas {
 namespace {
@@ -40,7 +38,7 @@ namespace {
 constexpr int64_t kRows = 16, kMaxHidden = 2048, kTile = 4;
 constexpr float kRelative = 8.0f / 16777216.0f, kSafety = 1.01f, kAbsolute = 1e-6f;
 
-#ifdef EYAS_SCREEN_VNNI
+#ifdef EYAS_VNNI
 // One block of 16 vocabulary rows for R rows of x: approx and bound at [r, j0 .. j0 + 15].
 template <int R>
 void screen_tile(const int8_t* block, int64_t quads, const uint8_t* hi, const uint8_t* lo, int64_t hidden,
@@ -109,7 +107,7 @@ at::Tensor int8_screen_pack(const at::Tensor& codes_in) {
 std::tuple<at::Tensor, at::Tensor> int8_screen(const at::Tensor& x_in, const at::Tensor& packed,
                                                const at::Tensor& scale_in, const at::Tensor& sums_in,
                                                const at::Tensor& weight_error_in, const at::Tensor& approx_norm_in) {
-#ifdef EYAS_SCREEN_VNNI
+#ifdef EYAS_VNNI
   TORCH_CHECK(packed.dim() == 3 && packed.size(2) == 64 && packed.scalar_type() == at::kChar && packed.is_contiguous(),
               "packed must be int8 [V/16, H/4, 64] (int8_screen_pack)");
   const int64_t vocab = packed.size(0) * kRows, hidden = packed.size(1) * 4;
@@ -131,12 +129,12 @@ std::tuple<at::Tensor, at::Tensor> int8_screen(const at::Tensor& x_in, const at:
     const float* xr = xp + r * hidden;
     float amax = 0.0f;
     for (int64_t i = 0; i < hidden; ++i) amax = std::max(amax, std::fabs(xr[i]));
-    const float inverse = amax > 0.0f ? 8191.0f / amax : 0.0f;
-    d[r] = amax / 8191.0f;
+    const float inverse = amax > 0.0f ? kActivationLevels / amax : 0.0f;
+    d[r] = amax / kActivationLevels;
     double norm = 0.0, error = 0.0;
     for (int64_t i = 0; i < hidden; ++i) {
       const int32_t q = int32_t(std::nearbyint(xr[i] * inverse));
-      const int32_t h = (q + 64) >> 7, l = q - 128 * h;
+      const int32_t h = activation_high(q), l = q - 128 * h;
       hi[r * hidden + i] = uint8_t(h + 64);
       lo[r * hidden + i] = uint8_t(l + 64);
       const double rest = double(xr[i]) - double(d[r]) * q;
