@@ -5,9 +5,10 @@
     python scripts/ab-fused.py eagle3:smollm2-135m+ngram 16 kernel
 
 PAIR "layers": the fused C++ layers (eyas/models/fused_cpu.py, float32 KV cache) against the
-Python layers (float64 attention and cache). PAIR "kernel": the fused layers on the int4 x int8
-VNNI kernel (models/csrc/int4_gemm.cpp) against the same layers on PyTorch's int4 kernel
-(EYAS_VNNI=0 while that copy loads). Loads the int4 SmolLM2 target twice, one copy per path. Every
+Python layers (float64 attention and cache). PAIR "kernel": the fused layers on eyas's int4 x
+int8 kernel (models/csrc/int4_gemm.cpp; the implementation EYAS_INT4_KERNEL picks, the best by
+default; EYAS_EXT_MARCH=haswell measures an AVX2-only build) against the same layers on
+PyTorch's int4 kernel (EYAS_INT4_KERNEL=torch while that copy loads). Loads the int4 SmolLM2 target twice, one copy per path. Every
 MT-Bench first turn is decoded four ways, plain and speculative (DRAFT, `--tree auto`, fallback
 off) on each copy, the order alternating per prompt (greedy, 128 tokens). Prints median tok/s,
 per-prompt ratios, tau, and how many speculative outputs are identical to their own path's
@@ -30,6 +31,7 @@ from eyas.engine.speculative.decode import speculative_generate
 from eyas.engine.speculative.methods import build_proposer
 from eyas.engine.speculative.policy import PolicyConfig
 from eyas.engine.target import load_target
+from eyas.models import fused_cpu
 from eyas.scheduler.measure import load_prompts
 
 
@@ -40,12 +42,16 @@ def load_pair(pair: str) -> dict:
         targets["python"].model.fused_plan = False  # the Python layers
         assert [t.kv_dtype for t in targets.values()] == [torch.float64, torch.float32]
     elif pair == "kernel":
-        os.environ["EYAS_VNNI"] = "0"  # Int4Linear picks its layout when the target loads
+        choice = os.environ.get("EYAS_INT4_KERNEL")
+        os.environ["EYAS_INT4_KERNEL"] = "torch"  # Int4Linear picks its layout when the target loads
         targets = {"pytorch-int4": load_target("smollm2-135m")}
-        del os.environ["EYAS_VNNI"]
-        targets["vnni"] = load_target("smollm2-135m")
+        os.environ.pop("EYAS_INT4_KERNEL")
+        if choice:
+            os.environ["EYAS_INT4_KERNEL"] = choice
+        kernel = fused_cpu.int8dot_kernel()
+        targets[f"int8dot-{kernel}"] = load_target("smollm2-135m")
         layouts = [t.model.layers[0].mlp.down_proj.layout for t in targets.values()]
-        assert layouts == ["torch", "vnni"], f"no VNNI kernel on this machine: {layouts}"
+        assert layouts == ["torch", "int8dot"], f"no int8dot kernel on this machine: {layouts}"
     else:
         raise SystemExit(f"PAIR must be layers or kernel, not {pair!r}")
     assert list(targets.values())[-1].model.fused_layers() is not None, "the fused layer did not build"

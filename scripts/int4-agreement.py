@@ -1,5 +1,5 @@
 """How closely each int4 path follows the float32 model: Python layers, fused C++ layers on
-PyTorch's int4 kernel, and fused layers on the int4 x int8 VNNI kernel (where the CPU has it).
+PyTorch's int4 kernel, and fused layers on eyas's int4 x int8 kernel (AVX512-VNNI or AVX2).
 
     python scripts/int4-agreement.py [NUM_PROMPTS]      # default 40 MT-Bench first turns
 
@@ -7,7 +7,7 @@ For every prompt, the float32 SmolLM2 target answers greedily (128 tokens); then
 reads prompt + that answer in one pass (teacher forcing) and is compared with float32 at every
 answer position: the share of positions whose argmax agrees, and the mean KL(float32 || int4)
 per position. No int4 path is the reference: the first two round activations to bf16 for the
-int4 matmuls, the VNNI kernel to int8 per 32 inputs (BENCHMARKS.md section 1).
+int4 matmuls, eyas's kernel to 14-bit integers per 32 inputs (BENCHMARKS.md section 1).
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ from eyas.scheduler.measure import load_prompts
 
 def main(num_prompts: int = 40) -> None:
     reference = load_target("smollm2-135m", dtype="float32")
-    os.environ["EYAS_VNNI"] = "0"  # Int4Linear picks its layout when the target is loaded
+    os.environ["EYAS_INT4_KERNEL"] = "torch"  # Int4Linear picks its layout when the target is loaded
     paths = {"python layers": load_target("smollm2-135m"), "fused layers": load_target("smollm2-135m")}
     paths["python layers"].model.fused_plan = False
-    os.environ.pop("EYAS_VNNI")
-    if fused_cpu.vnni_available():
-        paths["fused layers, VNNI kernel"] = load_target("smollm2-135m")
+    os.environ.pop("EYAS_INT4_KERNEL")
+    if fused_cpu.int8dot_kernel():
+        paths[f"fused layers, int8dot kernel ({fused_cpu.int8dot_kernel()})"] = load_target("smollm2-135m")
     prompts = load_prompts(reference, "mtbench", num_prompts)
     agree = {name: 0 for name in paths}
     divergence: dict[str, list[float]] = {name: [] for name in paths}

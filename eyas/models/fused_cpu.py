@@ -4,9 +4,9 @@ A decode step of int4 SmolLM2-135M spent ~4.5 ms in its 120 int4 matmuls and ~8 
 them: ~25 small ops per layer (norms, RoPE, dtype conversions, cache writes, float64 attention)
 and the Python that issues them. `csrc/int4_decoder_layer.cpp` does everything between the
 matmuls in plain loops, and the model calls it once per layer (BENCHMARKS.md section 1). The
-matmuls themselves run in `csrc/int4_gemm.cpp` (int4 x int8 on AVX512-VNNI, 2.6-3.3x
-PyTorch's int4 kernel) where the CPU has it and Int4Linear took its layout (vnni_available),
-else in PyTorch's int4 kernel.
+matmuls themselves run in `csrc/int4_gemm.cpp` (int4 x int8 integer dot products on
+AVX512-VNNI or AVX2, 2.6-3.3x PyTorch's int4 kernel on AVX512-VNNI) where Int4Linear took its
+layout (int8dot_kernel), else in PyTorch's int4 kernel.
 
 It is compiled on first use with PyTorch's extension builder (g++, ~25 s; `make setup` does it
 ahead of time) into ~/.cache/eyas/ext (EYAS_EXT_DIR overrides). Where it cannot be built, or
@@ -37,7 +37,16 @@ from torch import Tensor, nn
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = tuple(CSRC / name for name in ("int4_decoder_layer.cpp", "attention.cpp", "int4_gemm.cpp",
                                            "int8_screen.cpp"))  # and their headers
-CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno"]
+CFLAGS = ["-O3", "-fopenmp", "-fno-math-errno", "-ffp-contract=off"]
+
+
+def march() -> str:
+    """The -march the extension is built for: this CPU (native) unless EYAS_EXT_MARCH names
+    another (e.g. haswell: an AVX2-only build, to measure what a CPU without AVX-512 runs)."""
+    value = os.environ.get("EYAS_EXT_MARCH", "native").strip() or "native"
+    if not all(ch.isalnum() or ch in "-_." for ch in value):
+        raise ValueError(f"EYAS_EXT_MARCH={value!r}: expected a gcc -march name such as native, haswell")
+    return value
 
 _extension = None  # the loaded module, False after a failed build, None before trying
 
@@ -58,9 +67,9 @@ def _cpu_tag() -> str:
 
 @functools.cache
 def _source_tag() -> str:
-    """A short hash of the C++ sources and headers (PyTorch's builder does not track headers);
-    read once per process, since the loaded extension is built from them once."""
-    digest = hashlib.sha1()
+    """A short hash of the compiler flags, the C++ sources and headers (PyTorch's builder does
+    not track headers); read once per process, since the loaded extension is built from them once."""
+    digest = hashlib.sha1(" ".join(CFLAGS).encode())  # the flags change the bits too
     for path in sorted(CSRC.iterdir()):
         digest.update(path.name.encode() + path.read_bytes())
     return digest.hexdigest()[:8]
@@ -70,6 +79,8 @@ def build_directory() -> Path:
     root = Path(os.environ.get("EYAS_EXT_DIR", Path.home() / ".cache" / "eyas" / "ext"))
     tag = (f"torch{torch.__version__.replace('+', '_')}-py{sys.version_info[0]}{sys.version_info[1]}"
            f"-{_cpu_tag()}-{_source_tag()}")
+    if march() != "native":
+        tag += f"-{march()}"
     return root / tag
 
 
@@ -83,12 +94,14 @@ def extension(verbose: bool = False):
             directory = build_directory()
             directory.mkdir(parents=True, exist_ok=True)
             _extension = load("eyas_int4_decoder_layer", sources=[str(path) for path in SOURCES],
-                              extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"],
+                              extra_cflags=CFLAGS + [f"-march={march()}"], extra_ldflags=["-fopenmp"],
                               build_directory=str(directory), verbose=verbose)
         except Exception as error:  # no compiler, no headers, ...: the Python layers still work
             warnings.warn(f"eyas: the fused int4 layer could not be built ({error}); "
                           "decoding uses the Python layers (slower)", RuntimeWarning, stacklevel=2)
             _extension = False
+        else:
+            int8dot_kernel()  # EYAS_INT4_KERNEL's choice, from the first use on
     return _extension or None
 
 
@@ -96,12 +109,33 @@ def enabled() -> bool:
     return os.environ.get("EYAS_FUSED", "1") != "0"
 
 
-def vnni_available() -> bool:
-    """Whether int4 weights may take the int4 x int8 AVX512-VNNI kernel's layout
-    (csrc/int4_gemm.cpp): the extension is enabled, built, and this CPU has the instructions.
-    EYAS_VNNI=0 keeps PyTorch's int4 kernel (for comparisons)."""
-    module = extension() if enabled() and os.environ.get("EYAS_VNNI", "1") != "0" else None
-    return module is not None and module.int4_vnni_supported()
+INT4_KERNELS = ("auto", "avx512vnni", "avx2", "torch")
+
+
+def int8dot_kernel() -> str | None:
+    """Which implementation of the extension's integer dot products runs int4 weights
+    (csrc/int4_gemm.cpp) and the output layer's screen (csrc/int8_screen.cpp): "avx512vnni",
+    "avx2", or None for PyTorch's kernels (no extension, EYAS_FUSED=0, a CPU without AVX2).
+
+    EYAS_INT4_KERNEL chooses: auto (the default: the best this CPU has), avx512vnni, avx2 (the
+    same bits, slower; what a CPU without AVX-512 runs), or torch (PyTorch's int4 kernel, for
+    comparisons). It is read when int4 weights are packed, so set it before loading a model.
+    """
+    choice = os.environ.get("EYAS_INT4_KERNEL", "auto").strip().lower() or "auto"
+    if choice not in INT4_KERNELS:
+        raise ValueError(f"EYAS_INT4_KERNEL={choice!r}: accepted values are {', '.join(INT4_KERNELS)}")
+    module = extension() if enabled() and choice != "torch" else None
+    if module is None or not module.int8dot_kernels():
+        return None
+    built = list(module.int8dot_kernels())
+    if choice == "auto":
+        choice = built[0]
+    elif choice not in built:
+        raise ValueError(f"EYAS_INT4_KERNEL={choice}: this CPU's build of the extension has "
+                         f"{', '.join(built)}; use one of those, auto or torch")
+    if module.int8dot_kernel() != choice:
+        module.set_int8dot_kernel(choice)
+    return choice
 
 
 @dataclass(frozen=True)
@@ -152,12 +186,17 @@ def fused_layers(model: nn.Module) -> list[FusedLayer] | None:
 
 def kernel_tag(model: nn.Module) -> str:
     """Which code runs this model's passes: fused or Python layers, the int4 layouts
-    (quant.Int4Linear), and the C++ sources' hash. Measured costs are cached under it."""
+    (quant.Int4Linear) with the int8dot implementation, and the C++ sources' hash. Measured
+    costs are cached under it."""
     from eyas.models.quant import Int4Linear
 
     layers = "fused" if model.fused_layers() else "python"
-    layouts = "+".join(sorted({m.layout for m in model.modules() if isinstance(m, Int4Linear)})) or "none"
-    return f"{layers}-{layouts}-{_source_tag()}"
+    if march() != "native":
+        layers += f".{march()}"
+    layouts = {m.layout for m in model.modules() if isinstance(m, Int4Linear)}
+    if "int8dot" in layouts:
+        layouts = (layouts - {"int8dot"}) | {f"int8dot.{extension().int8dot_kernel()}"}
+    return f"{layers}-{'+'.join(sorted(layouts)) or 'none'}-{_source_tag()}"
 
 
 def run_layer(layer: FusedLayer, x: Tensor, cos: Tensor, sin: Tensor, keys: Tensor, values: Tensor,

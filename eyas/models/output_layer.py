@@ -23,8 +23,8 @@ within ~1e-6.
 Each row's candidates and their exact values depend on that row alone, so a row's argmax is
 the same whichever rows share its pass (a float32 matmul's rounding depends on the row count).
 
-Two screens compute step 1 and 2: where the CPU has AVX512-VNNI (models/fused_cpu.py
-vnni_available), the extension's (csrc/int8_screen.cpp: 14-bit integer activations, integer
+Two screens compute step 1 and 2: where the extension has integer dot products (AVX512-VNNI
+or AVX2, models/fused_cpu.py int8dot_kernel), the extension's (csrc/int8_screen.cpp: 14-bit integer activations, integer
 dot products, the bound computed beside each logit in the same pass); elsewhere PyTorch's int8
 kernel on bf16 activations, with the bound below. Both bounds are rigorous, so the argmax is
 the same either way; only the number of candidates differs.
@@ -69,8 +69,8 @@ class ScreenedOutputLayer(nn.Module):
         self.register_buffer("approx_norm", approx.norm(dim=1))  # [V] |A_j|
         self.out_features = weight_t.shape[1]
         self.accumulation = weight_t.shape[0] * F32_UNIT / (1 - weight_t.shape[0] * F32_UNIT)
-        self.vnni = _vnni_screen(weight.shape)
-        if self.vnni:
+        self.int8dot = _int8dot_screen(weight.shape)
+        if self.int8dot:
             from eyas.models import fused_cpu
 
             self.register_buffer("packed", fused_cpu.extension().int8_screen_pack(codes))
@@ -95,7 +95,7 @@ class ScreenedOutputLayer(nn.Module):
 
     def screen(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """x [R, H] float32 -> (approximate logits, bound on their error) [R, V] each."""
-        if self.vnni:
+        if self.int8dot:
             from eyas.models import fused_cpu
 
             return fused_cpu.extension().int8_screen(x, self.packed, self.scale_float, self.code_sums,
@@ -107,7 +107,7 @@ class ScreenedOutputLayer(nn.Module):
 
     def error_bound(self, x: Tensor, rounded: Tensor, approx: Tensor) -> Tensor:
         """|exact logit - approximate logit| <= the returned [R, V], for inputs x [R, H], of
-        PyTorch's int8 kernel (the VNNI screen computes its own).
+        PyTorch's int8 kernel (the extension's screen computes its own).
 
         exact - approx = x.(W - A) + (x - bf16(x)).A + float32 accumulation + bf16 output:
         Cauchy-Schwarz on the first two, the standard n*u bound on the third, and the unit
@@ -121,9 +121,9 @@ class ScreenedOutputLayer(nn.Module):
         return bound * SAFETY + 1e-6
 
 
-def _vnni_screen(shape: torch.Size) -> bool:
-    """Whether the extension's VNNI screen can take a [V, H] output layer here."""
+def _int8dot_screen(shape: torch.Size) -> bool:
+    """Whether the extension's screen can take a [V, H] output layer here."""
     from eyas.models import fused_cpu
 
     vocab, hidden = shape
-    return vocab % 16 == 0 and hidden % 4 == 0 and hidden <= 2048 and fused_cpu.vnni_available()
+    return vocab % 16 == 0 and hidden % 4 == 0 and hidden <= 2048 and fused_cpu.int8dot_kernel() is not None

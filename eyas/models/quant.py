@@ -3,7 +3,7 @@
 Why: on a CPU, decoding one token is bound by reading the weights. SmolLM2-135M ships as a
 Q4_1 GGUF (4-bit codes, one scale and one minimum per group of 32 weights); holding the weights
 in the same 4-bit form reads ~7x fewer bytes than float32. The products run in eyas's int4 x
-int8 kernel where the CPU has AVX512-VNNI (csrc/int4_gemm.cpp; float16 scales and minimums,
+int8 kernel where the CPU has AVX512-VNNI or AVX2 (csrc/int4_gemm.cpp; float16 scales and minimums,
 as Q4_1 stores them), else in PyTorch's packed int4 kernel (Int4Linear.layout). Re-quantizing
 weights that were dequantized from Q4_1 recovers the same codes whenever a group uses both its
 extreme codes (almost always), so the model stays the one the GGUF describes.
@@ -61,10 +61,10 @@ def row_chunks(rows: int) -> list[int]:
 class Int4Linear(nn.Module):
     """y = x @ dequant(W)^T (+ bias) with W held as int4 codes, in one of two layouts:
 
-    - "vnni": the extension's int4 x int8 kernel (models/csrc/int4_gemm.cpp), where this CPU has
-      AVX512-VNNI and the fused extension is built (fused_cpu.vnni_available): float16 scales
-      and minimums, activations rounded to 14-bit integers per 32 inputs. `packed` is uint8
-      [O/16, I/32, 320].
+    - "int8dot": the extension's int4 x int8 kernel (models/csrc/int4_gemm.cpp), where the
+      fused extension is built with AVX512-VNNI or AVX2 (fused_cpu.int8dot_kernel): float16
+      scales and minimums, activations rounded to 14-bit integers per 32 inputs. `packed` is
+      uint8 [O/16, I/32, 320].
     - "torch": PyTorch's packed int4 kernel: bf16 scales and zero points, bf16 activations.
     """
 
@@ -76,10 +76,10 @@ class Int4Linear(nn.Module):
         if in_features % group_size:
             raise ValueError(f"in_features {in_features} is not a multiple of group {group_size}")
         codes, scale, low = quantize_groups(linear.weight.detach(), group_size)
-        vnni = group_size == 32 and out_features % 16 == 0 and fused_cpu.vnni_available()
-        self.layout = "vnni" if vnni else "torch"
-        if vnni:
-            self.register_buffer("packed", fused_cpu.extension().int4_vnni_pack(codes, scale, low))
+        int8dot = group_size == 32 and out_features % 16 == 0 and fused_cpu.int8dot_kernel() is not None
+        self.layout = "int8dot" if int8dot else "torch"
+        if int8dot:
+            self.register_buffer("packed", fused_cpu.extension().int4_pack(codes, scale, low))
             self.register_buffer("scales_and_zeros", torch.empty(0))  # inside `packed`
         else:
             # The kernel computes (code - 8) * scale + zero, so zero = minimum + 8 * scale.
@@ -94,11 +94,11 @@ class Int4Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:  # [..., I] -> [..., O]
         shape = x.shape
-        if self.layout == "vnni":
+        if self.layout == "int8dot":
             from eyas.models import fused_cpu
 
             flat = x.reshape(-1, shape[-1]).float()
-            y = fused_cpu.extension().int4_vnni_linear(flat, self.packed).to(x.dtype)
+            y = fused_cpu.extension().int4_linear(flat, self.packed).to(x.dtype)
             if self.bias is not None:
                 y = y + self.bias
             return y.reshape(*shape[:-1], self.out_features)

@@ -22,17 +22,18 @@ pytestmark = [
 PROMPT = torch.tensor([[1, 504, 3458, 314, 253, 1789, 28, 6120, 30, 260, 2114, 5549]])  # [1, 12]
 
 
-@pytest.fixture(scope="module", params=["vnni", "torch"])
+@pytest.fixture(scope="module", params=["int8dot", "torch"])
 def int4_target(request, smollm_int4_target):
-    """The int4 target with each int4 layout its fused layers can run (quant.Int4Linear): the
-    VNNI kernel's (where this CPU has it) and PyTorch's (what a CPU without it runs)."""
-    if request.param == "vnni":
-        if smollm_int4_target.model.layers[0].mlp.down_proj.layout != "vnni":
-            pytest.skip("this CPU has no AVX512-VNNI: the int4 target uses PyTorch's kernel")
+    """The int4 target with each int4 layout its fused layers can run (quant.Int4Linear):
+    eyas's int8dot kernel's (AVX512-VNNI or AVX2; both give the same bits,
+    test_int4_int8dot.py) and PyTorch's (what a CPU without AVX2 runs)."""
+    if request.param == "int8dot":
+        if smollm_int4_target.model.layers[0].mlp.down_proj.layout != "int8dot":
+            pytest.skip("no int8dot kernel here: the int4 target uses PyTorch's kernel")
         return smollm_int4_target
     from eyas.engine.target import load_target
 
-    with mock.patch.dict(os.environ, {"EYAS_VNNI": "0"}):
+    with mock.patch.dict(os.environ, {"EYAS_INT4_KERNEL": "torch"}):
         target = load_target("smollm2-135m", dtype="int4")
     assert target.model.layers[0].mlp.down_proj.layout == "torch"
     return target

@@ -44,17 +44,17 @@ def test_a_row_gets_the_same_values_alone_or_in_a_batch():
 
 @pytest.mark.parametrize("screen", ["model's", "pytorch"])
 def test_the_error_bound_holds_on_smollm2_hidden_states(smollm_int4_target, mtbench_prompt_ids, screen):
-    """Both screens: the extension's VNNI one (the model's, where the CPU has AVX512-VNNI) and
-    PyTorch's int8 kernel with the bound in output_layer.py (EYAS_VNNI=0)."""
+    """Both screens: the extension's (the model's, where it has an int8dot kernel) and
+    PyTorch's int8 kernel with the bound in output_layer.py (EYAS_INT4_KERNEL=torch)."""
     model = smollm_int4_target.model
     layer = model.lm_head
     assert isinstance(layer, ScreenedOutputLayer)  # what the engine decodes with on a CPU
     # SmolLM2 ties its embedding to the output layer: the row-major weight is not copied
     assert layer.weight.data_ptr() == model.embed_tokens.weight.data_ptr()
     if screen == "pytorch":
-        with mock.patch.dict(os.environ, {"EYAS_VNNI": "0"}):
+        with mock.patch.dict(os.environ, {"EYAS_INT4_KERNEL": "torch"}):
             layer = ScreenedOutputLayer(TransposedLinear(nn.Linear(576, 49152, bias=False)), rows=layer.weight)
-        assert not layer.vnni
+        assert not layer.int8dot
     ids = torch.tensor([sum(mtbench_prompt_ids[:3], [])])
     with torch.inference_mode():
         hidden = model(ids, logits_at=None).hidden[0]  # [T, H]

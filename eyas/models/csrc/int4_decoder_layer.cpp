@@ -3,8 +3,8 @@
 // Why: a decode step of SmolLM2-135M spends ~4.5 ms in its int4 matmuls and more than that in
 // the ~25 small ops per layer around them (norms, RoPE, dtype conversions, cache writes) and in
 // the Python that issues them. This file does that work in plain loops between the matmuls.
-// The matmuls run in the int4 x int8 VNNI kernel (int4_gemm.cpp) where the weights are in its
-// layout, else in PyTorch's int4 kernel on activations rounded to bf16.
+// The matmuls run in eyas's int4 x int8 kernel (int4_gemm.cpp, AVX512-VNNI or AVX2) where the
+// weights are in its layout, else in PyTorch's int4 kernel on activations rounded to bf16.
 //
 // Numerics (what keeps speculative decoding lossless): every row's values depend on that row's
 // inputs and on the keys and values it may attend to, never on how many rows share the call
@@ -19,6 +19,7 @@
 #include "attention.h"
 #include "int4_gemm.h"
 #include "int8_screen.h"
+#include "int8dot.h"
 #include "simd.h"
 
 #include <algorithm>
@@ -57,11 +58,11 @@ Tensor int4_mm(const Tensor& a, const Tensor& packed, int64_t group, const Tenso
   return at::cat(parts);
 }
 
-// x [N, I] float32 -> [N, O] float32 through one of the two int4 weight layouts: the VNNI
+// x [N, I] float32 -> [N, O] float32 through one of the two int4 weight layouts: eyas's int8dot
 // kernel's (uint8 [O/16, I/32, 320], int4_gemm.cpp; `scales` unused) on float32 activations,
 // or PyTorch's packed int4 on activations rounded to bf16, its output widened back.
 Tensor linear(const Tensor& x, const Tensor& packed, int64_t group, const Tensor& scales) {
-  if (packed.scalar_type() == at::kByte && packed.dim() == 3) return eyas::int4_vnni_linear(x, packed);
+  if (packed.scalar_type() == at::kByte && packed.dim() == 3) return eyas::int4_linear(x, packed);
   return int4_mm(x.to(at::kBFloat16), packed, group, scales).to(at::kFloat);
 }
 
@@ -198,9 +199,11 @@ Tensor int4_decoder_layer(const Tensor& x, const Tensor& norm_in, const Tensor& 
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int4_decoder_layer", &int4_decoder_layer, "One int4 decoder layer (see the file's header)");
-  m.def("int4_vnni_supported", &eyas::int4_vnni_supported, "Whether the AVX512-VNNI int4 kernel was built");
-  m.def("int4_vnni_pack", &eyas::int4_vnni_pack, "codes [O, I], scale, minimum [O, I/32] -> packed (int4_gemm.cpp)");
-  m.def("int4_vnni_linear", &eyas::int4_vnni_linear, "x [N, I] float32 -> [N, O] float32 (int4_gemm.cpp)");
+  m.def("int8dot_kernels", &eyas::int8dot_kernels, "The int8 dot-product implementations built, best first (int8dot.h)");
+  m.def("int8dot_kernel", &eyas::int8dot_kernel_name, "The one in use ('none' where none is built)");
+  m.def("set_int8dot_kernel", &eyas::set_int8dot_kernel, "Selects a built implementation by name");
+  m.def("int4_pack", &eyas::int4_pack, "codes [O, I], scale, minimum [O, I/32] -> packed (int4_gemm.cpp)");
+  m.def("int4_linear", &eyas::int4_linear, "x [N, I] float32 -> [N, O] float32 (int4_gemm.cpp)");
   m.def("int8_screen_pack", &eyas::int8_screen_pack, "codes [V, H] int8 -> packed (int8_screen.cpp)");
   m.def("int8_screen", &eyas::int8_screen, "x [R, H] -> (approx, bound) [R, V] (int8_screen.cpp)");
 }

@@ -1,4 +1,5 @@
-// int4 weights x int8 activations on AVX512-VNNI: the matrix products of the fused layers.
+// int4 weights x int8 activations with integer dot products: the matrix products of the fused
+// layers, on AVX512-VNNI or AVX2 (int8dot.h: the same bits on both).
 //
 // Why: PyTorch's CPU int4 kernel turns every weight back into a float and multiplies in bf16;
 // on the 2-core machine a SmolLM2 layer costs 134 us for one row and ~47 us more per extra row,
@@ -8,7 +9,7 @@
 // dot-product instruction (vpdpbusd: 64 multiply-adds per instruction); a block of weights is
 // unpacked once and used for up to 8 rows.
 //
-// Activations get 14 bits, not 8 (vnni.h): xq = round(x / d) in -8191..8191 with
+// Activations get 14 bits, not 8 (int8dot.h): xq = round(x / d) in -8191..8191 with
 // d = max|x| / 8191 per group of 32 inputs, split as xq = 128 * hi + lo with hi, lo in -64..64,
 // two int8 operands of the same unpacked weights (twice the dot products of 8 bits). Rounding to int8 alone
 // (llama.cpp's Q8) cost SmolLM2-135M too much, in any one of its projections: top-1 agreement
@@ -22,7 +23,13 @@
 // depend on that row alone, never on how many rows share the call or which tile it falls in:
 // the property that keeps speculative decoding lossless (int4_decoder_layer.cpp).
 //
-// Layout (int4_vnni_pack): uint8 [O/16, I/32, 320]. In a block of 16 columns x 32 inputs,
+// On AVX2 the dot products take vpmaddubsw (codes x activations, pairs summed in int16) and
+// vpmaddwd: a code is at most 15 and |hi|, |lo| <= 64, so the eight int16 partial sums of a
+// group stay below 2^15 and every integer is the one vpdpbusd computes; the float operations
+// are the same, lane by lane, so the two give the same bits. The AVX2 tile covers 8 columns
+// (half a block) and 4 rows, for the 16 vector registers.
+//
+// Layout (int4_pack): uint8 [O/16, I/32, 320]. In a block of 16 columns x 32 inputs,
 // bytes 0..255 are four 64-byte chunks; chunk p holds, for column c at bytes 4c..4c+3, the codes
 // of inputs 4p..4p+3 in the low nibbles and of inputs 16+4p..16+4p+3 in the high nibbles, so
 // one AND (and a shift) gives the operand of a vpdpbusd over 16 columns x 4 inputs. Bytes
@@ -36,48 +43,61 @@
 #include <cstring>
 #include <vector>
 
-#include "vnni.h"
+#include "int8dot.h"
 
 namespace eyas {
 namespace {
 
-constexpr int64_t kColumns = 16, kGroup = 32, kBlockBytes = 320, kTileRows = 8;
+constexpr int64_t kColumns = 16, kGroup = 32, kBlockBytes = 320;
 // Blocks of columns prefetched ahead by each thread: at one row a block is ~250 ns of work and
 // the hardware prefetcher alone kept ~15 GB/s in flight; 2-8 ahead gave 1.10-1.11x on plain
 // decoding, side by side in one process (BENCHMARKS.md section 1).
 constexpr int64_t kAhead = 4;
 
+Int8Dot best_compiled() {
+#if defined(EYAS_VNNI)
+  return Int8Dot::avx512vnni;
+#elif defined(EYAS_AVX2)
+  return Int8Dot::avx2;
+#else
+  return Int8Dot::none;
+#endif
+}
+
+Int8Dot selected = best_compiled();
+
+// Per row and group of x [rows, in]: hi[32] then lo[32] int8 (codes [rows, in / 32, 2, 32]),
+// the scale d and the sum of the group's 32 inputs, [rows, in / 32].
+struct Quantized {
+  std::vector<int8_t> codes;
+  std::vector<float> scales, sums;
+};
+
 #ifdef EYAS_VNNI
+namespace vnni {
+
+constexpr int64_t kTileRows = 8;
+
 // Stores the low bytes of 16 int32 lanes (each in -128..127) at out.
 inline void store_bytes(int8_t* out, __m512i v) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtsepi32_epi8(v));
 }
 
-// Rows of x [rows, in] -> codes [rows, in / 32, 2, 32] int8 (per group: hi then lo), scales d
-// and sums [rows, in / 32].
-void quantize_rows(const float* x, int64_t rows, int64_t in, int8_t* codes, float* scales, float* sums) {
-  const int64_t groups = in / kGroup;
+void quantize_group(const float* xg, int8_t* out, float* scale, float* sum) {
   const __m512 sign = _mm512_set1_ps(-0.0f);
-  at::parallel_for(0, rows, rows * in >= (1 << 16) ? 16 : rows, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      for (int64_t g = 0; g < groups; ++g) {
-        const float* xg = x + r * in + g * kGroup;
-        const __m512 a = _mm512_loadu_ps(xg), b = _mm512_loadu_ps(xg + 16);
-        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, a), _mm512_andnot_ps(sign, b)));
-        const float inverse = amax > 0.0f ? kActivationLevels / amax : 0.0f;
-        const __m512 scale = _mm512_set1_ps(inverse);
-        int8_t* out = codes + (r * in + g * kGroup) * 2;
-        for (int i = 0; i < 2; ++i) {  // xq = round(x / d); hi = round(xq / 128); lo = xq - 128 hi
-          const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(i ? b : a, scale));
-          const __m512i hi = activation_high(q);
-          store_bytes(out + 16 * i, hi);
-          store_bytes(out + kGroup + 16 * i, _mm512_sub_epi32(q, _mm512_slli_epi32(hi, 7)));
-        }
-        scales[r * groups + g] = amax / kActivationLevels;
-        sums[r * groups + g] = _mm512_reduce_add_ps(_mm512_add_ps(a, b));
-      }
-    }
-  });
+  const __m512 a = _mm512_loadu_ps(xg), b = _mm512_loadu_ps(xg + 16);
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, a), _mm512_andnot_ps(sign, b)));
+  const float inverse = amax > 0.0f ? kActivationLevels / amax : 0.0f;
+  const __m512 scaled = _mm512_set1_ps(inverse);
+  for (int i = 0; i < 2; ++i) {  // xq = round(x / d); hi = round(xq / 128); lo = xq - 128 hi
+    const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(i ? b : a, scaled));
+    const __m512i hi = activation_high(q);
+    store_bytes(out + 16 * i, hi);
+    store_bytes(out + kGroup + 16 * i, _mm512_sub_epi32(q, _mm512_slli_epi32(hi, 7)));
+  }
+  *scale = amax / kActivationLevels;
+  const __m512 both = _mm512_add_ps(a, b);
+  *sum = sum8(_mm256_add_ps(_mm512_castps512_ps256(both), _mm512_extractf32x8_ps(both, 1)));
 }
 
 // One block of 16 columns for `R` rows: y[r, col0 .. col0 + 15] for r < R.
@@ -122,24 +142,176 @@ void tile(const uint8_t* block, int64_t groups, const int8_t* codes, int64_t in,
 
 using TileFn = void (*)(const uint8_t*, int64_t, const int8_t*, int64_t, const float*, const float*, float*, int64_t);
 constexpr TileFn kTiles[kTileRows + 1] = {nullptr, tile<1>, tile<2>, tile<3>, tile<4>, tile<5>, tile<6>, tile<7>, tile<8>};
+
+// Columns [block * 16, block * 16 + 16) of y for every row.
+void block_columns(const uint8_t* block, int64_t groups, const Quantized& xq, int64_t rows, int64_t in, float* y,
+                   int64_t out) {
+  for (int64_t r = 0; r < rows; r += kTileRows) {
+    const int64_t n = std::min(kTileRows, rows - r);
+    kTiles[n](block, groups, xq.codes.data() + r * in * 2, in, xq.scales.data() + r * groups,
+              xq.sums.data() + r * groups, y + r * out, out);
+  }
+}
+
+}  // namespace vnni
 #endif
+
+#ifdef EYAS_AVX2
+namespace avx2 {
+
+constexpr int64_t kTileRows = 4;
+
+void quantize_group(const float* xg, int8_t* out, float* scale, float* sum) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 v[4];
+  for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(xg + 8 * i);
+  const __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                                 _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));  // max: exact in any order
+  const float inverse = amax > 0.0f ? kActivationLevels / amax : 0.0f;
+  const __m256 scaled = _mm256_set1_ps(inverse);
+  __m256i hi[4], lo[4];
+  for (int i = 0; i < 4; ++i) {  // xq = round(x / d); hi = round(xq / 128); lo = xq - 128 hi
+    const __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], scaled));
+    hi[i] = activation_high(q);
+    lo[i] = _mm256_sub_epi32(q, _mm256_slli_epi32(hi[i], 7));
+  }
+  // 32 int32 -> 32 int8 in order: the packs interleave 128-bit lanes, the permutation undoes it
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  const __m256i high = _mm256_packs_epi16(_mm256_packs_epi32(hi[0], hi[1]), _mm256_packs_epi32(hi[2], hi[3]));
+  const __m256i rest = _mm256_packs_epi16(_mm256_packs_epi32(lo[0], lo[1]), _mm256_packs_epi32(lo[2], lo[3]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_permutevar8x32_epi32(high, order));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + kGroup), _mm256_permutevar8x32_epi32(rest, order));
+  *scale = amax / kActivationLevels;
+  *sum = sum8(_mm256_add_ps(_mm256_add_ps(v[0], v[2]), _mm256_add_ps(v[1], v[3])));  // as vnni's
+}
+
+// Columns half * 8 .. half * 8 + 7 of one block for `R` rows.
+template <int R>
+void tile(const uint8_t* block, int half, int64_t groups, const int8_t* codes, int64_t in, const float* scales,
+          const float* sums, float* y, int64_t out) {
+  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g, block += kBlockBytes) {
+    __m256i w[8];
+    for (int p = 0; p < 4; ++p) {
+      const __m256i chunk = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * p + 32 * half));
+      w[p] = _mm256_and_si256(chunk, low);
+      w[p + 4] = _mm256_and_si256(_mm256_srli_epi16(chunk, 4), low);
+    }
+    const __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 256 + 16 * half)));
+    const __m256 minimum = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 288 + 16 * half)));
+    for (int r = 0; r < R; ++r) {
+      const int8_t* xg = codes + (r * in + g * kGroup) * 2;  // hi[32] then lo[32]
+      __m256i part_sums[2];  // int16 lanes: |sum of 8 pairs| <= 8 * 2 * 15 * 64 < 2^15, exact
+      for (int part = 0; part < 2; ++part) {
+        __m256i s[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+        for (int j = 0; j < 8; ++j) {
+          int32_t quad;
+          std::memcpy(&quad, xg + part * kGroup + 4 * j, sizeof(quad));
+          s[j & 1] = _mm256_add_epi16(s[j & 1], _mm256_maddubs_epi16(w[j], _mm256_set1_epi32(quad)));
+        }
+        part_sums[part] = _mm256_madd_epi16(_mm256_add_epi16(s[0], s[1]), ones);  // int32 per column
+      }
+      const __m256i dot = _mm256_add_epi32(_mm256_slli_epi32(part_sums[0], 7), part_sums[1]);
+      const __m256 d = _mm256_mul_ps(scale, _mm256_set1_ps(scales[r * groups + g]));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), d, acc[r]);
+      acc[r] = _mm256_fmadd_ps(minimum, _mm256_set1_ps(sums[r * groups + g]), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * out + 8 * half, acc[r]);
+}
+
+using TileFn = void (*)(const uint8_t*, int, int64_t, const int8_t*, int64_t, const float*, const float*, float*,
+                        int64_t);
+constexpr TileFn kTiles[kTileRows + 1] = {nullptr, tile<1>, tile<2>, tile<3>, tile<4>};
+
+void block_columns(const uint8_t* block, int64_t groups, const Quantized& xq, int64_t rows, int64_t in, float* y,
+                   int64_t out) {
+  for (int half = 0; half < 2; ++half) {
+    for (int64_t r = 0; r < rows; r += kTileRows) {
+      const int64_t n = std::min(kTileRows, rows - r);
+      kTiles[n](block, half, groups, xq.codes.data() + r * in * 2, in, xq.scales.data() + r * groups,
+                xq.sums.data() + r * groups, y + r * out, out);
+    }
+  }
+}
+
+}  // namespace avx2
+#endif
+
+using GroupFn = void (*)(const float*, int8_t*, float*, float*);
+using BlockFn = void (*)(const uint8_t*, int64_t, const Quantized&, int64_t, int64_t, float*, int64_t);
+
+// The selected implementation: how a group of 32 inputs is quantized, how a block of columns
+// is multiplied. Null where this build has none.
+struct Implementation {
+  GroupFn quantize_group = nullptr;
+  BlockFn block_columns = nullptr;
+};
+
+Implementation implementation() {
+#ifdef EYAS_VNNI
+  if (selected == Int8Dot::avx512vnni) return {vnni::quantize_group, vnni::block_columns};
+#endif
+#ifdef EYAS_AVX2
+  if (selected == Int8Dot::avx2) return {avx2::quantize_group, avx2::block_columns};
+#endif
+  return {};
+}
+
+// Rows of x [rows, in] in the 14-bit form.
+Quantized quantize_rows(GroupFn group, const float* x, int64_t rows, int64_t in) {
+  const int64_t groups = in / kGroup;
+  Quantized xq{std::vector<int8_t>(rows * in * 2), std::vector<float>(rows * groups), std::vector<float>(rows * groups)};
+  at::parallel_for(0, rows, rows * in >= (1 << 16) ? 16 : rows, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r)
+      for (int64_t g = 0; g < groups; ++g)
+        group(x + r * in + g * kGroup, xq.codes.data() + (r * in + g * kGroup) * 2, &xq.scales[r * groups + g],
+              &xq.sums[r * groups + g]);
+  });
+  return xq;
+}
 
 void check_packed(const at::Tensor& packed) {
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 3 && packed.size(2) == kBlockBytes &&
-              packed.is_contiguous(), "packed int4 weights must be uint8 [O/16, I/32, 320] (int4_vnni_pack)");
+              packed.is_contiguous(), "packed int4 weights must be uint8 [O/16, I/32, 320] (int4_pack)");
 }
 
 }  // namespace
 
-bool int4_vnni_supported() {
+std::vector<std::string> int8dot_kernels() {
+  std::vector<std::string> names;
 #ifdef EYAS_VNNI
-  return true;
-#else
-  return false;
+  names.emplace_back("avx512vnni");
 #endif
+#ifdef EYAS_AVX2
+  names.emplace_back("avx2");
+#endif
+  return names;
 }
 
-at::Tensor int4_vnni_pack(const at::Tensor& codes_in, const at::Tensor& scale_in, const at::Tensor& minimum_in) {
+Int8Dot int8dot_kernel() { return selected; }
+
+std::string int8dot_kernel_name() {
+  return selected == Int8Dot::avx512vnni ? "avx512vnni" : selected == Int8Dot::avx2 ? "avx2" : "none";
+}
+
+void set_int8dot_kernel(const std::string& name) {
+  const std::vector<std::string> names = int8dot_kernels();
+  if (std::find(names.begin(), names.end(), name) == names.end()) {
+    std::string accepted;
+    for (const std::string& n : names) accepted += (accepted.empty() ? "" : ", ") + n;
+    TORCH_CHECK(false, "int8 dot-product kernel '", name, "' is not in this build; it has: ",
+                accepted.empty() ? "none (no AVX2 on this CPU)" : accepted);
+  }
+  selected = name == "avx512vnni" ? Int8Dot::avx512vnni : Int8Dot::avx2;
+}
+
+at::Tensor int4_pack(const at::Tensor& codes_in, const at::Tensor& scale_in, const at::Tensor& minimum_in) {
   TORCH_CHECK(codes_in.dim() == 2, "codes must be [O, I]");
   const int64_t out = codes_in.size(0), in = codes_in.size(1);
   TORCH_CHECK(out % kColumns == 0 && in % kGroup == 0, "int4 packing needs O a multiple of 16 and I of 32, got [",
@@ -171,43 +343,34 @@ at::Tensor int4_vnni_pack(const at::Tensor& codes_in, const at::Tensor& scale_in
   return packed;
 }
 
-void int4_vnni_gemm(const float* x, int64_t rows, int64_t in, const at::Tensor& packed, float* y) {
-#ifdef EYAS_VNNI
+void int4_gemm(const float* x, int64_t rows, int64_t in, const at::Tensor& packed, float* y) {
   check_packed(packed);
+  const Implementation kernel = implementation();
+  TORCH_CHECK(kernel.block_columns != nullptr, "this build of the eyas extension has no int8 dot-product kernel (no AVX2)");
   const int64_t blocks = packed.size(0), groups = packed.size(1), out = blocks * kColumns;
   TORCH_CHECK(groups * kGroup == in, "input width ", in, " does not match the packed weights' ", groups * kGroup);
-  std::vector<int8_t> codes(rows * in * 2);
-  std::vector<float> scales(rows * groups), sums(rows * groups);
-  quantize_rows(x, rows, in, codes.data(), scales.data(), sums.data());
+  const Quantized xq = quantize_rows(kernel.quantize_group, x, rows, in);
   const uint8_t* weights = packed.data_ptr<uint8_t>();
-  // Threads split the columns; each streams its blocks' weights once per tile of 8 rows (a
+  // Threads split the columns; each streams its blocks' weights once per tile of rows (a
   // block of 16 columns is 320 bytes per 32 inputs: it stays in L1/L2 between tiles).
   at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t cb = begin; cb < end; ++cb) {
       const uint8_t* block = weights + cb * groups * kBlockBytes;
       if (cb + kAhead < end) {  // more loads in flight than the hardware prefetcher keeps
         const char* next = reinterpret_cast<const char*>(block + kAhead * groups * kBlockBytes);
-        for (int64_t byte = 0; byte < groups * kBlockBytes; byte += 64) _mm_prefetch(next + byte, _MM_HINT_T0);
+        for (int64_t byte = 0; byte < groups * kBlockBytes; byte += 64) __builtin_prefetch(next + byte, 0, 3);
       }
-      for (int64_t r = 0; r < rows; r += kTileRows) {
-        const int64_t n = std::min(kTileRows, rows - r);
-        kTiles[n](block, groups, codes.data() + r * in * 2, in, scales.data() + r * groups, sums.data() + r * groups,
-                  y + r * out + cb * kColumns, out);
-      }
+      kernel.block_columns(block, groups, xq, rows, in, y + cb * kColumns, out);
     }
   });
-#else
-  (void)x, (void)rows, (void)in, (void)packed, (void)y;
-  TORCH_CHECK(false, "this build of the eyas extension has no AVX512-VNNI kernel");
-#endif
 }
 
-at::Tensor int4_vnni_linear(const at::Tensor& x_in, const at::Tensor& packed) {
+at::Tensor int4_linear(const at::Tensor& x_in, const at::Tensor& packed) {
   check_packed(packed);
   TORCH_CHECK(x_in.dim() == 2, "x must be [N, I]");
   const at::Tensor x = x_in.to(at::kFloat).contiguous();
   at::Tensor y = at::empty({x.size(0), packed.size(0) * kColumns}, x.options());
-  if (x.size(0) > 0) int4_vnni_gemm(x.data_ptr<float>(), x.size(0), x.size(1), packed, y.data_ptr<float>());
+  if (x.size(0) > 0) int4_gemm(x.data_ptr<float>(), x.size(0), x.size(1), packed, y.data_ptr<float>());
   return y;
 }
 

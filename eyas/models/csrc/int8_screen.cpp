@@ -1,12 +1,13 @@
-// The output layer's int8 screen on AVX512-VNNI: approximate logits and a rigorous bound on
-// their error, in one pass (models/output_layer.py uses them to find each row's exact argmax).
+// The output layer's int8 screen with integer dot products (AVX512-VNNI or AVX2, int8dot.h):
+// approximate logits and a rigorous bound on their error, in one pass (models/output_layer.py
+// uses them to find each row's exact argmax).
 //
 // Why: PyTorch's int8 kernel (`_weight_int8pack_mm`) takes bf16 activations and costs ~0.45 ms
 // per row for SmolLM2's 49152 x 576 layer on the 2-core machine, and the bound around it then
 // takes several passes over [R, V] in PyTorch. Here each row of activations becomes 14-bit
-// integers with one scale (vnni.h: xq = round(x / d), d = max|x| / 8191, split as 128 * hi + lo
-// with hi, lo in -64..64, as in int4_gemm.cpp) and multiplies the int8 codes with vpdpbusd; the
-// bound is computed beside each logit.
+// integers with one scale (int8dot.h: xq = round(x / d), d = max|x| / 8191, split as 128 * hi + lo
+// with hi, lo in -64..64, as in int4_gemm.cpp) and multiplies the int8 codes with vpdpbusd (or
+// vpmaddubsw + vpmaddwd); the bound is computed beside each logit.
 //
 // Error bound, for row x and vocabulary row j (W_j the float32 weights, A_j = s_j * codes_j
 // the int8 copy, x^ = d * xq):
@@ -30,7 +31,7 @@
 #include <cstring>
 #include <vector>
 
-#include "vnni.h"
+#include "int8dot.h"
 
 namespace eyas {
 namespace {
@@ -38,7 +39,13 @@ namespace {
 constexpr int64_t kRows = 16, kMaxHidden = 2048, kTile = 4;
 constexpr float kRelative = 8.0f / 16777216.0f, kSafety = 1.01f, kAbsolute = 1e-6f;
 
+using ScreenFn = void (*)(const int8_t*, int64_t, const uint8_t*, const uint8_t*, int64_t, const float*,
+                          const float*, const float*, const float*, const int32_t*, const float*, const float*,
+                          float*, float*, int64_t);
+
 #ifdef EYAS_VNNI
+namespace vnni {
+
 // One block of 16 vocabulary rows for R rows of x: approx and bound at [r, j0 .. j0 + 15].
 template <int R>
 void screen_tile(const int8_t* block, int64_t quads, const uint8_t* hi, const uint8_t* lo, int64_t hidden,
@@ -77,11 +84,72 @@ void screen_tile(const int8_t* block, int64_t quads, const uint8_t* hi, const ui
   }
 }
 
-using ScreenFn = void (*)(const int8_t*, int64_t, const uint8_t*, const uint8_t*, int64_t, const float*,
-                          const float*, const float*, const float*, const int32_t*, const float*, const float*,
-                          float*, float*, int64_t);
 constexpr ScreenFn kScreenTiles[kTile + 1] = {nullptr, screen_tile<1>, screen_tile<2>, screen_tile<3>, screen_tile<4>};
+
+}  // namespace vnni
 #endif
+
+#ifdef EYAS_AVX2
+namespace avx2 {
+
+// The same on 256-bit registers, 8 vocabulary rows at a time: vpmaddubsw multiplies the
+// unsigned activation bytes (at most 128) by the signed codes (|c| <= 127), so a pair sums to at
+// most 32512 < 2^15, and vpmaddwd widens it to int32 at once: the same integers as vpdpbusd,
+// then the same float operations.
+template <int R>
+void screen_tile(const int8_t* block, int64_t quads, const uint8_t* hi, const uint8_t* lo, int64_t hidden,
+                 const float* d, const float* x_norm, const float* x_error, const float* scale,
+                 const int32_t* sums, const float* weight_error, const float* approx_norm, float* approx,
+                 float* bound, int64_t vocab) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int half = 0; half < 2; ++half) {
+    __m256i acc[R][2];  // per row: hi, lo
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+    for (int64_t k = 0; k < quads; ++k) {
+      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * k + 32 * half));
+      for (int r = 0; r < R; ++r) {
+        int32_t h, l;
+        std::memcpy(&h, hi + r * hidden + 4 * k, 4);
+        std::memcpy(&l, lo + r * hidden + 4 * k, 4);
+        acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi32(h), w), ones));
+        acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi32(l), w), ones));
+      }
+    }
+    const int64_t j = 8 * half;
+    const __m256i offset = _mm256_slli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sums + j)), 6);
+    const __m256 s = _mm256_loadu_ps(scale + j), werr = _mm256_loadu_ps(weight_error + j);
+    const __m256 anorm = _mm256_loadu_ps(approx_norm + j);
+    for (int r = 0; r < R; ++r) {
+      const __m256i dot_hi = _mm256_sub_epi32(acc[r][0], offset);
+      const __m256i dot_lo = _mm256_sub_epi32(acc[r][1], offset);
+      const __m256 dot = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_hi), _mm256_set1_ps(128.0f), _mm256_cvtepi32_ps(dot_lo));
+      const __m256 value = _mm256_mul_ps(dot, _mm256_mul_ps(s, _mm256_set1_ps(d[r])));
+      __m256 b = _mm256_mul_ps(_mm256_set1_ps(x_norm[r]), werr);
+      b = _mm256_fmadd_ps(_mm256_set1_ps(x_error[r]), anorm, b);
+      b = _mm256_fmadd_ps(_mm256_andnot_ps(sign, value), _mm256_set1_ps(kRelative), b);
+      b = _mm256_fmadd_ps(b, _mm256_set1_ps(kSafety), _mm256_set1_ps(kAbsolute));
+      _mm256_storeu_ps(approx + r * vocab + j, value);
+      _mm256_storeu_ps(bound + r * vocab + j, b);
+    }
+  }
+}
+
+constexpr ScreenFn kScreenTiles[kTile + 1] = {nullptr, screen_tile<1>, screen_tile<2>, screen_tile<3>, screen_tile<4>};
+
+}  // namespace avx2
+#endif
+
+// The selected implementation's tiles (int8dot.h), null where this build has none.
+const ScreenFn* screen_tiles() {
+#ifdef EYAS_VNNI
+  if (int8dot_kernel() == Int8Dot::avx512vnni) return vnni::kScreenTiles;
+#endif
+#ifdef EYAS_AVX2
+  if (int8dot_kernel() == Int8Dot::avx2) return avx2::kScreenTiles;
+#endif
+  return nullptr;
+}
 
 }  // namespace
 
@@ -107,7 +175,8 @@ at::Tensor int8_screen_pack(const at::Tensor& codes_in) {
 std::tuple<at::Tensor, at::Tensor> int8_screen(const at::Tensor& x_in, const at::Tensor& packed,
                                                const at::Tensor& scale_in, const at::Tensor& sums_in,
                                                const at::Tensor& weight_error_in, const at::Tensor& approx_norm_in) {
-#ifdef EYAS_VNNI
+  const ScreenFn* tiles = screen_tiles();
+  TORCH_CHECK(tiles != nullptr, "this build of the eyas extension has no int8 dot-product kernel (no AVX2)");
   TORCH_CHECK(packed.dim() == 3 && packed.size(2) == 64 && packed.scalar_type() == at::kChar && packed.is_contiguous(),
               "packed must be int8 [V/16, H/4, 64] (int8_screen_pack)");
   const int64_t vocab = packed.size(0) * kRows, hidden = packed.size(1) * 4;
@@ -154,7 +223,7 @@ std::tuple<at::Tensor, at::Tensor> int8_screen(const at::Tensor& x_in, const at:
       const int64_t j = block * kRows;
       for (int64_t r = 0; r < rows; r += kTile) {
         const int64_t n = std::min(kTile, rows - r);
-        kScreenTiles[n](weights + block * quads * 64, quads, hi.data() + r * hidden, lo.data() + r * hidden, hidden,
+        tiles[n](weights + block * quads * 64, quads, hi.data() + r * hidden, lo.data() + r * hidden, hidden,
                         d.data() + r, x_norm.data() + r, x_error.data() + r, scale.data_ptr<float>() + j,
                         sums.data_ptr<int32_t>() + j, weight_error.data_ptr<float>() + j,
                         approx_norm.data_ptr<float>() + j, ap + r * vocab + j, bp + r * vocab + j, vocab);
@@ -162,10 +231,6 @@ std::tuple<at::Tensor, at::Tensor> int8_screen(const at::Tensor& x_in, const at:
     }
   });
   return {approx, bound};
-#else
-  (void)x_in, (void)packed, (void)scale_in, (void)sums_in, (void)weight_error_in, (void)approx_norm_in;
-  TORCH_CHECK(false, "this build of the eyas extension has no AVX512-VNNI kernel");
-#endif
 }
 
 }  // namespace eyas

@@ -1,4 +1,4 @@
-// The output layer's int8 screen on AVX512-VNNI (int8_screen.cpp): declarations shared with
+// The output layer's int8 screen with integer dot products (int8_screen.cpp): declarations shared with
 // int4_decoder_layer.cpp, which binds them to Python.
 #pragma once
 

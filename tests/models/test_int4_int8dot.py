@@ -1,0 +1,231 @@
+"""The int4 x int8 kernel (models/csrc/int4_gemm.cpp) and the output screen
+(csrc/int8_screen.cpp), on each implementation this CPU's build has (AVX512-VNNI, AVX2): the
+products equal the documented integer arithmetic, a row's output is the same alone and in any
+batch, both implementations give the same bits (so a model decodes identically on either), and
+Int4Linear takes the kernel's layout where the extension has one."""
+
+import contextlib
+import os
+import shutil
+from unittest import mock
+
+import pytest
+import torch
+from torch import nn
+
+from eyas.models import fused_cpu
+from eyas.models.quant import Int4Linear, int4_available, quantize_groups
+
+pytestmark = [
+    pytest.mark.skipif(not int4_available(), reason="no CPU int4 kernel in this PyTorch"),
+    pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None,
+                       reason="no C++ compiler to build the extension"),
+]
+
+IMPLEMENTATIONS = pytest.mark.parametrize("name", ["avx512vnni", "avx2"])
+
+
+def int8dot():
+    if fused_cpu.int8dot_kernel() is None:
+        pytest.skip("no int8 dot-product kernel here (no AVX2, or EYAS_FUSED=0 / EYAS_INT4_KERNEL=torch)")
+    return fused_cpu.extension()
+
+
+@contextlib.contextmanager
+def kernel(name):
+    """Runs the block on implementation `name` of the extension, then restores the one in use."""
+    ext = int8dot()
+    if name not in ext.int8dot_kernels():
+        pytest.skip(f"this CPU's build has no {name} kernel")
+    before = ext.int8dot_kernel()
+    ext.set_int8dot_kernel(name)
+    try:
+        yield ext
+    finally:
+        ext.set_int8dot_kernel(before)
+
+
+def reference(x, codes, scale, minimum):
+    """The kernel's arithmetic in float64: 14-bit activations per group of 32 (x = d * xq,
+    d = max|x| / 8191), float16 scales and minimums, the minimum times the exact sum of x."""
+    rows, out = x.shape[0], codes.shape[0]
+    groups = x.float().reshape(rows, -1, 32)  # [N, G, 32]
+    amax = groups.abs().amax(-1, keepdim=True)
+    inverse = torch.where(amax > 0, 8191.0 / amax, torch.zeros_like(amax))
+    xq = torch.round(groups * inverse).double()  # [N, G, 32] in -8191..8191
+    d = (amax / 8191).double().squeeze(-1)  # [N, G]
+    dots = torch.einsum("ngk,ogk->nog", xq, codes.double().reshape(out, -1, 32))  # [N, O, G]
+    s, m = scale.half().double(), minimum.half().double()  # [O, G]
+    return (dots * d[:, None] * s[None]).sum(-1) + (groups.double().sum(-1)[:, None] * m[None]).sum(-1)
+
+
+@IMPLEMENTATIONS
+def test_the_kernel_computes_the_documented_integer_arithmetic(name):
+    torch.manual_seed(0)
+    weight = torch.randn(96, 128) * 0.05
+    codes, scale, minimum = quantize_groups(weight, 32)
+    x = torch.randn(11, 128) * torch.logspace(-2, 1, 128)  # activations of very different sizes
+    x[3] = 0.0  # a row of zeros: scale 0, no division by zero
+    with kernel(name) as ext:
+        packed = ext.int4_pack(codes, scale, minimum)
+        y = ext.int4_linear(x, packed)  # [11, 96]
+    assert packed.shape == (6, 4, 320) and packed.dtype == torch.uint8
+    expected = reference(x, codes, scale, minimum)
+    assert y.shape == (11, 96) and y.dtype == torch.float32
+    assert torch.equal(y[3], torch.zeros(96))
+    # float32 accumulation over 4 groups; a tie in round() may move one code by one step
+    assert (y.double() - expected).abs().max() <= 1e-4 * expected.abs().max()
+    # and it is the product with the dequantized weights, up to the 14-bit activations
+    dequantized = (codes.float().reshape(96, 4, 32) * scale.half().float()[..., None]
+                   + minimum.half().float()[..., None]).reshape(96, 128)
+    assert (y - x @ dequantized.t()).abs().max() <= 1e-3 * (x @ dequantized.t()).abs().max()
+
+
+@IMPLEMENTATIONS
+def test_a_row_gets_the_same_bits_alone_and_in_any_batch(name):
+    """Tiles of 8 rows (AVX512-VNNI) or 4 (AVX2): 13 rows run as 8 + 5 or 4 + 4 + 4 + 1; each
+    row must equal its one-row product."""
+    torch.manual_seed(1)
+    codes, scale, minimum = quantize_groups(torch.randn(48, 64), 32)
+    x = torch.randn(13, 64)
+    with kernel(name) as ext:
+        packed = ext.int4_pack(codes, scale, minimum)
+        together = ext.int4_linear(x, packed)
+        for row in range(13):
+            assert torch.equal(ext.int4_linear(x[row : row + 1], packed)[0], together[row])
+        assert torch.equal(ext.int4_linear(x[5:9], packed), together[5:9])
+
+
+def test_avx2_and_avx512vnni_give_the_same_bits():
+    """The same integers and the same float operations in the same order (int8dot.h): a CPU
+    without AVX-512 decodes exactly what this one does. Shapes of SmolLM2's projections, row
+    counts across both tile sizes, and the output screen."""
+    int8dot()
+    torch.manual_seed(3)
+    outputs = {}
+    for name in ("avx512vnni", "avx2"):
+        with kernel(name) as ext:
+            torch.manual_seed(3)
+            results = []
+            for out, width in ((1728, 576), (576, 1536), (96, 128)):
+                codes, scale, minimum = quantize_groups(torch.randn(out, width) * 0.05, 32)
+                packed = ext.int4_pack(codes, scale, minimum)
+                for rows in (1, 3, 5, 8, 13):
+                    results.append(ext.int4_linear(torch.randn(rows, width) * 3, packed))
+            weight = torch.randn(512, 576) * 0.05
+            scale = (weight.abs().amax(1) / 127).to(torch.bfloat16)
+            codes = (weight / scale.float()[:, None]).round().clamp(-127, 127).to(torch.int8)
+            approx = codes.float() * scale.float()[:, None]
+            x = torch.randn(6, 576)
+            screened = ext.int8_screen(x, ext.int8_screen_pack(codes), scale.float(),
+                                       codes.sum(1, dtype=torch.int32), (weight - approx).norm(dim=1),
+                                       approx.norm(dim=1))
+            exact = x @ weight.t()
+            assert bool(((exact - screened[0]).abs() <= screened[1]).all())  # the bound holds
+            outputs[name] = results + list(screened)
+    for a, b in zip(outputs["avx512vnni"], outputs["avx2"], strict=True):
+        assert torch.equal(a, b)
+
+
+def test_a_model_decodes_the_same_bits_on_either_implementation(smollm_int4_target, mtbench_prompt_ids):
+    """SmolLM2-135M int4, its fused layers and screened output layer: the hidden states of a
+    prompt and the greedy tokens after it are identical on AVX512-VNNI and AVX2."""
+    if smollm_int4_target.model.layers[0].mlp.down_proj.layout != "int8dot":
+        pytest.skip("the int4 target does not use the int8dot layout here")
+    ids = torch.tensor([mtbench_prompt_ids[0]])
+    results = {}
+    for name in ("avx512vnni", "avx2"):
+        with kernel(name), torch.inference_mode():
+            hidden = smollm_int4_target.model(ids, logits_at=None).hidden[0]  # [T, H]
+            tokens = smollm_int4_target.model.lm_head.greedy_logits(hidden).argmax(-1)
+            results[name] = (hidden, tokens)
+    assert torch.equal(results["avx512vnni"][0], results["avx2"][0])
+    assert torch.equal(results["avx512vnni"][1], results["avx2"][1])
+
+
+def test_packing_rejects_shapes_and_codes_it_cannot_hold():
+    ext = int8dot()
+    codes, scale, minimum = quantize_groups(torch.randn(40, 64), 32)  # 40 outputs: not 16k
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        ext.int4_pack(codes, scale, minimum)
+    codes, scale, minimum = quantize_groups(torch.randn(16, 64), 32)
+    with pytest.raises(RuntimeError, match="0..15"):
+        ext.int4_pack(codes + 1, scale, minimum)
+    packed = ext.int4_pack(codes, scale, minimum)
+    with pytest.raises(RuntimeError, match="input width 96"):
+        ext.int4_linear(torch.randn(2, 96), packed)
+    with pytest.raises(RuntimeError, match="'avx9' is not in this build; it has: avx"):
+        ext.set_int8dot_kernel("avx9")
+
+
+def test_eyas_int4_kernel_chooses_the_implementation_and_refuses_unknown_names():
+    ext = int8dot()
+    before = ext.int8dot_kernel()
+    try:
+        with mock.patch.dict(os.environ, {"EYAS_INT4_KERNEL": "avx2"}):
+            assert fused_cpu.int8dot_kernel() == "avx2" and ext.int8dot_kernel() == "avx2"
+        with mock.patch.dict(os.environ, {"EYAS_INT4_KERNEL": "auto"}):
+            assert fused_cpu.int8dot_kernel() == ext.int8dot_kernels()[0]  # the best built
+        with mock.patch.dict(os.environ, {"EYAS_INT4_KERNEL": "torch"}):
+            assert fused_cpu.int8dot_kernel() is None
+        with mock.patch.dict(os.environ, {"EYAS_INT4_KERNEL": "avx"}), \
+                pytest.raises(ValueError, match="accepted values are auto, avx512vnni, avx2, torch"):
+            fused_cpu.int8dot_kernel()
+    finally:
+        ext.set_int8dot_kernel(before)
+
+
+def test_int4_linear_takes_the_int8dot_layout_where_it_can_and_both_layouts_agree():
+    int8dot()
+    torch.manual_seed(2)
+    linear = nn.Linear(128, 64, bias=True)
+    fast = Int4Linear(linear)
+    with mock.patch.dict(os.environ, {"EYAS_INT4_KERNEL": "torch"}):
+        slow = Int4Linear(linear)
+    assert (fast.layout, slow.layout) == ("int8dot", "torch")
+    assert fast.packed.shape == (4, 4, 320)
+    x = torch.randn(3, 5, 128)
+    exact = linear(x)
+    # both approximate the same int4 weights; the int8dot path's activations are finer than bf16
+    assert (fast(x) - exact).abs().max() <= 0.1 * exact.abs().max()
+    assert (fast(x) - slow(x)).abs().max() <= 0.02 * exact.abs().max()
+    assert fast(x).shape == (3, 5, 64)
+    assert Int4Linear(linear, group_size=64).layout == "torch"  # the kernel's groups are 32
+
+
+AVX2_BUILD_SCRIPT = """
+import json, sys
+from eyas.engine.generate import generate
+from eyas.engine.sampling import SamplingParams
+from eyas.engine.target import load_target
+from eyas.models import fused_cpu
+target = load_target("smollm2-135m", dtype="int4")
+prompts = json.loads(sys.stdin.read())
+outputs = [list(generate(target, p, SamplingParams(max_tokens=64)).token_ids) for p in prompts]
+print(json.dumps({"kernel": fused_cpu.extension().int8dot_kernel(), "outputs": outputs}))
+"""
+
+
+@pytest.mark.slow
+def test_an_avx2_only_build_decodes_the_tokens_of_this_build(smollm_int4_target, mtbench_prompt_ids):
+    """EYAS_EXT_MARCH=haswell compiles the extension as a CPU without AVX-512 would (about 45 s
+    the first time): its greedy answers equal this build's token for token. -ffp-contract=off
+    keeps the compiler from fusing float operations differently per -march (fused_cpu.CFLAGS)."""
+    import json
+    import subprocess
+    import sys
+
+    if smollm_int4_target.model.layers[0].mlp.down_proj.layout != "int8dot":
+        pytest.skip("the int4 target does not use the int8dot layout here")
+    from eyas.engine.generate import generate
+    from eyas.engine.sampling import SamplingParams
+
+    prompts = mtbench_prompt_ids[:3]
+    here = [list(generate(smollm_int4_target, p, SamplingParams(max_tokens=64)).token_ids) for p in prompts]
+    env = dict(os.environ, EYAS_EXT_MARCH="haswell")
+    env.pop("EYAS_INT4_KERNEL", None)
+    done = subprocess.run([sys.executable, "-c", AVX2_BUILD_SCRIPT], input=json.dumps(prompts), env=env,
+                          capture_output=True, text=True, timeout=900, check=True)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["kernel"] == "avx2"
+    assert result["outputs"] == here
