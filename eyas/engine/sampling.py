@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -81,5 +82,16 @@ def sample_from(probs: Tensor, generator: torch.Generator | None) -> Tensor:
 def next_tokens(logits: Tensor, params: SamplingParams, generator: torch.Generator | None) -> Tensor:
     """Pick the next token per row of logits [N, V] -> [N]: argmax, or a sample."""
     if params.greedy:
-        return logits.argmax(dim=-1)
+        return argmax_rows(logits)
     return sample_from(target_probs(logits, params), generator)
+
+
+def argmax_rows(logits: Tensor) -> Tensor:
+    """logits [N, V] -> [N] int64, the first index of each row's maximum, as torch.argmax.
+
+    On a CPU, float32, NumPy's argmax: PyTorch's took ~87 us for one row of SmolLM2's 49,152
+    logits on the 2-core machine and NumPy's ~6 us, where a whole int4 decode step is ~6.7 ms.
+    NaN counts as the maximum in both."""
+    if logits.device.type == "cpu" and logits.dtype == torch.float32:
+        return torch.from_numpy(np.argmax(logits.detach().numpy(), axis=-1).astype(np.int64, copy=False))
+    return logits.argmax(dim=-1)

@@ -204,7 +204,8 @@ def run_layer(layer: FusedLayer, x: Tensor, cos: Tensor, sin: Tensor, keys: Tens
     """x [N, H] float32 -> [N, H]; keys/values [B, KV, S, D] float64 (one layer of the cache),
     slots [B, T] int64 (N = B * T), cos/sin [N, D], mask [B, T, kv_len] bool or None."""
     return extension().int4_decoder_layer(x, *layer.weights, layer.group, layer.eps, cos, sin, keys,
-                                          values, slots, kv_len, mask, layer.heads, layer.kv_heads)
+                                          values, slots, kv_len, mask, layer.heads, layer.kv_heads,
+                                          None, None)
 
 
 def main() -> int:

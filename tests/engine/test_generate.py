@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from eyas.engine.generate import generate, generate_batch
-from eyas.engine.sampling import SamplingParams, target_probs
+from eyas.engine.sampling import SamplingParams, argmax_rows, target_probs
 
 
 def prompts(n=3, seed=0):
@@ -93,3 +93,15 @@ def test_top_k_and_top_p_shape_the_distribution():
     assert torch.allclose(probs, torch.tensor([[0.625, 0.375, 0.0, 0.0]]))
     probs = target_probs(logits, SamplingParams(temperature=1.0, top_p=0.81))
     assert torch.allclose(probs, torch.tensor([[0.5, 0.3, 0.15, 0.0]]) / 0.95)
+
+
+def test_argmax_rows_is_torch_argmax_first_index_and_nan_included():
+    torch.manual_seed(0)
+    logits = torch.randn(5, 49152)
+    assert torch.equal(argmax_rows(logits), logits.argmax(-1))
+    assert argmax_rows(logits).dtype == torch.int64
+    ties = torch.tensor([[1.0, 3.0, 3.0, 2.0], [float("nan"), 1.0, float("nan"), 0.0], [0.0, 0.0, 0.0, 0.0]])
+    assert argmax_rows(ties).tolist() == [1, 0, 0] == ties.argmax(-1).tolist()
+    strided = logits[:, ::3]  # a view, not contiguous
+    assert torch.equal(argmax_rows(strided), strided.argmax(-1))
+    assert torch.equal(argmax_rows(logits.double()), logits.argmax(-1))  # other dtypes: PyTorch's

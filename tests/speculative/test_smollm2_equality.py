@@ -74,6 +74,9 @@ def test_shipped_eagle3_head_int4_equals_int4_plain(smollm_int4_target, mtbench_
     still a trained head's acceptance."""
     proposer = _shipped_head_proposer(smollm_int4_target, "4,3,8")
     assert proposer.head.precision == "int4"
+    # its layer runs as one C++ call where the target's do (eagle3/fused.py)
+    assert (proposer.fused is not None) == (smollm_int4_target.model.fused_layers() is not None
+                                            and proposer.head.midlayer.mlp.down_proj.layout == "int8dot")
     totals = assert_greedy_equals_plain(smollm_int4_target, mtbench_prompt_ids[:4], proposer, 8,
                                         NEW_TOKENS)
     assert totals["accepted_tokens"] > 4 * NEW_TOKENS // 4

@@ -14,14 +14,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from eyas.engine.sampling import sample_from
+from eyas.engine.sampling import argmax_rows, sample_from
 from eyas.engine.speculative.draft import DraftTree, VerifyResult
 from eyas.engine.speculative.tree import children_of
 
 
 def accept_greedy(tree: DraftTree, target_logits: Tensor) -> VerifyResult:
     """target_logits [N+1, V]: row 0 predicts the root's child, row i node i's child."""
-    choices = target_logits.argmax(dim=-1).tolist()  # [N+1]
+    choices = argmax_rows(target_logits).tolist()  # [N+1]
     children = children_of(tree)
     tokens = tree.tokens.tolist()
     node, path = 0, []

@@ -35,7 +35,7 @@ from eyas.utils.io import cache_dir, write_json_atomic
 
 TOKEN_SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64)
 PRIOR_RANKS = (0.55, 0.12, 0.05, 0.03)  # P(target token = rank-r child), before any data
-COST_VERSION = "3"  # part of the cache key: bumped when what a measurement times changes
+COST_VERSION = "4"  # part of the cache key: bumped when what a measurement times changes
 
 
 @dataclass
@@ -121,20 +121,34 @@ def measure_verify_costs(target, context: int = 256, sizes=TOKEN_SIZES, repeats:
 @torch.inference_mode()
 def measure_draft_costs(head, context: int = 256, rows=(1, 2, 3, 4, 6, 8), repeats: int = 5
                         ) -> dict[int, float]:
-    """Seconds of one head pass over R rows after `context` committed rows."""
+    """Seconds of one head pass over R rows after `context` committed rows, logits included,
+    on the path the proposer takes: the fused C++ layer where it is built (eagle3/fused.py),
+    else Eagle3Head.forward."""
+    from eyas.eagle3.fused import FusedHead
+
     config = head.config
     device, dtype = head.device, head.dtype
     past_taps = torch.zeros(1, context, config.fused_input_size, dtype=dtype, device=device)
-    past = head(past_taps, torch.zeros(1, context, dtype=torch.long, device=device),
-                torch.arange(context, device=device)[None]).past_kv
+    context_ids = torch.zeros(1, context, dtype=torch.long, device=device)
+    fused = FusedHead.build(head)
+    if fused is not None:
+        cache = fused.new_cache()
+        fused.run(past_taps[0], context_ids[0], torch.arange(context), 0, cache)
+    else:
+        past = head(past_taps, context_ids, torch.arange(context, device=device)[None]).past_kv
     costs = {}
     for count in rows:
         hidden = torch.zeros(1, count, config.hidden_size, dtype=dtype, device=device)
         ids = torch.zeros(1, count, dtype=torch.long, device=device)
         positions = torch.full((1, count), context, device=device)
         mask = torch.ones(1, count, context + count, dtype=torch.bool, device=device)
-        costs[count] = _median_seconds(lambda: head(hidden, ids, positions, attn_mask=mask,
-                                                    past_kv=past), repeats)
+        if fused is not None:
+            def step():
+                return head.compute_logits(fused.run(hidden[0], ids[0], positions[0], context, cache, mask[0]))
+        else:
+            def step():
+                return head(hidden, ids, positions, attn_mask=mask, past_kv=past)
+        costs[count] = _median_seconds(step, repeats)
     return costs
 
 
@@ -145,8 +159,10 @@ def cost_cache_path(key: str) -> Path:
 
 def load_or_measure(target, head=None) -> CostModel:
     """The cost model of this machine + model + precision (+ head), measured once and cached."""
-    head_key = "" if head is None else json.dumps({**head.config.to_dict(),
-                                                   "precision": head.precision}, sort_keys=True)
+    from eyas.eagle3.fused import FusedHead
+
+    head_key = "" if head is None else json.dumps({**head.config.to_dict(), "precision": head.precision,
+                                                   "fused": FusedHead.build(head) is not None}, sort_keys=True)
     layers = fused_cpu.kernel_tag(target.model)  # fused or Python layers, int4 kernel, sources
     key = "|".join([COST_VERSION, str(target.folder), target.precision, layers, str(target.device),
                     str(torch.get_num_threads()), platform.processor() or platform.machine(),

@@ -67,14 +67,16 @@ Tensor linear(const Tensor& x, const Tensor& packed, int64_t group, const Tensor
 }
 
 
-// out[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * w for rows of width h.
-void rms_norm_rows(const float* x, const float* w, int64_t rows, int64_t h, double eps, float* out) {
+// out[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * w for rows of width h; out's rows are
+// out_stride apart (h, or 2h for one half of a concatenation).
+void rms_norm_rows(const float* x, const float* w, int64_t rows, int64_t h, double eps, float* out,
+                   int64_t out_stride) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * h;
     double squares = 0;
     for (int64_t i = 0; i < h; ++i) squares += double(xr[i]) * xr[i];
     const float scale = float(1.0 / std::sqrt(squares / h + eps));
-    for (int64_t i = 0; i < h; ++i) out[r * h + i] = xr[i] * scale * w[i];
+    for (int64_t i = 0; i < h; ++i) out[r * out_stride + i] = xr[i] * scale * w[i];
   }
 }
 
@@ -84,6 +86,8 @@ void rms_norm_rows(const float* x, const float* w, int64_t rows, int64_t h, doub
 // x [N, H] float32 (N = B * T rows, row n = b * T + t) -> the layer's output [N, H] float32.
 // Writes this layer's keys and values at `slots` [B, T] of cache_k / cache_v [B', KV, S, D]
 // (B' >= B; float32 or float64). cos, sin [N, D] float32 (sin sign-folded: rotate_half(x) * sin == roll(x) * sin).
+// With `embeds` [N, H] and `norm_embeds` [H] it is an EAGLE-3 head's layer (eagle3/fused.py):
+// the attention reads cat(RMSNorm(embeds), RMSNorm(x)) [N, 2H] and the residual stays x.
 Tensor int4_decoder_layer(const Tensor& x, const Tensor& norm_in, const Tensor& qkv_packed,
                           const Tensor& qkv_scales, const c10::optional<Tensor>& qkv_bias,
                           const Tensor& o_packed, const Tensor& o_scales, const Tensor& norm_post,
@@ -91,7 +95,8 @@ Tensor int4_decoder_layer(const Tensor& x, const Tensor& norm_in, const Tensor& 
                           const Tensor& down_packed, const Tensor& down_scales, int64_t group,
                           double eps, const Tensor& cos, const Tensor& sin, const Tensor& cache_k,
                           const Tensor& cache_v, const Tensor& slots, int64_t kv_len,
-                          const c10::optional<Tensor>& mask, int64_t heads, int64_t kv_heads) {
+                          const c10::optional<Tensor>& mask, int64_t heads, int64_t kv_heads,
+                          const c10::optional<Tensor>& embeds, const c10::optional<Tensor>& norm_embeds) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x: [N, H] float32");
   TORCH_CHECK(cache_k.scalar_type() == cache_v.scalar_type() &&
               (cache_k.scalar_type() == at::kDouble || cache_k.scalar_type() == at::kFloat),
@@ -116,10 +121,22 @@ Tensor int4_decoder_layer(const Tensor& x, const Tensor& norm_in, const Tensor& 
     TORCH_CHECK(mask_c.scalar_type() == at::kBool && mask_c.numel() == rows * kv_len, "mask: [B, T, kv_len] bool");
     mask_ptr = mask_c.data_ptr<bool>();
   }
-  // 1. Attention input: RMSNorm -> q/k/v projection.
+  // 1. Attention input: RMSNorm (of the token embeddings too, for a head) -> q/k/v projection.
   Tensor normed = at::empty({rows, hidden}, x.options());
-  rms_norm_rows(x.data_ptr<float>(), norm_in.data_ptr<float>(), rows, hidden, eps, normed.data_ptr<float>());
-  Tensor qkv = linear(normed, qkv_packed, group, qkv_scales);  // [N, (Hq + 2 KV) * D]
+  Tensor qkv;
+  if (embeds.has_value()) {
+    TORCH_CHECK(norm_embeds.has_value() && embeds->scalar_type() == at::kFloat && embeds->is_contiguous() &&
+                embeds->sizes() == x.sizes(), "embeds: [N, H] float32 like x, with norm_embeds [H]");
+    Tensor both = at::empty({rows, 2 * hidden}, x.options());  // [N, 2H] = cat(norm(e), norm(x))
+    rms_norm_rows(embeds->data_ptr<float>(), norm_embeds->data_ptr<float>(), rows, hidden, eps,
+                  both.data_ptr<float>(), 2 * hidden);
+    rms_norm_rows(x.data_ptr<float>(), norm_in.data_ptr<float>(), rows, hidden, eps, both.data_ptr<float>() + hidden,
+                  2 * hidden);
+    qkv = linear(both, qkv_packed, group, qkv_scales);
+  } else {
+    rms_norm_rows(x.data_ptr<float>(), norm_in.data_ptr<float>(), rows, hidden, eps, normed.data_ptr<float>(), hidden);
+    qkv = linear(normed, qkv_packed, group, qkv_scales);  // [N, (Hq + 2 KV) * D]
+  }
   TORCH_CHECK(qkv.size(1) == qkv_width, "qkv projection width does not match the heads");
 
   // 2. RoPE on q and k (float32, as the Python path), then q in the cache's dtype, k and v
@@ -173,7 +190,8 @@ Tensor int4_decoder_layer(const Tensor& x, const Tensor& norm_in, const Tensor& 
   }
 
   // 5. MLP: RMSNorm -> gate/up -> silu(gate) * up -> down; 6. residual.
-  rms_norm_rows(out.data_ptr<float>(), norm_post.data_ptr<float>(), rows, hidden, eps, normed.data_ptr<float>());
+  rms_norm_rows(out.data_ptr<float>(), norm_post.data_ptr<float>(), rows, hidden, eps, normed.data_ptr<float>(),
+                hidden);
   Tensor gate_up = linear(normed, gate_up_packed, group, gate_up_scales);  // [N, 2I]
   const int64_t inner = gate_up.size(1) / 2;
   Tensor act = at::empty({rows, inner}, x.options());

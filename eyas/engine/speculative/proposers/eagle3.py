@@ -20,7 +20,10 @@ it is chosen again every `resize_every` steps. When no shape pays (the sizing's 
 serving engine's copies still draft a one-token chain (its serving rule decides each step's
 budget); in single-stream decoding (`single_stream`) only every `PROBE_EVERY`-th step drafts
 one, to keep the statistics alive, and the others are plain steps (their rows are caught up
-in one head pass at the next probe). Single-stream decoding also reports each step's wall time
+in one head pass at the next probe). Those rows also feed the statistics: the head's output
+for a row of a step it did not draft in is the depth-1 draft that step would have verified,
+and the token that followed is known, so the catch-up records its rank (`_shadow_ranks`),
+without a verification pass. Single-stream decoding also reports each step's wall time
 (`step_seconds`); the shape is then chosen from the cost model scaled to what plain and
 speculative steps really took in this loop.
 """
@@ -89,9 +92,17 @@ class Eagle3Proposer:
         self._priced_state: tuple | None = None  # what the last price was computed from
         self._priced_accepted: list[float] = []
         self.tap_layers = tuple(head.config.target_layer_ids)
-        self.past: tuple[Tensor, Tensor] | None = None  # committed KV [1, KV, n, D]
+        from eyas.eagle3.fused import FusedHead
+
+        self.fused = FusedHead.build(head)  # the head's layer as one C++ call (eagle3/fused.py)
+        self.kv = None  # its HeadCache, one per request (begin)
+        self.past: tuple[Tensor, Tensor] | None = None  # committed KV [1, KV, n, D] (Python path)
+        self._scratch_past: tuple[Tensor, Tensor] | None = None  # + the tree rows of this step
         self.committed = 0  # committed rows (= positions 0..committed-1)
         self.pending_taps: Tensor | None = None  # [1, m, 3H] taps of rows to commit
+        self.pending_unverified: list[bool] = []  # per pending row: committed by a step the head
+        # did not draft in (its depth-1 prediction was never verified)
+        self.shadow_ranks = True  # record those predictions' ranks at catch-up (single_stream)
         self.last_hidden: Tensor | None = None  # [1, 1, H] output of the last committed row
         self.last_logits: Tensor | None = None  # [1, N] its draft logits
         self._unpaid_steps = 0
@@ -103,6 +114,8 @@ class Eagle3Proposer:
         if target.model.embed_tokens.weight.shape[0] != self.head.config.vocab_size:
             raise EyasError("the EAGLE-3 head was trained for a target with another vocabulary")
         self.past, self.committed, self.pending_taps = None, 0, None
+        self.pending_unverified = []
+        self.kv = self.fused.new_cache() if self.fused is not None else None
         self.last_hidden = self.last_logits = None
         self._unpaid_steps = 0
         if self.auto:
@@ -219,6 +232,24 @@ class Eagle3Proposer:
             taps = output.taps[:, rows]
         # Plain steps (no propose in between) pile up rows; the next catch-up takes them all.
         self.pending_taps = taps if self.pending_taps is None else torch.cat([self.pending_taps, taps], 1)
+        unverified = result is not None and not any(self.node_ranks)  # the prompt's rows: no
+        self.pending_unverified += [unverified] * taps.shape[1]
+
+    def _shadow_ranks(self, hidden: Tensor, rows: list[int], next_tokens: list[int]) -> None:
+        """Rank (1..4, else a miss) of each known next token among the head's draft logits of
+        its row, hidden [1, m, H]: what the depth-1 draft of a step the head sat out would have
+        scored."""
+        logits = self.head.compute_logits(hidden[0, rows])  # [r, N] draft ids
+        top = self.head.draft_to_target(torch.topk(logits, len(self.ranks.counts), dim=-1).indices)
+        for candidates, token in zip(top.tolist(), next_tokens):
+            self.ranks.record(candidates.index(token) + 1 if token in candidates else None)
+        self._count_toward_resize(len(rows))
+
+    def _count_toward_resize(self, steps: int) -> None:
+        if self.auto:
+            self.steps_since_resize += steps
+            if self.steps_since_resize >= self.resize_every:
+                self._resize()
 
     def _record_ranks(self, tree: DraftTree, result) -> None:
         """Rank of the accepted child at each depth of the path; a miss where it stopped.
@@ -237,10 +268,7 @@ class Eagle3Proposer:
             last = node
         if last in head_parents:  # the head drafted children under `last`: none was right
             self.ranks.record(None)
-        if self.auto:
-            self.steps_since_resize += 1
-            if self.steps_since_resize >= self.resize_every:
-                self._resize()
+        self._count_toward_resize(1)
 
     def renumber(self, node_map: list[int], size: int) -> None:
         """The last tree was merged into another one of `size` nodes: node i + 1 of this
@@ -283,6 +311,7 @@ class Eagle3Proposer:
         taps = self.pending_taps.to(self.head.dtype)
         count = taps.shape[1]
         start = self.committed
+        unverified, self.pending_unverified = self.pending_unverified, []
         if start + count + 1 > len(token_ids):
             # rows need the token one position later; plain steps leave gaps we cannot fill
             self.pending_taps = None
@@ -290,12 +319,16 @@ class Eagle3Proposer:
         device = taps.device
         ids = torch.tensor([token_ids[start + 1 : start + count + 1]], device=device)
         positions = torch.arange(start, start + count, device=device)[None]
-        out = self.head(taps, ids, positions, past_kv=self.past, compute_logits=False)
-        self.past = out.past_kv
+        hidden = self._head_pass(taps, ids, positions, None)  # [1, count, H]
         self.committed += count
-        self.last_hidden = out.hidden[:, -1:]
+        self.last_hidden = hidden[:, -1:]
         self.last_logits = self.head.compute_logits(self.last_hidden)[:, -1]  # the last row's only
         self.pending_taps = None
+        if self.shadow_ranks and self.step_ratios is not None:
+            # row start + i predicts token start + i + 2, known for all rows but the last
+            rows = [i for i, flag in enumerate(unverified[: count - 1]) if flag]
+            if rows:
+                self._shadow_ranks(hidden, rows, [token_ids[start + i + 2] for i in rows])
 
     def _expand(self, token_ids: list[int], budget: int) -> list[_Node]:
         head, shape = self.head, self.shape
@@ -310,7 +343,6 @@ class Eagle3Proposer:
         hidden_of: dict[int, Tensor] = {}  # candidate -> its row's output hidden [H]
         parent_hidden = self.last_hidden[0, 0]
         tree_keys: list[int] = []  # candidate id of each tree row in the scratch KV
-        past = self.past
         for depth in range(2, min(shape.depth, budget) + 1):  # `budget` nodes reach no deeper
             if not frontier:
                 break
@@ -322,14 +354,13 @@ class Eagle3Proposer:
             position = self.committed + depth - 2  # a depth-d node's row is at n + d - 1
             positions = torch.full((1, len(frontier)), position, device=device)
             mask = self._tree_mask(candidates, frontier, tree_keys, device)
-            out = head(hiddens, ids, positions, attn_mask=mask, past_kv=past)
-            past = out.past_kv
+            out_hidden = self._head_pass(hiddens, ids, positions, mask, scratch=len(tree_keys))
             tree_keys.extend(frontier)
-            scores = torch.log_softmax(out.logits.float(), dim=-1)[0]  # [F, N]
+            scores = torch.log_softmax(head.compute_logits(out_hidden).float(), dim=-1)[0]  # [F, N]
             child_top = torch.topk(scores, shape.top_k, dim=-1)
             children: list[int] = []
             for row, parent in enumerate(frontier):
-                hidden_of[parent] = out.hidden[0, row]
+                hidden_of[parent] = out_hidden[0, row]
                 child_targets = head.draft_to_target(child_top.indices[row]).tolist()
                 for rank, (token, score) in enumerate(zip(child_targets, child_top.values[row].tolist())):
                     candidates.append(_Node(token, parent, candidates[parent].score + score, depth,
@@ -338,6 +369,24 @@ class Eagle3Proposer:
             children.sort(key=lambda c: -candidates[c].score)
             frontier = children[: shape.top_k]
         return candidates
+
+    def _head_pass(self, hidden: Tensor, ids: Tensor, positions: Tensor, mask: Tensor | None,
+                   scratch: int | None = None) -> Tensor:
+        """One head pass over [1, T] rows -> their outputs [1, T, H]. Committed rows
+        (scratch None) extend the head's KV; tree rows (scratch = tree rows already in the
+        scratch KV) see it without extending it. mask [1, T, committed + scratch + T] or None
+        (causal)."""
+        if self.fused is not None:
+            first_slot = self.committed + (scratch or 0)
+            return self.fused.run(hidden[0], ids[0], positions[0], first_slot, self.kv,
+                                  None if mask is None else mask[0])[None]
+        past = self._scratch_past if scratch else self.past  # the first tree level starts anew
+        out = self.head(hidden, ids, positions, attn_mask=mask, past_kv=past, compute_logits=False)
+        if scratch is None:
+            self.past = out.past_kv
+        else:
+            self._scratch_past = out.past_kv
+        return out.hidden
 
     def _tree_mask(self, candidates: list[_Node], frontier: list[int], tree_keys: list[int],
                    device: torch.device) -> Tensor:

@@ -1,0 +1,123 @@
+"""The EAGLE-3 head's decoder layer as one C++ call on a CPU, beside an int4 target.
+
+Why: a drafting pass of the head through `Eagle3Head.forward` is ~25 small PyTorch ops (two
+norms and a concatenation, three projections, RoPE, a growing KV cache, attention, the MLP)
+and the Python that issues them: ~1.2 ms for one row on the 2-core machine, where the int4
+matmuls inside it take ~0.3 ms. The target's fused layer (models/csrc/int4_decoder_layer.cpp)
+computes the same layer once it also takes the token embeddings: attention input
+cat(RMSNorm(embeds), RMSNorm(hidden)), residual the hidden state. This module packs the head's
+int4 q/k/v and gate/up projections together (the int8dot layout is blocks of 16 output
+columns, so packed weights concatenate), keeps the head's keys and values in a preallocated
+float32 cache, and runs fc, the layer and the output layer in three calls.
+
+The head class stays one (`Eagle3Head`, trained and served alike): this is its inference path
+where the extension runs the target, and `tests/eagle3/test_fused_head.py` checks it against
+`Eagle3Head.forward`. Its numbers differ from the Python path in float rounding only; the
+head proposes, the target decides, so speculative output stays lossless either way.
+
+Usage:
+    fused = FusedHead.build(head)          # None unless the head's linears are int4 (int8dot)
+    cache = fused.new_cache()
+    hidden = fused.run(hidden, ids, positions, first_slot, cache, mask)  # [T, H] rows
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from eyas.eagle3.head import Eagle3Head
+from eyas.models import fused_cpu
+from eyas.models.quant import Int4Linear
+
+
+class HeadCache:
+    """The head's keys and values [1, KV, S, D] float32, grown (doubled) on demand: rows live
+    at slots equal to their position for committed rows, scratch tree rows after them."""
+
+    def __init__(self, kv_heads: int, head_dim: int, slots: int = 256) -> None:
+        self.keys = torch.zeros(1, kv_heads, slots, head_dim)
+        self.values = torch.zeros_like(self.keys)
+
+    def ensure(self, slots: int) -> None:
+        have = self.keys.shape[2]
+        if slots <= have:
+            return
+        size = max(slots, 2 * have)
+        for name in ("keys", "values"):
+            old = getattr(self, name)
+            new = old.new_zeros(1, old.shape[1], size, old.shape[3])
+            new[:, :, :have] = old
+            setattr(self, name, new)
+
+
+@dataclass(frozen=True)
+class FusedHead:
+    head: Eagle3Head
+    weights: tuple  # in int4_decoder_layer's order: norm_in, qkv, o, norm_post, gate_up, down
+    norm_embeds: Tensor  # [H] the layer's input_layernorm (on the token embeddings)
+    eps: float
+    _tables: list = field(default_factory=lambda: [torch.empty(0), torch.empty(0)])  # cos, sin [S, D]
+
+    @classmethod
+    def build(cls, head: Eagle3Head) -> FusedHead | None:
+        """The fused path of `head`, or None: it needs the extension (EYAS_FUSED), float32
+        norms and every linear of the layer in the int8dot layout (quantize_linears beside an
+        int4 target, on a CPU with AVX2)."""
+        layer = head.midlayer
+        attn, mlp = layer.self_attn, layer.mlp
+        linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+        if not fused_cpu.enabled() or fused_cpu.extension() is None or head.device.type != "cpu":
+            return None
+        if not all(isinstance(lin, Int4Linear) and lin.layout == "int8dot" and lin.bias is None for lin in linears):
+            return None
+        norms = (layer.input_layernorm, layer.hidden_norm, layer.post_attention_layernorm)
+        if any(n.weight.dtype != torch.float32 for n in norms) or attn.head_dim % 8:
+            return None
+        empty = torch.empty(0)
+        qkv = torch.cat([attn.q_proj.packed, attn.k_proj.packed, attn.v_proj.packed])  # blocks of 16 columns
+        gate_up = torch.cat([mlp.gate_proj.packed, mlp.up_proj.packed])
+        weights = (layer.hidden_norm.weight.detach(), qkv, empty, None, attn.o_proj.packed, empty,
+                   layer.post_attention_layernorm.weight.detach(), gate_up, empty, mlp.down_proj.packed, empty)
+        return cls(head, weights, layer.input_layernorm.weight.detach(), float(layer.input_layernorm.eps))
+
+    def new_cache(self) -> HeadCache:
+        attn = self.head.midlayer.self_attn
+        return HeadCache(attn.num_kv_heads, attn.head_dim)
+
+    def rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """cos, sign-folded sin [T, D] for positions [T], as Eagle3Head.rope computes them,
+        from tables grown on demand (a draft pass is too short to pay for computing them)."""
+        needed = int(positions.max()) + 1
+        if self._tables[0].shape[0] < needed:
+            size = max(needed, 2 * self._tables[0].shape[0], 512)
+            cos, sin = self.head.rope(torch.arange(size)[None], torch.float32)  # [1, 1, S, D]
+            half = cos.shape[-1] // 2
+            sign = torch.cat([-torch.ones(half), torch.ones(half)])
+            self._tables[:] = [cos[0, 0].contiguous(), (sin[0, 0] * sign).contiguous()]
+        return self._tables[0][positions], self._tables[1][positions]
+
+    def run(self, hidden: Tensor, input_ids: Tensor, positions: Tensor, first_slot: int, cache: HeadCache,
+            mask: Tensor | None = None) -> Tensor:
+        """One draft pass over T rows: hidden [T, 3*Ht] taps or [T, H] own outputs, input_ids
+        and positions [T]. Writes the rows' keys and values at slots first_slot.. of `cache`
+        and returns the layer's output [T, H] (before the final norm; `head.compute_logits`).
+        mask [T, first_slot + T] bool (True = may attend; the columns are cache slots); None:
+        every earlier slot and the rows before it (causal)."""
+        head, length = self.head, input_ids.shape[0]
+        if hidden.shape[-1] == head.config.fused_input_size:
+            hidden = head.fc(hidden)
+        hidden = hidden.float().contiguous()  # [T, H]
+        kv_len = first_slot + length
+        cache.ensure(kv_len)
+        if mask is None and length > 1:
+            mask = torch.ones(length, kv_len, dtype=torch.bool).tril(first_slot)
+        slots = torch.arange(first_slot, kv_len)[None]  # [1, T]
+        embeds = head.embed_tokens(input_ids).float().contiguous()  # [T, H]
+        cos, sin = self.rope(positions)
+        attn = head.midlayer.self_attn
+        return fused_cpu.extension().int4_decoder_layer(
+            hidden, *self.weights, 32, self.eps, cos, sin, cache.keys, cache.values, slots, kv_len,
+            None if mask is None else mask[None], attn.num_heads, attn.num_kv_heads, embeds, self.norm_embeds)
