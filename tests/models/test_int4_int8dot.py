@@ -199,18 +199,38 @@ from eyas.engine.generate import generate
 from eyas.engine.sampling import SamplingParams
 from eyas.engine.target import load_target
 from eyas.models import fused_cpu
+sys.path.insert(0, sys.argv[1])
+from test_int4_int8dot import fused_hidden_digest
 target = load_target("smollm2-135m", dtype="int4")
 prompts = json.loads(sys.stdin.read())
 outputs = [list(generate(target, p, SamplingParams(max_tokens=64)).token_ids) for p in prompts]
-print(json.dumps({"kernel": fused_cpu.extension().int8dot_kernel(), "outputs": outputs}))
+print(json.dumps({"kernel": fused_cpu.extension().int8dot_kernel(), "outputs": outputs,
+                  "hidden": fused_hidden_digest(target, prompts[0] * 3)}))
 """
+
+
+def fused_hidden_digest(target, ids: list[int]) -> str:
+    """SHA-256 of the fused layers' hidden states for a prefill of `ids` (longer than one
+    64-key attention chunk) and one decode step after it."""
+    import hashlib
+
+    from eyas.engine.generate import new_cache
+
+    assert target.model.fused_layers() is not None
+    cache = new_cache(target, 1, len(ids) + 2)
+    with torch.inference_mode():
+        prefill = target.model(torch.tensor([ids]), cache=cache, write_at=0, logits_at=None).hidden
+        step = target.model(torch.tensor([[ids[0]]]), cache=cache, write_at=len(ids), logits_at=None).hidden
+    return hashlib.sha256(torch.cat([prefill, step], 1).numpy().tobytes()).hexdigest()
 
 
 @pytest.mark.slow
 def test_an_avx2_only_build_decodes_the_tokens_of_this_build(smollm_int4_target, mtbench_prompt_ids):
     """EYAS_EXT_MARCH=haswell compiles the extension as a CPU without AVX-512 would (about 45 s
-    the first time): its greedy answers equal this build's token for token. -ffp-contract=off
-    keeps the compiler from fusing float operations differently per -march (fused_cpu.CFLAGS)."""
+    the first time): its hidden states equal this build's bit for bit (int4 kernel, screen and
+    attention each compute the same operations on 256- or 512-bit registers, and
+    -ffp-contract=off keeps the compiler from fusing float operations differently per -march,
+    fused_cpu.CFLAGS), so its greedy answers are the same tokens."""
     import json
     import subprocess
     import sys
@@ -224,8 +244,10 @@ def test_an_avx2_only_build_decodes_the_tokens_of_this_build(smollm_int4_target,
     here = [list(generate(smollm_int4_target, p, SamplingParams(max_tokens=64)).token_ids) for p in prompts]
     env = dict(os.environ, EYAS_EXT_MARCH="haswell")
     env.pop("EYAS_INT4_KERNEL", None)
-    done = subprocess.run([sys.executable, "-c", AVX2_BUILD_SCRIPT], input=json.dumps(prompts), env=env,
-                          capture_output=True, text=True, timeout=900, check=True)
+    done = subprocess.run([sys.executable, "-c", AVX2_BUILD_SCRIPT, os.path.dirname(__file__)],
+                          input=json.dumps(prompts), env=env, capture_output=True, text=True, timeout=900,
+                          check=True)
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["kernel"] == "avx2"
+    assert result["hidden"] == fused_hidden_digest(smollm_int4_target, prompts[0] * 3)
     assert result["outputs"] == here

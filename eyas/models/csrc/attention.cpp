@@ -1,9 +1,10 @@
 // Attention of the fused int4 layer over its KV cache (float32 or float64), on the CPU.
 //
 // Two implementations with the same contract (attention.h): `chunked_attention` for a float32
-// cache and head_dim 64 or 128 on AVX-512 (what the engine runs), and `generic_attention` for
-// the rest. Which one runs depends only on the cache's dtype, head_dim and the build, never on
-// the pass, so every pass of a process computes a row the same way.
+// cache and head_dim 64 or 128 on AVX2 or AVX-512 (what the engine runs; the same bits on
+// both), and `generic_attention` for the rest. Which one runs depends only on the cache's
+// dtype, head_dim and the build, never on the pass, so every pass of a process computes a row
+// the same way.
 
 #include "attention.h"
 
@@ -81,8 +82,40 @@ void generic_attention(const T* q, const T* keys, const T* values, const bool* m
 }
 
 
-#if defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX2__) && defined(__FMA__)
 #define EYAS_CHUNKED_ATTENTION 1
+
+// 16 floats: one AVX-512 register, or two AVX2 ones with the same fused multiply-adds lane by
+// lane, so that chunked_attention gives the same bits on either (int8dot.h does the same for
+// the int4 kernel).
+struct Floats16 {
+#ifdef __AVX512F__
+  __m512 v;
+  static Floats16 zero() { return {_mm512_setzero_ps()}; }
+  static Floats16 load(const float* p) { return {_mm512_loadu_ps(p)}; }
+  void fma(float weight, const Floats16& x) { v = _mm512_fmadd_ps(_mm512_set1_ps(weight), x.v, v); }
+  void store_scaled(float* p, float factor) const { _mm512_storeu_ps(p, _mm512_mul_ps(v, _mm512_set1_ps(factor))); }
+  void store(float* p) const { _mm512_storeu_ps(p, v); }
+#else
+  __m256 lo, hi;
+  static Floats16 zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+  static Floats16 load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+  void fma(float weight, const Floats16& x) {
+    const __m256 w = _mm256_set1_ps(weight);
+    lo = _mm256_fmadd_ps(w, x.lo, lo);
+    hi = _mm256_fmadd_ps(w, x.hi, hi);
+  }
+  void store_scaled(float* p, float factor) const {
+    const __m256 f = _mm256_set1_ps(factor);
+    _mm256_storeu_ps(p, _mm256_mul_ps(lo, f));
+    _mm256_storeu_ps(p + 8, _mm256_mul_ps(hi, f));
+  }
+  void store(float* p) const {
+    _mm256_storeu_ps(p, lo);
+    _mm256_storeu_ps(p + 8, hi);
+  }
+#endif
+};
 // Attention over a float32 cache in chunks of a query's visible keys, for head_dim = 16 * NV.
 //
 // Why: a one-token step has only B * KV work items in `attention` (3 for SmolLM2: one thread
@@ -158,18 +191,17 @@ void chunked_attention(const float* q, const float* keys, const float* values, c
         for (int64_t i = 0; i < kChunk; ++i)
           probs[i] = scores[i] == -INFINITY ? 0.0f : exp_approx(scores[i] - best);
         float total = 0.0f;
-        __m512 acc[NV];
-        for (int c = 0; c < NV; ++c) acc[c] = _mm512_setzero_ps();
+        Floats16 acc[NV];
+        for (int c = 0; c < NV; ++c) acc[c] = Floats16::zero();
         for (int64_t i = 0; i < n; ++i) {
           if (probs[i] == 0.0f) continue;
           total += probs[i];
-          const __m512 p = _mm512_set1_ps(probs[i]);
           const float* vr = vb + int64_t(chunk_slots[i]) * head_dim;
-          for (int c = 0; c < NV; ++c) acc[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vr + 16 * c), acc[c]);
+          for (int c = 0; c < NV; ++c) acc[c].fma(probs[i], Floats16::load(vr + 16 * c));
         }
         part[0] = best;
         part[1] = total;
-        for (int c = 0; c < NV; ++c) _mm512_storeu_ps(part + 2 + 16 * c, acc[c]);
+        for (int c = 0; c < NV; ++c) acc[c].store(part + 2 + 16 * c);
       }
     }
   });
@@ -182,19 +214,18 @@ void chunked_attention(const float* q, const float* keys, const float* values, c
       float best = -INFINITY;
       for (int64_t c = 0; c < chunks; ++c) best = std::max(best, base[c * queries * stride]);
       float total = 0.0f;
-      __m512 acc[NV];
-      for (int v = 0; v < NV; ++v) acc[v] = _mm512_setzero_ps();
+      Floats16 acc[NV];
+      for (int v = 0; v < NV; ++v) acc[v] = Floats16::zero();
       for (int64_t c = 0; c < chunks; ++c) {
         const float* part = base + c * queries * stride;
         if (part[0] == -INFINITY) continue;
         const float weight = float(std::exp(double(part[0]) - double(best)));
         total += weight * part[1];
-        const __m512 w = _mm512_set1_ps(weight);
-        for (int v = 0; v < NV; ++v) acc[v] = _mm512_fmadd_ps(w, _mm512_loadu_ps(part + 2 + 16 * v), acc[v]);
+        for (int v = 0; v < NV; ++v) acc[v].fma(weight, Floats16::load(part + 2 + 16 * v));
       }
-      const __m512 inverse = _mm512_set1_ps(1.0f / total);
+      const float inverse = 1.0f / total;
       float* o = out + ((b * length + t) * heads + h) * head_dim;
-      for (int v = 0; v < NV; ++v) _mm512_storeu_ps(o + 16 * v, _mm512_mul_ps(acc[v], inverse));
+      for (int v = 0; v < NV; ++v) acc[v].store_scaled(o + 16 * v, inverse);
     }
   });
 }
