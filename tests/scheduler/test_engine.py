@@ -289,3 +289,22 @@ def test_an_auto_eagle3_engine_prices_each_requests_tree_and_calibrates_its_draf
     assert request.token_ids[-24:] == plain[-1].token_ids
     assert request.spec_metrics.drafted > 0  # the untrained head's optimistic prior drafts
     assert served.executor.pooled.draft_calibration != 1.0  # measured drafting was compared
+
+
+def test_the_shipped_head_fused_beside_the_int4_target_serves_a_batch_equal_to_plain(
+        smollm_int4_target, mtbench_prompt_ids):
+    """int4 SmolLM2 and its shipped head on the fused C++ layer (eagle3/fused.py): each request
+    of the batch keeps its own head KV cache, and every output equals plain decoding."""
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    prompts = mtbench_prompt_ids[:3]
+    expected = [generate(smollm_int4_target, p, params).token_ids for p in prompts]
+    served = engine(smollm_int4_target, "eagle3:smollm2-135m", tree="2,2,3", max_running=3)
+    try:
+        assert served.proposers.prototype.fused is not None or \
+            smollm_int4_target.model.fused_layers() is None
+        results = served.generate_many(prompts, params, 120)
+    finally:
+        served.shutdown()
+    assert [r.token_ids for r in results] == expected
+    spec = [r.stats["speculative"] for r in results]
+    assert sum(s["draft_tokens"] for s in spec) > 0 and sum(s["accepted_tokens"] for s in spec) > 0
