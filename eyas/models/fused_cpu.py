@@ -109,6 +109,20 @@ def enabled() -> bool:
     return os.environ.get("EYAS_FUSED", "1") != "0"
 
 
+KV_DTYPES = {"float32": torch.float32, "float16": torch.float16}
+
+
+def kv_dtype() -> torch.dtype:
+    """The KV cache's dtype where the fused layers run: float32 (the default), or float16 with
+    EYAS_KV_DTYPE=float16: half the bytes that attention reads per key (as llama.cpp's default
+    f16 cache), widened to float32 for the arithmetic. Every pass of a process reads the same
+    cache, so a speculative pass still gives each row the bits of a one-token step."""
+    name = os.environ.get("EYAS_KV_DTYPE", "float32").strip().lower() or "float32"
+    if name not in KV_DTYPES:
+        raise ValueError(f"EYAS_KV_DTYPE={name!r}: accepted values are {', '.join(KV_DTYPES)}")
+    return KV_DTYPES[name]
+
+
 INT4_KERNELS = ("auto", "avx512vnni", "avx2", "torch")
 
 
@@ -193,6 +207,8 @@ def kernel_tag(model: nn.Module) -> str:
     layers = "fused" if model.fused_layers() else "python"
     if march() != "native":
         layers += f".{march()}"
+    if model.fused_layers() and kv_dtype() != torch.float32:
+        layers += f".kv-{str(kv_dtype()).removeprefix('torch.')}"
     layouts = {m.layout for m in model.modules() if isinstance(m, Int4Linear)}
     if "int8dot" in layouts:
         layouts = (layouts - {"int8dot"}) | {f"int8dot.{extension().int8dot_kernel()}"}

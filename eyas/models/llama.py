@@ -165,11 +165,11 @@ class Transformer(nn.Module):
     @property
     def kv_dtype(self) -> torch.dtype:
         """Dtype of this model's KV caches. int4 on a CPU: float32 where the fused layers run
-        (their attention gives a row the same bits in any pass, models/fused_cpu.py), else
-        float64, where the Python layers' attention runs (see Attention.forward). Otherwise
-        the weights' dtype."""
+        (their attention gives a row the same bits in any pass, models/fused_cpu.py; float16
+        with EYAS_KV_DTYPE=float16), else float64, where the Python layers' attention runs (see
+        Attention.forward). Otherwise the weights' dtype."""
         if any(layer.self_attn.float64_attention for layer in self.layers):
-            return torch.float32 if self.fused_layers() else torch.float64
+            return fused_cpu.kv_dtype() if self.fused_layers() else torch.float64
         return self.embed_tokens.weight.dtype
 
     # ---- rotary tables -------------------------------------------------------------------
@@ -275,13 +275,19 @@ class Transformer(nn.Module):
         return self.fused_plan or None
 
     def _fused(self, cache: KVCache | None, x: Tensor) -> list | None:
-        """The fused layers where this pass may use them: a float32 or float64 KV cache,
-        float32 activations, no autograd."""
-        if cache is None or cache.keys.dtype not in (torch.float32, torch.float64):
+        """The fused layers where this pass may use them: a float32, float64 or float16 KV
+        cache, float32 activations, no autograd. A float16 cache has no other path."""
+        if cache is None or cache.keys.dtype not in (torch.float32, torch.float64, torch.float16):
             return None
-        if x.dtype != torch.float32 or torch.is_grad_enabled():
-            return None
-        return self.fused_layers()
+        plan = self.fused_layers()
+        if plan is None:
+            return None  # e.g. a float16 model's own float16 cache: the Python layers
+        if x.dtype == torch.float32 and not torch.is_grad_enabled():
+            return plan
+        if cache.keys.dtype == torch.float16:
+            raise RuntimeError("a float16 KV cache (EYAS_KV_DTYPE=float16) is read by the fused int4 "
+                               "layers only: float32 activations, no autograd")
+        return None
 
     def output_logits(self, hidden: Tensor, greedy: bool = False) -> Tensor:  # [..., H] -> [..., V]
         """The output layer. greedy=True allows a layer that finds each row's argmax exactly

@@ -54,16 +54,18 @@ def test_an_int4_target_on_a_cpu_runs_the_fused_layers_with_a_float32_cache(smol
     assert smollm_target.model.fused_layers() is None  # float32 weights: the Python layers
 
 
+@pytest.mark.parametrize("kv", [torch.float32, torch.float16], ids=["kv-float32", "kv-float16"])
 @pytest.mark.parametrize("context", [12, 62])  # 62: the tree's slots 62..65 cross a 64-slot chunk
-def test_a_tree_verification_pass_gives_each_row_the_bits_of_one_token_steps(int4_target, context):
+def test_a_tree_verification_pass_gives_each_row_the_bits_of_one_token_steps(int4_target, context, kv):
     """Rows a, b, c, d: b and c are children of a, d of b. Each row's hidden state must equal,
-    bit for bit, the one-token decode of its path (a, b, d) or (a, c)."""
+    bit for bit, the one-token decode of its path (a, b, d) or (a, c); with the float32 cache
+    and the float16 one (EYAS_KV_DTYPE)."""
     model = int4_target.model
     prompt = PROMPT.repeat(1, 6)[:, :context]  # [1, context]
     a, b, c, d = 2683, 314, 1345, 28
     n = context
     with torch.inference_mode():
-        tree_cache = new_cache(int4_target, slots=96)
+        tree_cache = new_cache(int4_target, slots=96, dtype=kv)
         model(prompt, cache=tree_cache, write_at=0, logits_at=None)
         visible = torch.zeros(4, n + 4, dtype=torch.bool)  # [T, S]: slots 0..n-1 context, then the tree
         visible[:, :n] = True
@@ -74,7 +76,7 @@ def test_a_tree_verification_pass_gives_each_row_the_bits_of_one_token_steps(int
                      logits_at=None).hidden  # [1, 4, H]
         steps = {}
         for path in ([a, b, d], [a, c]):
-            cache = new_cache(int4_target, slots=96)
+            cache = new_cache(int4_target, slots=96, dtype=kv)
             model(prompt, cache=cache, write_at=0, logits_at=None)
             steps[tuple(path)] = [model(torch.tensor([[token]]), cache=cache, write_at=n + i,
                                         logits_at=None).hidden[0, 0] for i, token in enumerate(path)]
@@ -142,3 +144,41 @@ def test_a_write_past_the_cache_is_an_index_error(smollm_int4_target):
                   logits_at=None)
         with pytest.raises(IndexError, match="KV cache overflow"):
             model(torch.tensor([[2683]]), cache=cache, write_at=12, logits_at=None)
+
+
+def test_a_float16_cache_stays_close_to_float32_and_speculation_stays_lossless(smollm_int4_target,
+                                                                             mtbench_prompt_ids, monkeypatch):
+    """EYAS_KV_DTYPE=float16: keys and values rounded to float16, read back into float32. The
+    hidden states move by float16 rounding only, and greedy speculative decoding still equals
+    plain decoding on that cache."""
+    from eyas.engine.generate import generate
+    from eyas.engine.sampling import SamplingParams
+    from eyas.engine.speculative.decode import speculative_generate
+    from eyas.engine.speculative.methods import build_proposer
+    from eyas.engine.speculative.policy import PolicyConfig
+
+    model = smollm_int4_target.model
+    ids = torch.tensor([mtbench_prompt_ids[0]])
+    with torch.inference_mode():
+        hidden = {}
+        for kv in (torch.float32, torch.float16):
+            cache = new_cache(smollm_int4_target, slots=ids.shape[1] + 2, dtype=kv)
+            model(ids[:, :-1], cache=cache, write_at=0, logits_at=None)
+            out = model(ids[:, -1:], cache=cache, write_at=ids.shape[1] - 1, logits_at="all")
+            hidden[kv] = (out.hidden[0, 0], out.logits[0, 0])
+    (h32, l32), (h16, l16) = hidden[torch.float32], hidden[torch.float16]
+    assert not torch.equal(h32, h16)  # the cache did change
+    assert (h16 - h32).abs().max() <= 0.01 * h32.abs().max()
+    assert l16.argmax() == l32.argmax()
+    monkeypatch.setenv("EYAS_KV_DTYPE", "float16")
+    assert smollm_int4_target.kv_dtype == torch.float16
+    params = SamplingParams(max_tokens=32)
+    proposer = build_proposer("eagle3:smollm2-135m", smollm_int4_target, "2,2,3")  # drafts every step
+    for prompt in mtbench_prompt_ids[:2]:
+        plain = generate(smollm_int4_target, prompt, params).token_ids
+        spec = speculative_generate(smollm_int4_target, prompt, params, proposer, 4,
+                                    policy=PolicyConfig(enabled=False))
+        assert spec.token_ids == plain
+    monkeypatch.setenv("EYAS_KV_DTYPE", "bfloat16")
+    with pytest.raises(ValueError, match="accepted values are float32, float16"):
+        smollm_int4_target.kv_dtype

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
 #include <vector>
 
 #include "simd.h"
@@ -82,7 +83,7 @@ void generic_attention(const T* q, const T* keys, const T* values, const bool* m
 }
 
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define EYAS_CHUNKED_ATTENTION 1
 
 // 16 floats: one AVX-512 register, or two AVX2 ones with the same fused multiply-adds lane by
@@ -93,6 +94,9 @@ struct Floats16 {
   __m512 v;
   static Floats16 zero() { return {_mm512_setzero_ps()}; }
   static Floats16 load(const float* p) { return {_mm512_loadu_ps(p)}; }
+  static Floats16 load(const at::Half* p) {
+    return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
+  }
   void fma(float weight, const Floats16& x) { v = _mm512_fmadd_ps(_mm512_set1_ps(weight), x.v, v); }
   void store_scaled(float* p, float factor) const { _mm512_storeu_ps(p, _mm512_mul_ps(v, _mm512_set1_ps(factor))); }
   void store(float* p) const { _mm512_storeu_ps(p, v); }
@@ -100,6 +104,10 @@ struct Floats16 {
   __m256 lo, hi;
   static Floats16 zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
   static Floats16 load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+  static Floats16 load(const at::Half* p) {
+    return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
+            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)))};
+  }
   void fma(float weight, const Floats16& x) {
     const __m256 w = _mm256_set1_ps(weight);
     lo = _mm256_fmadd_ps(w, x.lo, lo);
@@ -116,7 +124,28 @@ struct Floats16 {
   }
 #endif
 };
-// Attention over a float32 cache in chunks of a query's visible keys, for head_dim = 16 * NV.
+
+// Scores of a float32 query against 8 keys: KeyBlock<float> (simd.h) for a float32 cache; for a
+// float16 one the same accumulation order on keys widened to float32 (exact).
+inline void key_scores(const float* q, const float* const k[8], int64_t head_dim, float out[8]) {
+  KeyBlock<float>::scores(q, k, head_dim, out);
+}
+
+inline void key_scores(const float* q, const at::Half* const k[8], int64_t head_dim, float out[8]) {
+  __m256 acc[8];
+  for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
+  for (int64_t d = 0; d < head_dim; d += 8) {
+    const __m256 qv = _mm256_loadu_ps(q + d);
+    for (int i = 0; i < 8; ++i)
+      acc[i] = _mm256_fmadd_ps(qv, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k[i] + d))),
+                               acc[i]);
+  }
+  const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
+  const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
+  _mm256_storeu_ps(out, _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31)));
+}
+
+// Attention over a float32 (or float16) cache in chunks of a query's visible keys, for head_dim = 16 * NV.
 //
 // Why: a one-token step has only B * KV work items in `attention` (3 for SmolLM2: one thread
 // does two of them), and its loops keep the weighted sum in memory. Here a work item is (row
@@ -132,8 +161,8 @@ struct Floats16 {
 // combined in order with a scalar exp.
 constexpr int64_t kChunk = 64;
 
-template <int NV>
-void chunked_attention(const float* q, const float* keys, const float* values, const bool* mask,
+template <int NV, typename K>
+void chunked_attention(const float* q, const K* keys, const K* values, const bool* mask,
                        int64_t batch, int64_t length, int64_t heads, int64_t kv_heads, int64_t max_slots,
                        int64_t kv_len, float* out) {
   constexpr int64_t head_dim = 16 * NV;
@@ -159,8 +188,8 @@ void chunked_attention(const float* q, const float* keys, const float* values, c
     alignas(64) float probs[kChunk];
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / (kv_heads * chunks), kvh = (item / chunks) % kv_heads, chunk = item % chunks;
-      const float* kb = keys + (b * kv_heads + kvh) * max_slots * head_dim;
-      const float* vb = values + (b * kv_heads + kvh) * max_slots * head_dim;
+      const K* kb = keys + (b * kv_heads + kvh) * max_slots * head_dim;
+      const K* vb = values + (b * kv_heads + kvh) * max_slots * head_dim;
       for (int64_t m = 0; m < queries; ++m) {
         const int64_t t = m / group, h = kvh * group + m % group;
         const auto& slots = visible[b * length + t];
@@ -178,10 +207,10 @@ void chunked_attention(const float* q, const float* keys, const float* values, c
             for (int j = 0; j < 8; ++j) scores[i + j] = -INFINITY;
             continue;
           }
-          const float* k[8];
+          const K* k[8];
           for (int j = 0; j < 8; ++j) k[j] = kb + int64_t(chunk_slots[i + std::min<int64_t>(j, count - 1)]) * head_dim;
           float dots[8];
-          KeyBlock<float>::scores(qv, k, head_dim, dots);
+          key_scores(qv, k, head_dim, dots);
           for (int j = 0; j < 8; ++j) {
             scores[i + j] = j < count ? dots[j] * scale : -INFINITY;
             best = std::max(best, scores[i + j]);
@@ -196,7 +225,7 @@ void chunked_attention(const float* q, const float* keys, const float* values, c
         for (int64_t i = 0; i < n; ++i) {
           if (probs[i] == 0.0f) continue;
           total += probs[i];
-          const float* vr = vb + int64_t(chunk_slots[i]) * head_dim;
+          const K* vr = vb + int64_t(chunk_slots[i]) * head_dim;
           for (int c = 0; c < NV; ++c) acc[c].fma(probs[i], Floats16::load(vr + 16 * c));
         }
         part[0] = best;
@@ -238,12 +267,27 @@ void attention(const float* q, const float* keys, const float* values, const boo
                int64_t kv_len, float* out) {
 #ifdef EYAS_CHUNKED_ATTENTION
   if (head_dim == 64 || head_dim == 128) {
-    (head_dim == 64 ? chunked_attention<4> : chunked_attention<8>)(q, keys, values, mask, batch, length, heads,
-                                                                     kv_heads, max_slots, kv_len, out);
+    (head_dim == 64 ? chunked_attention<4, float> : chunked_attention<8, float>)(
+        q, keys, values, mask, batch, length, heads, kv_heads, max_slots, kv_len, out);
     return;
   }
 #endif
   generic_attention<float>(q, keys, values, mask, batch, length, heads, kv_heads, head_dim, max_slots, kv_len, out);
+}
+
+void attention(const float* q, const at::Half* keys, const at::Half* values, const bool* mask, int64_t batch,
+               int64_t length, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t max_slots,
+               int64_t kv_len, float* out) {
+#ifdef EYAS_CHUNKED_ATTENTION
+  if (head_dim == 64 || head_dim == 128) {
+    (head_dim == 64 ? chunked_attention<4, at::Half> : chunked_attention<8, at::Half>)(
+        q, keys, values, mask, batch, length, heads, kv_heads, max_slots, kv_len, out);
+    return;
+  }
+#endif
+  (void)q, (void)keys, (void)values, (void)mask, (void)batch, (void)length, (void)heads, (void)kv_heads,
+      (void)max_slots, (void)kv_len, (void)out;
+  throw std::invalid_argument("a float16 KV cache needs head_dim 64 or 128 and a CPU with AVX2, FMA and F16C");
 }
 
 void attention(const double* q, const double* keys, const double* values, const bool* mask, int64_t batch,

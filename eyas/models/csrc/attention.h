@@ -1,6 +1,8 @@
 // Attention of the fused layer over its KV cache (attention.cpp): declarations.
 #pragma once
 
+#include <c10/util/Half.h>
+
 #include <cstdint>
 
 namespace eyas {
@@ -14,6 +16,11 @@ void attention(const float* q, const float* keys, const float* values, const boo
                int64_t length, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t max_slots,
                int64_t kv_len, float* out);
 void attention(const double* q, const double* keys, const double* values, const bool* mask, int64_t batch,
+               int64_t length, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t max_slots,
+               int64_t kv_len, float* out);
+// A float16 cache, read into float32: q and the arithmetic in float32 (the chunked attention
+// only: head_dim 64 or 128 on AVX2 with F16C; an error elsewhere).
+void attention(const float* q, const at::Half* keys, const at::Half* values, const bool* mask, int64_t batch,
                int64_t length, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t max_slots,
                int64_t kv_len, float* out);
 

@@ -81,11 +81,58 @@ void rms_norm_rows(const float* x, const float* w, int64_t rows, int64_t h, doub
 }
 
 
+// The q/k/v projection's rows and where they go (int4_decoder_layer's step 2).
+struct QkvRows {
+  const float* qkv;  // [N, (Hq + 2 KV) * D]
+  const float* bias;  // [(Hq + 2 KV) * D] or null
+  const float* cos;  // [N, D]
+  const float* sin;  // [N, D], sign-folded
+  const int64_t* slots;  // [N]
+  int64_t rows, length, heads, kv_heads, head_dim, max_slots;
+};
+
+// RoPE on q and k in float32, as the Python path; q [N, Hq, D] into `q` (type Q), k and v into
+// the cache [B, KV, S, D] at each row's slot (type K; a float16 cache rounds to nearest).
+template <typename Q, typename K>
+void rope_and_write(const QkvRows& in, Q* q, K* keys, K* values) {
+  const int64_t heads = in.heads, kv_heads = in.kv_heads, head_dim = in.head_dim, half = head_dim / 2;
+  const int64_t width = (heads + 2 * kv_heads) * head_dim;
+  std::vector<float> vals(head_dim), rotated(head_dim);
+  for (int64_t n = 0; n < in.rows; ++n) {
+    const int64_t b = n / in.length;
+    const int64_t s = in.slots[n];
+    TORCH_CHECK_INDEX(s >= 0 && s < in.max_slots, "KV cache overflow: slot ", s, " of ", in.max_slots);
+    const float* c = in.cos + n * head_dim;
+    const float* sg = in.sin + n * head_dim;
+    for (int64_t j = 0; j < heads + 2 * kv_heads; ++j) {
+      const float* src = in.qkv + n * width + j * head_dim;
+      for (int64_t d = 0; d < head_dim; ++d) {
+        vals[d] = src[d];
+        if (in.bias) vals[d] += in.bias[j * head_dim + d];
+      }
+      if (j < heads + kv_heads) {
+        for (int64_t d = 0; d < half; ++d) rotated[d] = vals[d] * c[d] + vals[d + half] * sg[d];
+        for (int64_t d = half; d < head_dim; ++d) rotated[d] = vals[d] * c[d] + vals[d - half] * sg[d];
+      } else {
+        rotated = vals;
+      }
+      if (j < heads) {
+        Q* dst = q + (n * heads + j) * head_dim;
+        for (int64_t d = 0; d < head_dim; ++d) dst[d] = Q(rotated[d]);
+      } else {
+        const int64_t kvh = j < heads + kv_heads ? j - heads : j - heads - kv_heads;
+        K* dst = (j < heads + kv_heads ? keys : values) + ((b * kv_heads + kvh) * in.max_slots + s) * head_dim;
+        for (int64_t d = 0; d < head_dim; ++d) dst[d] = K(rotated[d]);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 // x [N, H] float32 (N = B * T rows, row n = b * T + t) -> the layer's output [N, H] float32.
 // Writes this layer's keys and values at `slots` [B, T] of cache_k / cache_v [B', KV, S, D]
-// (B' >= B; float32 or float64). cos, sin [N, D] float32 (sin sign-folded: rotate_half(x) * sin == roll(x) * sin).
+// (B' >= B; float32, float64, or float16 with attention in float32). cos, sin [N, D] float32 (sin sign-folded: rotate_half(x) * sin == roll(x) * sin).
 // With `embeds` [N, H] and `norm_embeds` [H] it is an EAGLE-3 head's layer (eagle3/fused.py):
 // the attention reads cat(RMSNorm(embeds), RMSNorm(x)) [N, 2H] and the residual stays x.
 Tensor int4_decoder_layer(const Tensor& x, const Tensor& norm_in, const Tensor& qkv_packed,
@@ -99,14 +146,15 @@ Tensor int4_decoder_layer(const Tensor& x, const Tensor& norm_in, const Tensor& 
                           const c10::optional<Tensor>& embeds, const c10::optional<Tensor>& norm_embeds) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x: [N, H] float32");
   TORCH_CHECK(cache_k.scalar_type() == cache_v.scalar_type() &&
-              (cache_k.scalar_type() == at::kDouble || cache_k.scalar_type() == at::kFloat),
-              "the KV cache must be float32 or float64 (attention runs in its dtype)");
+              (cache_k.scalar_type() == at::kDouble || cache_k.scalar_type() == at::kFloat ||
+               cache_k.scalar_type() == at::kHalf),
+              "the KV cache must be float32, float64 or float16 (attention runs in its dtype, float32 for float16)");
   TORCH_CHECK(cache_k.is_contiguous() && cache_v.is_contiguous(), "cache layers must be contiguous");
   TORCH_CHECK(slots.scalar_type() == at::kLong && slots.is_contiguous() && slots.dim() == 2, "slots: [B, T] int64");
   const int64_t rows = x.size(0), hidden = x.size(1);
   const int64_t batch = slots.size(0), length = slots.size(1);
   TORCH_CHECK(batch * length == rows, "slots must hold one slot per row of x");
-  const int64_t head_dim = cos.size(1), half = head_dim / 2, max_slots = cache_k.size(2);
+  const int64_t head_dim = cos.size(1), max_slots = cache_k.size(2);
   const int64_t qkv_width = (heads + 2 * kv_heads) * head_dim;
   TORCH_CHECK_INDEX(kv_len > 0 && kv_len <= max_slots, "KV cache overflow: ", kv_len, " visible slots of ",
                     max_slots);
@@ -139,47 +187,30 @@ Tensor int4_decoder_layer(const Tensor& x, const Tensor& norm_in, const Tensor& 
   }
   TORCH_CHECK(qkv.size(1) == qkv_width, "qkv projection width does not match the heads");
 
-  // 2. RoPE on q and k (float32, as the Python path), then q in the cache's dtype, k and v
-  // into the cache; 3. attention in that dtype, rounded to float32 for o_proj.
+  // 2. RoPE on q and k (float32, as the Python path), then q in the cache's dtype (float32 for
+  // a float16 cache), k and v into the cache; 3. attention in that dtype (float32 for float16),
+  // rounded to float32 for o_proj.
   Tensor attended = at::empty({rows, heads * head_dim}, x.options());
-  AT_DISPATCH_FLOATING_TYPES(cache_k.scalar_type(), "int4_decoder_layer", [&] {
-    Tensor q = at::empty({rows, heads, head_dim}, x.options().dtype(cache_k.scalar_type()));
-    const float* src = qkv.data_ptr<float>();
-    const float* bias = qkv_bias.has_value() ? qkv_bias->data_ptr<float>() : nullptr;
-    const float* cs = cos.data_ptr<float>();
-    const float* sn = sin.data_ptr<float>();
-    const int64_t* slot = slots.data_ptr<int64_t>();
-    scalar_t* qd = q.data_ptr<scalar_t>();
-    scalar_t* kc = cache_k.data_ptr<scalar_t>();
-    scalar_t* vc = cache_v.data_ptr<scalar_t>();
-    std::vector<float> vals(head_dim);
-    for (int64_t n = 0; n < rows; ++n) {
-      const int64_t b = n / length;
-      const int64_t s = slot[n];
-      TORCH_CHECK_INDEX(s >= 0 && s < max_slots, "KV cache overflow: slot ", s, " of ", max_slots);
-      const float* c = cs + n * head_dim;
-      const float* sg = sn + n * head_dim;
-      for (int64_t j = 0; j < heads + 2 * kv_heads; ++j) {
-        const float* in = src + n * qkv_width + j * head_dim;
-        for (int64_t d = 0; d < head_dim; ++d) {
-          vals[d] = in[d];
-          if (bias) vals[d] += bias[j * head_dim + d];
-        }
-        scalar_t* dst;
-        if (j < heads) dst = qd + (n * heads + j) * head_dim;
-        else if (j < heads + kv_heads) dst = kc + ((b * kv_heads + (j - heads)) * max_slots + s) * head_dim;
-        else dst = vc + ((b * kv_heads + (j - heads - kv_heads)) * max_slots + s) * head_dim;
-        if (j < heads + kv_heads) {
-          for (int64_t d = 0; d < half; ++d) dst[d] = scalar_t(vals[d] * c[d] + vals[d + half] * sg[d]);
-          for (int64_t d = half; d < head_dim; ++d) dst[d] = scalar_t(vals[d] * c[d] + vals[d - half] * sg[d]);
-        } else {
-          for (int64_t d = 0; d < head_dim; ++d) dst[d] = scalar_t(vals[d]);
-        }
-      }
-    }
-    eyas::attention(qd, kc, vc, mask_ptr, batch, length, heads, kv_heads, head_dim, max_slots, kv_len,
-                    attended.data_ptr<float>());  // attention.cpp
-  });
+  const float* bias = qkv_bias.has_value() ? qkv_bias->data_ptr<float>() : nullptr;
+  const QkvRows qkv_rows{qkv.data_ptr<float>(), bias, cos.data_ptr<float>(), sin.data_ptr<float>(),
+                         slots.data_ptr<int64_t>(), rows, length, heads, kv_heads, head_dim, max_slots};
+  if (cache_k.scalar_type() == at::kHalf) {
+    Tensor q = at::empty({rows, heads, head_dim}, x.options());
+    at::Half* kc = cache_k.data_ptr<at::Half>();
+    at::Half* vc = cache_v.data_ptr<at::Half>();
+    rope_and_write(qkv_rows, q.data_ptr<float>(), kc, vc);
+    eyas::attention(q.data_ptr<float>(), kc, vc, mask_ptr, batch, length, heads, kv_heads, head_dim, max_slots,
+                    kv_len, attended.data_ptr<float>());  // attention.cpp
+  } else {
+    AT_DISPATCH_FLOATING_TYPES(cache_k.scalar_type(), "int4_decoder_layer", [&] {
+      Tensor q = at::empty({rows, heads, head_dim}, x.options().dtype(cache_k.scalar_type()));
+      scalar_t* kc = cache_k.data_ptr<scalar_t>();
+      scalar_t* vc = cache_v.data_ptr<scalar_t>();
+      rope_and_write(qkv_rows, q.data_ptr<scalar_t>(), kc, vc);
+      eyas::attention(q.data_ptr<scalar_t>(), kc, vc, mask_ptr, batch, length, heads, kv_heads, head_dim,
+                      max_slots, kv_len, attended.data_ptr<float>());  // attention.cpp
+    });
+  }
   Tensor projected = linear(attended, o_packed, group, o_scales);  // [N, H]
   Tensor out = at::empty({rows, hidden}, x.options());
   {
