@@ -61,21 +61,29 @@ class FusedHead:
     eps: float
     _tables: list = field(default_factory=lambda: [torch.empty(0), torch.empty(0)])  # cos, sin [S, D]
 
-    @classmethod
-    def build(cls, head: Eagle3Head) -> FusedHead | None:
-        """The fused path of `head`, or None: it needs the extension (EYAS_FUSED), float32
-        norms and every linear of the layer in the int8dot layout (quantize_linears beside an
-        int4 target, on a CPU with AVX2)."""
+    @staticmethod
+    def supported(head: Eagle3Head) -> bool:
+        """Whether `head` can run fused: the extension (EYAS_FUSED), float32 norms and every
+        linear of the layer in the int8dot layout (quantize_linears beside an int4 target, on
+        a CPU with AVX2)."""
         layer = head.midlayer
         attn, mlp = layer.self_attn, layer.mlp
         linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
         if not fused_cpu.enabled() or fused_cpu.extension() is None or head.device.type != "cpu":
-            return None
+            return False
         if not all(isinstance(lin, Int4Linear) and lin.layout == "int8dot" and lin.bias is None for lin in linears):
-            return None
+            return False
         norms = (layer.input_layernorm, layer.hidden_norm, layer.post_attention_layernorm)
-        if any(n.weight.dtype != torch.float32 for n in norms) or attn.head_dim % 8:
+        return all(n.weight.dtype == torch.float32 for n in norms) and attn.head_dim % 8 == 0
+
+    @classmethod
+    def build(cls, head: Eagle3Head) -> FusedHead | None:
+        """The fused path of `head` (its weights packed for the extension), or None where it is
+        not `supported`."""
+        if not cls.supported(head):
             return None
+        layer = head.midlayer
+        attn, mlp = layer.self_attn, layer.mlp
         empty = torch.empty(0)
         qkv = torch.cat([attn.q_proj.packed, attn.k_proj.packed, attn.v_proj.packed])  # blocks of 16 columns
         gate_up = torch.cat([mlp.gate_proj.packed, mlp.up_proj.packed])

@@ -173,7 +173,7 @@ def load_or_measure(target, head=None) -> CostModel:
     from eyas.eagle3.fused import FusedHead
 
     head_key = "" if head is None else json.dumps({**head.config.to_dict(), "precision": head.precision,
-                                                   "fused": FusedHead.build(head) is not None}, sort_keys=True)
+                                                   "fused": FusedHead.supported(head)}, sort_keys=True)
     layers = fused_cpu.kernel_tag(target.model)  # fused or Python layers, int4 kernel, sources
     key = "|".join([COST_VERSION, str(target.folder), target.precision, layers, str(target.device),
                     str(torch.get_num_threads()), platform.processor() or platform.machine(),

@@ -125,26 +125,6 @@ struct Floats16 {
 #endif
 };
 
-// Scores of a float32 query against 8 keys: KeyBlock<float> (simd.h) for a float32 cache; for a
-// float16 one the same accumulation order on keys widened to float32 (exact).
-inline void key_scores(const float* q, const float* const k[8], int64_t head_dim, float out[8]) {
-  KeyBlock<float>::scores(q, k, head_dim, out);
-}
-
-inline void key_scores(const float* q, const at::Half* const k[8], int64_t head_dim, float out[8]) {
-  __m256 acc[8];
-  for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
-  for (int64_t d = 0; d < head_dim; d += 8) {
-    const __m256 qv = _mm256_loadu_ps(q + d);
-    for (int i = 0; i < 8; ++i)
-      acc[i] = _mm256_fmadd_ps(qv, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k[i] + d))),
-                               acc[i]);
-  }
-  const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
-  const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
-  _mm256_storeu_ps(out, _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31)));
-}
-
 // Attention over a float32 (or float16) cache in chunks of a query's visible keys, for head_dim = 16 * NV.
 //
 // Why: a one-token step has only B * KV work items in `attention` (3 for SmolLM2: one thread
@@ -210,7 +190,7 @@ void chunked_attention(const float* q, const K* keys, const K* values, const boo
           const K* k[8];
           for (int j = 0; j < 8; ++j) k[j] = kb + int64_t(chunk_slots[i + std::min<int64_t>(j, count - 1)]) * head_dim;
           float dots[8];
-          key_scores(qv, k, head_dim, dots);
+          KeyBlock<float>::scores(qv, k, head_dim, dots);
           for (int j = 0; j < 8; ++j) {
             scores[i + j] = j < count ? dots[j] * scale : -INFINITY;
             best = std::max(best, scores[i + j]);

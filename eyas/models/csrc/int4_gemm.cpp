@@ -41,6 +41,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "int8dot.h"
@@ -54,17 +55,20 @@ constexpr int64_t kColumns = 16, kGroup = 32, kBlockBytes = 320;
 // decoding, side by side in one process (BENCHMARKS.md section 1).
 constexpr int64_t kAhead = 4;
 
-Int8Dot best_compiled() {
-#if defined(EYAS_VNNI)
-  return Int8Dot::avx512vnni;
-#elif defined(EYAS_AVX2)
-  return Int8Dot::avx2;
-#else
-  return Int8Dot::none;
+// The implementations this build has, best first, with their names.
+const std::vector<std::pair<Int8Dot, std::string>>& built() {
+  static const std::vector<std::pair<Int8Dot, std::string>> kinds = {
+#ifdef EYAS_VNNI
+      {Int8Dot::avx512vnni, "avx512vnni"},
 #endif
+#ifdef EYAS_AVX2
+      {Int8Dot::avx2, "avx2"},
+#endif
+  };
+  return kinds;
 }
 
-Int8Dot selected = best_compiled();
+Int8Dot selected = built().empty() ? Int8Dot::none : built().front().first;
 
 // Per row and group of x [rows, in]: hi[32] then lo[32] int8 (codes [rows, in / 32, 2, 32]),
 // the scale d and the sum of the group's 32 inputs, [rows, in / 32].
@@ -285,30 +289,29 @@ void check_packed(const at::Tensor& packed) {
 
 std::vector<std::string> int8dot_kernels() {
   std::vector<std::string> names;
-#ifdef EYAS_VNNI
-  names.emplace_back("avx512vnni");
-#endif
-#ifdef EYAS_AVX2
-  names.emplace_back("avx2");
-#endif
+  for (const auto& kind : built()) names.push_back(kind.second);
   return names;
 }
 
 Int8Dot int8dot_kernel() { return selected; }
 
 std::string int8dot_kernel_name() {
-  return selected == Int8Dot::avx512vnni ? "avx512vnni" : selected == Int8Dot::avx2 ? "avx2" : "none";
+  for (const auto& kind : built())
+    if (kind.first == selected) return kind.second;
+  return "none";
 }
 
 void set_int8dot_kernel(const std::string& name) {
-  const std::vector<std::string> names = int8dot_kernels();
-  if (std::find(names.begin(), names.end(), name) == names.end()) {
-    std::string accepted;
-    for (const std::string& n : names) accepted += (accepted.empty() ? "" : ", ") + n;
-    TORCH_CHECK(false, "int8 dot-product kernel '", name, "' is not in this build; it has: ",
-                accepted.empty() ? "none (no AVX2 on this CPU)" : accepted);
+  std::string accepted;
+  for (const auto& kind : built()) {
+    if (kind.second == name) {
+      selected = kind.first;
+      return;
+    }
+    accepted += (accepted.empty() ? "" : ", ") + kind.second;
   }
-  selected = name == "avx512vnni" ? Int8Dot::avx512vnni : Int8Dot::avx2;
+  TORCH_CHECK(false, "int8 dot-product kernel '", name, "' is not in this build; it has: ",
+              accepted.empty() ? "none (no AVX2 on this CPU)" : accepted);
 }
 
 at::Tensor int4_pack(const at::Tensor& codes_in, const at::Tensor& scale_in, const at::Tensor& minimum_in) {

@@ -10,6 +10,8 @@
 #include <immintrin.h>
 #endif
 
+#include <c10/util/Half.h>
+
 namespace eyas {
 
 // e^x for float x (relative error < 1e-7 over [-87, 88]) in a form the compiler can vectorize,
@@ -73,16 +75,24 @@ struct KeyBlock {
 };
 
 #if defined(__AVX2__) && defined(__FMA__)
-// float on AVX2: eight keys, eight accumulators, one horizontal reduction for all eight.
+// Eight key values as float32: from a float32 cache, or widened exactly from a float16 one.
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+#ifdef __F16C__
+inline __m256 load8(const c10::Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+#endif
+
+// float on AVX2: eight keys, eight accumulators, one horizontal reduction for all eight. The
+// keys K are float, or c10::Half for a float16 cache (attention.cpp).
 template <>
 struct KeyBlock<float> {
   static constexpr int size = 8;
-  static void scores(const float* q, const float* const k[size], int64_t head_dim, float out[size]) {
+  template <typename K>
+  static void scores(const float* q, const K* const k[size], int64_t head_dim, float out[size]) {
     __m256 acc[size];
     for (int i = 0; i < size; ++i) acc[i] = _mm256_setzero_ps();
     for (int64_t d = 0; d < head_dim; d += 8) {
       const __m256 qv = _mm256_loadu_ps(q + d);
-      for (int i = 0; i < size; ++i) acc[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[i] + d), acc[i]);
+      for (int i = 0; i < size; ++i) acc[i] = _mm256_fmadd_ps(qv, load8(k[i] + d), acc[i]);
     }
     const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
     const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
