@@ -129,9 +129,13 @@ class Engine:
         """Submit and wait: the same result type as eyas.engine.generate."""
         return self.generate_many([prompt_ids], params, timeout)[0]
 
-    def generate_many(self, prompts: list[list[int]], params: SamplingParams,
+    def generate_many(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams],
                       timeout: float | None = None) -> list[GenerationResult]:
-        """Submit every prompt at once (they batch together) and wait for all."""
+        """Submit every prompt at once (they batch together) and wait for all; `params` is one
+        SamplingParams for every prompt or one per prompt (e.g. a seed each)."""
+        each = params if isinstance(params, list) else [params] * len(prompts)
+        if len(each) != len(prompts):
+            raise ValueError(f"{len(each)} sampling parameters for {len(prompts)} prompts")
         done = [threading.Event() for _ in prompts]
         finals: list[RequestOutput | None] = [None] * len(prompts)
         tokens: list[list[int]] = [[] for _ in prompts]
@@ -146,8 +150,8 @@ class Engine:
                     done[index].set()
             return on_output
 
-        for index, prompt in enumerate(prompts):
-            self.submit(prompt, params, collector(index))
+        for index, (prompt, request_params) in enumerate(zip(prompts, each)):
+            self.submit(prompt, request_params, collector(index))
         results = []
         for index, event in enumerate(done):
             if not event.wait(timeout):

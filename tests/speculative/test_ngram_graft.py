@@ -263,6 +263,7 @@ def test_in_single_stream_an_eagle3_head_that_cannot_pay_drafts_one_step_in_sixt
 
     proposer = object.__new__(Eagle3Proposer)
     proposer.auto, proposer._unpaid_steps, proposer.step_ratios = True, 0, None
+    proposer._first_step = False
     proposer.choice = TreeChoice(0, 0, 1, 1.0, 0.01, 100.0)  # the sizing's verdict: plain
     proposer.cost = None  # (no step times are kept without costs)
     drafted = []
@@ -277,6 +278,11 @@ def test_in_single_stream_an_eagle3_head_that_cannot_pay_drafts_one_step_in_sixt
     for _ in range(32):
         proposer.propose([1, 2, 3], 4)
     assert len(drafted) == 2  # steps 16 and 32
+    proposer.choice = TreeChoice(1, 1, 2, 1.4, 0.0125, 112.0)  # now a chain pays
+    drafted.clear()
+    for _ in range(32):
+        proposer.propose([1, 2, 3], 4)
+    assert len(drafted) == 30  # every step but a plain one in sixteen, which re-prices plain steps
 
 
 def test_single_stream_sizing_follows_the_step_times_the_loop_measured():
@@ -294,10 +300,16 @@ def test_single_stream_sizing_follows_the_step_times_the_loop_measured():
     proposer._resize()
     assert proposer.choice.depth == 1  # 1.4 tokens for 12.5 ms beats 1 token for 10 ms
     proposer.single_stream(None)
+    proposer._first_step, proposer._backlog_seconds = True, 0.0  # (begin sets them)
     assert proposer.propose([1, 2, 3], 4).size == 0  # a plain step first, to measure it
+    proposer.step_seconds(0, 0.0125)  # the step right after the prefill is no price:
+    assert proposer.step_ratios == {}  # its caches are cold
+    assert proposer.propose([1, 2, 3], 4).size == 0  # still plain: none was priced yet
     proposer.step_seconds(0, 0.008)  # a plain step: 0.8x its modelled 10 ms
-    proposer.step_seconds(1, 0.0125)  # a one-node step: as modelled (11.5 + 1 ms)
-    assert proposer.step_ratios == {"plain": 0.8, "speculative": 1.0}
+    proposer._backlog_seconds = 0.004  # its catch-up also took in the rows of plain steps:
+    proposer.step_seconds(1, 0.0165)  # a one-node step as modelled (11.5 + 1 ms), plus those
+    assert proposer.step_ratios == pytest.approx({"plain": 0.8, "speculative": 1.0})
+    assert proposer._backlog_seconds == 0.0  # charged once
     proposer._resize()
     assert proposer.choice.depth == 0  # 1.4 tokens for 12.5 ms loses to 1 token for 8 ms
     calibrated = proposer.cost.calibrated(0.8, 1.0)

@@ -25,11 +25,14 @@ for a row of a step it did not draft in is the depth-1 draft that step would hav
 and the token that followed is known, so the catch-up records its rank (`_shadow_ranks`),
 without a verification pass. Single-stream decoding also reports each step's wall time
 (`step_seconds`); the shape is then chosen from the cost model scaled to what plain and
-speculative steps really took in this loop.
+speculative steps really took in this loop. So that both prices stay current, a shape that
+drafts still takes a plain step every `PROBE_EVERY`-th step (as the serving scheduler does), and
+each request's first decode step, slowed by the prefill before it, is left out of the prices.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -73,7 +76,8 @@ class _Node:
 
 class Eagle3Proposer:
     name = "eagle3"
-    PROBE_EVERY = 16  # single_stream: where no shape pays, draft one step in this many
+    PROBE_EVERY = 16  # single_stream: one step in this many drafts where no shape pays, or
+    # is plain where one does
 
     def __init__(self, head, shape: TreeShape | None = None, resize_every: int = 16) -> None:
         from eyas.engine.speculative.sizing import RankStats
@@ -99,7 +103,7 @@ class Eagle3Proposer:
         self.past: tuple[Tensor, Tensor] | None = None  # committed KV [1, KV, n, D] (Python path)
         self._scratch_past: tuple[Tensor, Tensor] | None = None  # + the tree rows of this step
         self.committed = 0  # committed rows (= positions 0..committed-1)
-        self.pending_taps: Tensor | None = None  # [1, m, 3H] taps of rows to commit
+        self.pending_taps: list[Tensor] = []  # [1, m_i, 3H] each: taps of rows to commit, in order
         self.pending_unverified: list[bool] = []  # per pending row: committed by a step the head
         # did not draft in (its depth-1 prediction was never verified)
         self.shadow_ranks = True  # record those predictions' ranks at catch-up (single_stream)
@@ -113,11 +117,13 @@ class Eagle3Proposer:
     def begin(self, target, prompt_ids, params) -> None:
         if target.model.embed_tokens.weight.shape[0] != self.head.config.vocab_size:
             raise EyasError("the EAGLE-3 head was trained for a target with another vocabulary")
-        self.past, self.committed, self.pending_taps = None, 0, None
+        self.past, self.committed, self.pending_taps = None, 0, []
         self.pending_unverified = []
         self.kv = self.fused.new_cache() if self.fused is not None else None
         self.last_hidden = self.last_logits = None
         self._unpaid_steps = 0
+        self._first_step = True  # of this request: not a price (step_seconds)
+        self._backlog_seconds = 0.0  # the last catch-up's time over rows of earlier plain steps
         if self.auto:
             self._measured_cost(target)
             self._resize()
@@ -133,7 +139,12 @@ class Eagle3Proposer:
         against the cost model's price of it; kept as running ratios (single_stream only)."""
         if self.step_ratios is None or self.cost is None or seconds <= 0:
             return
+        if self._first_step:  # right after the prefill (BENCHMARKS.md section 6h: priced it
+            self._first_step = False  # ~25% dear, so that a head that cannot pay drafted)
+            return
         if size:
+            # a probe after plain steps first caught up their rows: their cost, not this step's
+            seconds, self._backlog_seconds = seconds - self._backlog_seconds, 0.0
             kind = "speculative"
             modelled = self.cost.verify(1 + size) + self.cost.tree_draft(self.shape.depth, self.shape.top_k)
         else:
@@ -227,11 +238,13 @@ class Eagle3Proposer:
             return
         if result is None:  # the prefill
             taps = output.taps
+        elif not result.accepted_nodes:  # the root alone (every plain step): a view, no copy
+            taps = output.taps[:, :1]
         else:
             rows = torch.tensor([0] + list(result.accepted_nodes), device=output.taps.device)
             taps = output.taps[:, rows]
         # Plain steps (no propose in between) pile up rows; the next catch-up takes them all.
-        self.pending_taps = taps if self.pending_taps is None else torch.cat([self.pending_taps, taps], 1)
+        self.pending_taps.append(taps)
         unverified = result is not None and not any(self.node_ranks)  # the prompt's rows: no
         self.pending_unverified += [unverified] * taps.shape[1]
 
@@ -294,28 +307,30 @@ class Eagle3Proposer:
         return self._rerank(candidates, budget)
 
     def _plain_step_now(self) -> bool:
-        """single_stream only: first one plain step (to measure its price), then, where the
-        sizing chose depth 0, every step but each PROBE_EVERY-th."""
+        """single_stream only: plain steps until one is priced, then, where the sizing chose
+        depth 0, every step but each PROBE_EVERY-th, and where it chose a tree, each
+        PROBE_EVERY-th step only (which keeps the price of a plain step current)."""
         if self.step_ratios is None or not self.auto:
             return False
         if "plain" not in self.step_ratios:
             return True
-        if self.choice is None or self.choice.depth:
+        if self.choice is None:
             return False
         self._unpaid_steps += 1
-        return self._unpaid_steps % self.PROBE_EVERY != 0
+        probe = self._unpaid_steps % self.PROBE_EVERY == 0
+        return probe if self.choice.depth else not probe
 
     def _catch_up(self, token_ids: list[int]) -> None:
-        if self.pending_taps is None:
+        if not self.pending_taps:
             return
-        taps = self.pending_taps.to(self.head.dtype)
+        pending, self.pending_taps = self.pending_taps, []
+        started = time.perf_counter()
+        taps = (pending[0] if len(pending) == 1 else torch.cat(pending, 1)).to(self.head.dtype)
         count = taps.shape[1]
         start = self.committed
         unverified, self.pending_unverified = self.pending_unverified, []
         if start + count + 1 > len(token_ids):
-            # rows need the token one position later; plain steps leave gaps we cannot fill
-            self.pending_taps = None
-            return
+            return  # rows need the token one position later; plain steps leave gaps we cannot fill
         device = taps.device
         ids = torch.tensor([token_ids[start + 1 : start + count + 1]], device=device)
         positions = torch.arange(start, start + count, device=device)[None]
@@ -323,12 +338,15 @@ class Eagle3Proposer:
         self.committed += count
         self.last_hidden = hidden[:, -1:]
         self.last_logits = self.head.compute_logits(self.last_hidden)[:, -1]  # the last row's only
-        self.pending_taps = None
         if self.shadow_ranks and self.step_ratios is not None:
             # row start + i predicts token start + i + 2, known for all rows but the last
             rows = [i for i, flag in enumerate(unverified[: count - 1]) if flag]
             if rows:
                 self._shadow_ranks(hidden, rows, [token_ids[start + i + 2] for i in rows])
+        if len(pending) > 1 and self.cost is not None:
+            # the rows of plain steps made this catch-up longer than a drafting step's one-row
+            # pass (the modelled draft(1)): step_seconds prices the step without them
+            self._backlog_seconds = max(0.0, time.perf_counter() - started - self.cost.draft(1))
 
     def _expand(self, token_ids: list[int], budget: int) -> list[_Node]:
         head, shape = self.head, self.shape
