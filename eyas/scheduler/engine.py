@@ -12,6 +12,10 @@ Usage:
     engine.run()   # instead of start(): the loop on this thread (eyas serve: the main thread,
                    # which loaded the model; see loop.py for why that is faster)
 
+Once the loop runs on its own thread, run no torch work on the thread that started it:
+start() ends that thread's idle OpenMP workers, and new ones beside the loop's would make
+every decode step 2-3x slower on a small CPU (utils/openmp.py).
+
 Requests are queued here from any thread; the loop (loop.py) takes them between steps.
 """
 
@@ -35,6 +39,7 @@ from eyas.scheduler.proposers import ProposerFactory
 from eyas.scheduler.request import Request, RequestOutput
 from eyas.scheduler.scheduler import Scheduler
 from eyas.scheduler.speculation import AcceptanceEstimate, StepCostModel
+from eyas.utils.openmp import release_thread_pool
 
 log = logging.getLogger("eyas.engine")
 
@@ -182,7 +187,10 @@ class Engine:
 
     # ---- lifecycle -------------------------------------------------------------------
     def start(self) -> Engine:
-        """Run the loop on a new daemon thread."""
+        """Run the loop on a new daemon thread. The calling thread's idle OpenMP workers end
+        first (utils/openmp.py): with a second pool beside the loop's, every decode step on
+        a small CPU took 2.5-3x as long."""
+        release_thread_pool()
         self._thread = threading.Thread(target=self.run, name="eyas-engine", daemon=True)
         self._thread.start()
         self._running.wait(10)

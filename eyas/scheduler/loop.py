@@ -18,7 +18,8 @@ KV rows move only between "join" and "run N+1", when the helper is idle.
 The target runs on the loop thread (not the helper) on purpose: with OpenMP, a second thread
 that runs torch ops makes small ops ~2x slower for both (libgomp stops spin-waiting once more
 threads exist than cores; measured on the 2-core CPU). `eyas serve` runs this loop on the
-main thread, the thread that loaded the model.
+main thread, the thread that loaded the model; `Engine.start()` runs it on a new thread and
+first ends the calling thread's idle OpenMP workers (eyas/utils/openmp.py).
 """
 
 from __future__ import annotations
