@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import importlib
 import sys
 
 OMP_PAUSE_SOFT = 1  # omp_pause_resource_t: release threads, keep what is cheap to keep
@@ -54,7 +55,7 @@ def _pause_function():
 def release_thread_pool() -> bool:
     """End the calling thread's idle OpenMP workers; True when the runtime did. Call it from
     a thread that will not run parallel work while another thread does."""
-    import torch  # noqa: F401  (the OpenMP runtime is loaded with it)
+    importlib.import_module("torch")  # which loads the OpenMP runtime
 
     pause = _pause_function()
     return pause is not None and pause(OMP_PAUSE_SOFT) == 0
