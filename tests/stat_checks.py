@@ -16,3 +16,26 @@ def homogeneity_p_value(first: dict[int, int], second: dict[int, int]) -> tuple[
     statistic = ((table - expected) ** 2 / expected)[:, keep].sum()
     dof = int(keep.sum()) - 1
     return float(torch.special.gammaincc(torch.tensor(dof / 2.0), statistic / 2.0)), dof
+
+
+def goodness_of_fit(counts: dict[tuple, int], probs: dict[tuple, float]) -> tuple[float, int]:
+    """Chi-square goodness of fit of observed counts against exact probabilities (keys: tokens
+    or sequences of tokens): (p-value, degrees of freedom). Keys expected fewer than 5 times
+    are pooled into one category (kept when the pool is expected 5 times or more)."""
+    total = sum(counts.values())
+    assert set(counts) <= set(probs), f"sequences the target cannot produce: {set(counts) - set(probs)}"
+    observed, expected, pool_o, pool_e = [], [], 0.0, 0.0
+    for seq, p in probs.items():
+        if p * total >= 5:
+            observed.append(counts.get(seq, 0))
+            expected.append(p * total)
+        else:
+            pool_o += counts.get(seq, 0)
+            pool_e += p * total
+    if pool_e >= 5:
+        observed.append(pool_o)
+        expected.append(pool_e)
+    o, e = torch.tensor(observed, dtype=torch.float64), torch.tensor(expected, dtype=torch.float64)
+    statistic = ((o - e) ** 2 / e).sum()
+    dof = len(observed) - 1
+    return float(torch.special.gammaincc(torch.tensor(dof / 2.0), statistic / 2.0)), dof

@@ -19,6 +19,7 @@ from eyas.engine.sampling import SamplingParams, target_probs
 from eyas.models.tokenizer import chat_prompt_ids
 from eyas.scheduler.config import EngineConfig
 from eyas.scheduler.engine import Engine
+from stat_checks import goodness_of_fit
 
 TOP_K = 3  # 27 sequences of three tokens, each likely enough to be counted
 SAMPLES = 900
@@ -43,28 +44,6 @@ def exact_joint(target, prompt: list[int], params: SamplingParams, length: int) 
                 grown[seq + (token,)] = p * float(probs[token])
         joint = grown
     return joint
-
-
-def goodness_of_fit(counts: dict[tuple, int], probs: dict[tuple, float]) -> tuple[float, int]:
-    """Chi-square p-value and degrees of freedom; sequences expected fewer than 5 times are
-    pooled into one category (kept when the pool is expected 5 times or more)."""
-    total = sum(counts.values())
-    assert set(counts) <= set(probs), f"sequences the target cannot produce: {set(counts) - set(probs)}"
-    observed, expected, pool_o, pool_e = [], [], 0.0, 0.0
-    for seq, p in probs.items():
-        if p * total >= 5:
-            observed.append(counts.get(seq, 0))
-            expected.append(p * total)
-        else:
-            pool_o += counts.get(seq, 0)
-            pool_e += p * total
-    if pool_e >= 5:
-        observed.append(pool_o)
-        expected.append(pool_e)
-    o, e = torch.tensor(observed, dtype=torch.float64), torch.tensor(expected, dtype=torch.float64)
-    statistic = ((o - e) ** 2 / e).sum()
-    dof = len(observed) - 1
-    return float(torch.special.gammaincc(torch.tensor(dof / 2.0), statistic / 2.0)), dof
 
 
 @pytest.mark.slow  # 900 requests through the engine on the real model: about a minute on 2 cores

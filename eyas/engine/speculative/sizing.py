@@ -247,17 +247,14 @@ def best_prefix(on_path: list[float], cost: CostModel, draft_seconds: float = 0.
 def choose_shape(cost: CostModel, ranks: list[float], max_depth: int = 8, max_top_k: int = 4,
                  max_total: int = 64) -> TreeChoice:
     """The shape with the most expected tokens per second (plain decoding = depth 0)."""
-    # Every shape reads the same few costs: look them up once (the single-stream loop chooses
-    # again every 16 steps, and ~1,300 interpolations each time cost ~3% of a decode step).
+    # Every shape reads the same verification costs: look them up once (the single-stream loop
+    # chooses again every 16 steps, and ~1,300 interpolations each time cost ~3% of a step).
     verify = [0.0] + [cost.verify(total) for total in range(1, max_total + 1)]
-    head_pass = {rows: cost.draft(rows) for rows in range(1, max_top_k + 1)}
-    drafting = {top_k: 0.0 for top_k in range(1, max_top_k + 1)}  # cost.tree_draft(depth, top_k)
     plain = verify[1]
     best = TreeChoice(0, 0, 1, 1.0, plain, 1.0 / plain)
     for depth in range(1, max_depth + 1):
         for top_k in range(1, max_top_k + 1):
-            drafting[top_k] += head_pass[1 if depth == 1 else top_k]  # summed as tree_draft does
-            draft_seconds = drafting[top_k]
+            draft_seconds = cost.tree_draft(depth, top_k)
             largest = min(max_total, 1 + sum(top_k ** min(level, 2) for level in range(1, depth + 1)))
             accepted = accepted_by_size(depth, top_k, ranks)
             for total in range(2, largest + 1):
