@@ -8,8 +8,8 @@ matmuls themselves run in `csrc/int4_gemm.cpp` (int4 x int8 integer dot products
 AVX512-VNNI or AVX2, 2.6-3.3x PyTorch's int4 kernel on AVX512-VNNI) where Int4Linear took its
 layout (int8dot_kernel), else in PyTorch's int4 kernel.
 
-It is compiled on first use with PyTorch's extension builder (g++, ~25 s; `make setup` does it
-ahead of time) into ~/.cache/eyas/ext (EYAS_EXT_DIR overrides). Where it cannot be built, or
+It is compiled on first use (models/extension.py: g++, ~25-45 s; `make setup` does it ahead of
+time) into ~/.cache/eyas/ext (EYAS_EXT_DIR overrides). Where it cannot be built, or
 with EYAS_FUSED=0, the model runs its Python layers: same results up to float rounding, and
 since a process uses one or the other for every pass, speculative output stays identical to
 plain output either way.
@@ -22,91 +22,29 @@ Usage:
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import os
-import platform
 import sys
-import warnings
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
-CSRC = Path(__file__).parent / "csrc"
-SOURCES = tuple(CSRC / name for name in ("int4_decoder_layer.cpp", "attention.cpp", "int4_gemm.cpp",
-                                           "int8_screen.cpp"))  # and their headers
-CFLAGS = ["-O3", "-fopenmp", "-fno-math-errno", "-ffp-contract=off"]
+from eyas.models.extension import build_directory, enabled, march, source_tag
 
-
-def march() -> str:
-    """The -march the extension is built for: this CPU (native) unless EYAS_EXT_MARCH names
-    another (e.g. haswell: an AVX2-only build, to measure what a CPU without AVX-512 runs)."""
-    value = os.environ.get("EYAS_EXT_MARCH", "native").strip() or "native"
-    if not all(ch.isalnum() or ch in "-_." for ch in value):
-        raise ValueError(f"EYAS_EXT_MARCH={value!r}: expected a gcc -march name such as native, haswell")
-    return value
-
-_extension = None  # the loaded module, False after a failed build, None before trying
-
-
-def _cpu_tag() -> str:
-    """A short tag of this CPU's model and flags: -march=native builds are not portable."""
-    text = platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("model name", "flags")):
-                text += line
-                if line.startswith("flags"):
-                    break
-    except OSError:
-        pass
-    return hashlib.sha1(text.encode()).hexdigest()[:10]
-
-
-@functools.cache
-def _source_tag() -> str:
-    """A short hash of the compiler flags, the C++ sources and headers (PyTorch's builder does
-    not track headers); read once per process, since the loaded extension is built from them once."""
-    digest = hashlib.sha1(" ".join(CFLAGS).encode())  # the flags change the bits too
-    for path in sorted(CSRC.iterdir()):
-        digest.update(path.name.encode() + path.read_bytes())
-    return digest.hexdigest()[:8]
-
-
-def build_directory() -> Path:
-    root = Path(os.environ.get("EYAS_EXT_DIR", Path.home() / ".cache" / "eyas" / "ext"))
-    tag = (f"torch{torch.__version__.replace('+', '_')}-py{sys.version_info[0]}{sys.version_info[1]}"
-           f"-{_cpu_tag()}-{_source_tag()}")
-    if march() != "native":
-        tag += f"-{march()}"
-    return root / tag
+# The extension's build and loading live in models/extension.py (its one owner).
+_kernel_chosen = False
 
 
 def extension(verbose: bool = False):
     """The compiled module, building it on first use; None where it cannot be built."""
-    global _extension
-    if _extension is None:
-        try:
-            from torch.utils.cpp_extension import load
+    from eyas.models import extension as native
 
-            directory = build_directory()
-            directory.mkdir(parents=True, exist_ok=True)
-            _extension = load("eyas_int4_decoder_layer", sources=[str(path) for path in SOURCES],
-                              extra_cflags=CFLAGS + [f"-march={march()}"], extra_ldflags=["-fopenmp"],
-                              build_directory=str(directory), verbose=verbose)
-        except Exception as error:  # no compiler, no headers, ...: the Python layers still work
-            warnings.warn(f"eyas: the fused int4 layer could not be built ({error}); "
-                          "decoding uses the Python layers (slower)", RuntimeWarning, stacklevel=2)
-            _extension = False
-        else:
-            int8dot_kernel()  # EYAS_INT4_KERNEL's choice, from the first use on
-    return _extension or None
-
-
-def enabled() -> bool:
-    return os.environ.get("EYAS_FUSED", "1") != "0"
+    global _kernel_chosen
+    loaded = native.module(verbose=verbose)
+    if loaded is not None and not _kernel_chosen:
+        _kernel_chosen = True
+        int8dot_kernel()  # EYAS_INT4_KERNEL's choice, from the first use on
+    return loaded
 
 
 KV_DTYPES = {"float32": torch.float32, "float16": torch.float16}
@@ -212,7 +150,7 @@ def kernel_tag(model: nn.Module) -> str:
     layouts = {m.layout for m in model.modules() if isinstance(m, Int4Linear)}
     if "int8dot" in layouts:
         layouts = (layouts - {"int8dot"}) | {f"int8dot.{extension().int8dot_kernel()}"}
-    return f"{layers}-{'+'.join(sorted(layouts)) or 'none'}-{_source_tag()}"
+    return f"{layers}-{'+'.join(sorted(layouts)) or 'none'}-{source_tag()}"
 
 
 def run_layer(layer: FusedLayer, x: Tensor, cos: Tensor, sin: Tensor, keys: Tensor, values: Tensor,

@@ -230,7 +230,7 @@ def test_an_avx2_only_build_decodes_the_tokens_of_this_build(smollm_int4_target,
     the first time): its hidden states equal this build's bit for bit (int4 kernel, screen and
     attention each compute the same operations on 256- or 512-bit registers, and
     -ffp-contract=off keeps the compiler from fusing float operations differently per -march,
-    fused_cpu.CFLAGS), so its greedy answers are the same tokens."""
+    extension.CFLAGS), so its greedy answers are the same tokens."""
     import json
     import subprocess
     import sys
