@@ -38,7 +38,8 @@ test-all: setup
 	$(PY) -m pytest -q -m ''
 
 # Single-stream speed: eyas (int4 plain and with n-gram speculation, float32) beside
-# transformers `generate`, MT-Bench first turns, one run (BENCHMARKS.md).
+# transformers `generate`, MT-Bench first turns, one run (BENCHMARKS.md,
+# "Plain decoding against peers").
 bench: setup
 	$(VENV)/bin/eyas bench offline --model smollm2-135m \
 		--systems "eyas:auto;eyas:auto+ngram;eyas:float32;hf" --output runs/bench/offline.json

@@ -93,7 +93,8 @@ def plan_steps(config: QuickstartConfig) -> list[Step]:
               "--output", str(out / "regenerated.jsonl"), "--model", config.model,
               "--limit", str(config.prompts), "--batch-size", str(config.batch_size),
               # float32: batched decoding on a CPU is fastest there (PyTorch's int4 kernel slows
-              # down past a few rows per call, BENCHMARKS.md section 1); the weights are the same.
+              # down past a few rows per call, old BENCHMARKS.md section 1); the weights are
+              # the same.
               "--dtype", "float32",
               "--max-tokens", str(config.answer_tokens), *quiet]),
         Step("render", "the target's chat template, prompts masked out",

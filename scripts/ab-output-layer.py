@@ -5,7 +5,7 @@ Usage:
 
 Decodes 8 MT-Bench first turns (128 tokens, greedy, int4 target) with each output layer,
 alternating which goes first per prompt, and prints the median tokens/s of each, their ratio
-and how many outputs are identical (BENCHMARKS.md section 1).
+and how many outputs are identical (old BENCHMARKS.md section 1).
 """
 
 import statistics

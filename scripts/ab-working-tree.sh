@@ -6,7 +6,7 @@
 # Alternates the working tree ("new") and HEAD ("old", via git stash) ROUNDS times. Each run:
 # the serving engine at concurrency 1 (8 MT-Bench first turns x 64 tokens, median of 3 rounds,
 # eyas.scheduler.measure), then plain `generate` on the same prompts (median tok/s). Run it on
-# a quiet machine and compare the ratios. BENCHMARKS.md section 1 quotes one run.
+# a quiet machine and compare the ratios. Old BENCHMARKS.md section 1 quotes one run.
 set -euo pipefail
 ROUNDS=${1:-2}
 PY=${PY:-.venv/bin/python}

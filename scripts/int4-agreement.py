@@ -7,7 +7,8 @@ For every prompt, the float32 SmolLM2 target answers greedily (128 tokens); then
 reads prompt + that answer in one pass (teacher forcing) and is compared with float32 at every
 answer position: the share of positions whose argmax agrees, and the mean KL(float32 || int4)
 per position. No int4 path is the reference: the first two round activations to bf16 for the
-int4 matmuls, eyas's kernel to 14-bit integers per 32 inputs (BENCHMARKS.md section 1).
+int4 matmuls, eyas's kernel to 14-bit integers per 32 inputs (BENCHMARKS.md, "Kernels and
+precisions").
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 On this project's CPUs, one-token (and few-token) matmuls run faster with the weight laid out
 [in, out] than with nn.Linear's [out, in]: 16% for SmolLM2's 49152-wide output layer at one
-token, 38% at eight (measured in BENCHMARKS.md). The engine therefore converts its float
+token, 38% at eight (measured in old BENCHMARKS.md). The engine therefore converts its float
 linear layers on the CPU once, after loading. The output layer of a tied model gets its own
 transposed copy (the embedding keeps its row layout for lookups).
 """

@@ -3,7 +3,7 @@
 A decode step of int4 SmolLM2-135M spent ~4.5 ms in its 120 int4 matmuls and ~8 ms around
 them: ~25 small ops per layer (norms, RoPE, dtype conversions, cache writes, float64 attention)
 and the Python that issues them. `csrc/int4_decoder_layer.cpp` does everything between the
-matmuls in plain loops, and the model calls it once per layer (BENCHMARKS.md section 1). The
+matmuls in plain loops, and the model calls it once per layer (old BENCHMARKS.md section 1). The
 matmuls themselves run in `csrc/int4_gemm.cpp` (int4 x int8 integer dot products on
 AVX512-VNNI or AVX2, 2.6-3.3x PyTorch's int4 kernel on AVX512-VNNI) where Int4Linear took its
 layout (int8dot_kernel), else in PyTorch's int4 kernel.

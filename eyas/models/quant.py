@@ -44,7 +44,7 @@ def row_chunks(rows: int) -> list[int]:
     """How many rows each call of PyTorch's CPU int4 kernel gets, for `rows` rows in all.
 
     The kernel works in blocks of 4 rows and has slow paths: 5 rows cost as much as 8 (~1.9x
-    the time of 4), and 32 rows ~12x the time of 16 (2 threads, BENCHMARKS.md section 1). So
+    the time of 4), and 32 rows ~12x the time of 16 (2 threads, old BENCHMARKS.md section 1). So
     passes over many tokens (prefill) go 16 rows at a time, and a remainder of 1 or 2 rows past
     a multiple of 4 gets a call of its own (5 = 4 + 1, 6 = 4 + 2, 9 = 8 + 1). Each output row
     is computed alone, so how the rows are split does not change any value.
@@ -166,7 +166,7 @@ def quantize_linears(module: nn.Module, group_size: int = 32) -> nn.Module:
     and output width a multiple of 16 by Int4Linear (in place): a draft head served
     beside an int4 target. Its linear layers are read whole at every drafting pass, after the
     target's pass has pushed them out of the CPU caches, so their bytes set the pass's time
-    (BENCHMARKS.md section 6d)."""
+    (old BENCHMARKS.md section 6d)."""
     if not int4_available():
         raise RuntimeError("this PyTorch build has no CPU int4 kernel (_weight_int4pack_mm_for_cpu)")
     for parent in list(module.modules()):

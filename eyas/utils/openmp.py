@@ -6,7 +6,7 @@ region. Once the workers of all pools outnumber the CPUs, libgomp stops letting 
 spin before it sleeps (a few hundred spins instead of 300,000), and each of the hundreds of
 small parallel regions of a decode step then waits for a sleeping worker to wake. On the
 2-core reference machine, a serving engine that decoded on its own thread after the model had
-been loaded on the main thread took 2.6-3.1x as long per token (BENCHMARKS.md section 7,
+been loaded on the main thread took 2.6-3.1x as long per token (old BENCHMARKS.md section 7,
 "The engine on its own thread").
 
 The serving engine loads nothing itself: the caller loads the model and the engine measures

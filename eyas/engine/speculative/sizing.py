@@ -97,7 +97,7 @@ def _median_seconds(fn: Callable[[], None], repeats: int, before: Callable[[], N
 def _evict_caches(megabytes: int = 64) -> Callable[[], None]:
     """A call that reads `megabytes` of other memory: in decoding, the head runs right after a
     target pass has pushed its weights out of the CPU caches, and a head pass timed with warm
-    caches cost half of what the decode loop then saw (BENCHMARKS.md section 6g)."""
+    caches cost half of what the decode loop then saw (old BENCHMARKS.md section 6g)."""
     buffer = torch.ones(megabytes * (1 << 20) // 4)
     return lambda: float(buffer.sum())
 

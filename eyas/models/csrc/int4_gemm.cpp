@@ -3,7 +3,7 @@
 //
 // Why: PyTorch's CPU int4 kernel turns every weight back into a float and multiplies in bf16;
 // on the 2-core machine a SmolLM2 layer costs 134 us for one row and ~47 us more per extra row,
-// so a verification pass over 8 tokens spent 13 ms of its 35 in it (BENCHMARKS.md section 1).
+// so a verification pass over 8 tokens spent 13 ms of its 35 in it (old BENCHMARKS.md section 1).
 // Here, as in llama.cpp's Q4_1 x Q8 dot products, each row of activations is rounded to
 // integers with one scale per 32 inputs and multiplied by the 4-bit codes with the integer
 // dot-product instruction (vpdpbusd: 64 multiply-adds per instruction); a block of weights is
@@ -14,7 +14,7 @@
 // two int8 operands of the same unpacked weights (twice the dot products of 8 bits). Rounding to int8 alone
 // (llama.cpp's Q8) cost SmolLM2-135M too much, in any one of its projections: top-1 agreement
 // with float32 fell from 99.0% (PyTorch's kernel on bf16 activations) to 94.9%, where 14 bits
-// give 99.9% (BENCHMARKS.md section 1).
+// give 99.9% (BENCHMARKS.md, "Kernels and precisions").
 //
 // Numerics: y[n, o] = sum over groups g of d[n,g] * s[o,g] * (codes[o,g] . xq[n,g])
 //                                          + m[o,g] * sum(x[n,g]),
@@ -52,7 +52,7 @@ namespace {
 constexpr int64_t kColumns = 16, kGroup = 32, kBlockBytes = 320;
 // Blocks of columns prefetched ahead by each thread: at one row a block is ~250 ns of work and
 // the hardware prefetcher alone kept ~15 GB/s in flight; 2-8 ahead gave 1.10-1.11x on plain
-// decoding, side by side in one process (BENCHMARKS.md section 1).
+// decoding, side by side in one process (BENCHMARKS.md, "Kernels and precisions").
 constexpr int64_t kAhead = 4;
 
 // The implementations this build has, best first, with their names.

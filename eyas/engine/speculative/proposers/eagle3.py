@@ -139,7 +139,7 @@ class Eagle3Proposer:
         against the cost model's price of it; kept as running ratios (single_stream only)."""
         if self.step_ratios is None or self.cost is None or seconds <= 0:
             return
-        if self._first_step:  # right after the prefill (BENCHMARKS.md section 6h: priced it
+        if self._first_step:  # right after the prefill (old BENCHMARKS.md section 6h: priced it
             self._first_step = False  # ~25% dear, so that a head that cannot pay drafted)
             return
         if size:
