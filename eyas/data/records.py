@@ -150,6 +150,14 @@ def _message_from_dict(raw: Any, reject_empty: bool = False, user_turn: int = 0)
     return message
 
 
+def raw_record_id(raw: Any, fallback_id: str) -> str:
+    """The id a record is known by: `id`, `question_id` or `conversation_id`, else `fallback_id`."""
+    if not isinstance(raw, dict):
+        return fallback_id
+    record_id = raw.get("id", raw.get("question_id", raw.get("conversation_id")))
+    return fallback_id if record_id is None or record_id == "" else str(record_id)
+
+
 def conversation_from_dict(raw: Any, source: str, fallback_id: str, reject_empty_turns: bool = False) -> Conversation:
     """Read any supported record shape into a Conversation.
 
@@ -182,10 +190,8 @@ def conversation_from_dict(raw: Any, source: str, fallback_id: str, reject_empty
         for message in raw_messages:
             user_turn = sum(m.role == "user" for m in messages) + 1
             messages.append(_message_from_dict(message, reject_empty_turns, user_turn))
-    record_id = raw.get("id", raw.get("question_id", raw.get("conversation_id")))
-    if record_id is None or record_id == "":
-        record_id = fallback_id
+    record_id = raw_record_id(raw, fallback_id)
     if isinstance(raw.get("meta"), dict):
         meta.update(raw["meta"])
     record_source = raw.get("source") if isinstance(raw.get("source"), str) else source
-    return Conversation(id=str(record_id), source=record_source, messages=messages, meta=meta)
+    return Conversation(id=record_id, source=record_source, messages=messages, meta=meta)

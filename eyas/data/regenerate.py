@@ -40,7 +40,7 @@ from tqdm import tqdm
 
 from eyas.data.endpoint import Answer, EndpointClient, EndpointConfig, EndpointDown, RequestFailed, SamplingConfig
 from eyas.data.pii.policy import PiiConfig, PiiFilter, PiiReport, scanned_types
-from eyas.data.records import Conversation, EmptyTurnError, RecordError, conversation_from_dict
+from eyas.data.records import Conversation, EmptyTurnError, RecordError, conversation_from_dict, raw_record_id
 from eyas.data.resume import ResumableJsonl
 from eyas.data.sources import RawError, read_raw_records, resolve_source
 from eyas.errors import EyasError
@@ -153,8 +153,7 @@ def _pending(config: RegenerateConfig, done: set[str], report: RegenerateReport)
         try:
             conversation = conversation_from_dict(item.value, source.name, fallback_id, reject_empty_turns=True)
         except EmptyTurnError as error:
-            raw_id = item.value.get("id", fallback_id) if isinstance(item.value, dict) else fallback_id
-            report.reject(error.reason, item.line, str(raw_id))
+            report.reject(error.reason, item.line, raw_record_id(item.value, fallback_id))
             continue
         except RecordError:
             report.malformed_lines.append(item.line)
