@@ -291,7 +291,7 @@ def _rendered_samples(tokenizer: Any, input_spec: str, config: Any, split_turns:
             continue
         for index, rendered in enumerate(rendered_parts):
             if not any(rendered.loss_mask):
-                truncated = config.max_length is not None and rendered.answer_spans
+                truncated = config.max_length is not None and bool(rendered.answer_spans)
                 skip("no_learned_token_within_max_length" if truncated else "no_learned_token")
                 continue
             yield (conversation.id if len(rendered_parts) == 1 else f"{conversation.id}#{index}"), rendered

@@ -137,7 +137,7 @@ def _pending(config: RegenerateConfig, done: set[str], report: RegenerateReport)
     report.pii = PiiReport(types=scanned_types(config.pii))
     wanted = None if config.limit is None else config.limit - len(done)
     if wanted is not None and wanted <= 0:
-        report.limit_reached = True
+        report.limit_reached, report.already_done = True, len(done)  # the input need not be read
         return []
     source = resolve_source(config.input)
     pii_filter = PiiFilter(config.pii) if config.pii.enabled else None

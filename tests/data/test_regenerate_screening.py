@@ -42,7 +42,7 @@ def test_limit_is_the_total_in_the_output_and_a_rerun_adds_none(tmp_path: Path) 
     assert (first.written, again.written, more.written) == (4, 0, 1)
     assert again.limit_reached and not first.limit_reached and len(state.requests) == 5
     assert [record["id"] for record in read_output(tmp_path / "out.jsonl")] == ["r0", "r1", "r2", "r3", "r4"]
-    assert more.already_done == 4
+    assert (again.already_done, more.already_done) == (4, 4)
     saved = json.loads((tmp_path / "out.jsonl.report.json").read_text())
     assert (saved["written"], saved["already_done"], saved["limit_reached"]) == (1, 4, False)
 
@@ -131,5 +131,5 @@ def test_cli_regenerate_prints_rejections_and_pii_counts(tmp_path: Path, capsys:
     assert "  IP_ADDRESS       findings      1  records      1  dropped    0" in first
     assert "  PRIVATE_KEY      findings      0  records      0  dropped    0" in first
     assert second.startswith(f"{tmp_path / 'o.jsonl'} already holds --limit 2 records: nothing to do\n"
-                             "wrote 0 records (0 were already done)")
+                             "wrote 0 records (2 were already done)")
     assert "PII: 0 records scanned" in second
