@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import bisect
+import itertools
 import json
 import re
 
@@ -68,7 +70,8 @@ def _has_key_material(body: str) -> bool:
 def _cut_off_block_end(text: str, start: int) -> int | None:
     """End of the base64 lines that follow a BEGIN line ending at `start`, in a text cut off before END."""
     end, material, cursor = None, "", start
-    breaks = [match.span() for match in _KEY_LINE_BREAK.finditer(text, start)] + [(len(text), len(text))]
+    breaks = itertools.chain((match.span() for match in _KEY_LINE_BREAK.finditer(text, start)),
+                             [(len(text), len(text))])
     for line_end, next_line in breaks:
         line = text[cursor:line_end].strip()
         cursor = next_line
@@ -85,11 +88,19 @@ def _cut_off_block_end(text: str, start: int) -> int | None:
 
 
 def detect_private_keys(text: str) -> list[Finding]:
+    """Each BEGIN line pairs with the first END line after it, unless another BEGIN comes first
+    (then its block was cut off). One pass over the BEGIN and END lines: linear in the text."""
+    begins = list(_PRIVATE_KEY_BEGIN.finditer(text))
+    ends = list(_PRIVATE_KEY_END.finditer(text))
+    end_starts = [end.start() for end in ends]
     findings, position = [], 0
-    while (begin := _PRIVATE_KEY_BEGIN.search(text, position)) is not None:
-        end = _PRIVATE_KEY_END.search(text, begin.end())
-        following = _PRIVATE_KEY_BEGIN.search(text, begin.end())
-        if end is not None and (following is None or end.start() < following.start()):
+    for index, begin in enumerate(begins):
+        if begin.start() < position:
+            continue  # inside the block found before
+        following = begins[index + 1].start() if index + 1 < len(begins) else len(text)
+        next_end = bisect.bisect_left(end_starts, begin.end())
+        end = ends[next_end] if next_end < len(ends) and end_starts[next_end] < following else None
+        if end is not None:
             if _has_key_material(text[begin.end() : end.start()]):
                 findings.append(Finding("PRIVATE_KEY", begin.start(), end.end()))
             position = end.end()
@@ -97,7 +108,7 @@ def detect_private_keys(text: str) -> list[Finding]:
         stop = _cut_off_block_end(text, begin.end())
         if stop is not None:
             findings.append(Finding("PRIVATE_KEY", begin.start(), stop))
-        position = begin.end()
+            position = stop
     return findings
 
 
