@@ -20,7 +20,6 @@ Usage:
 
 from __future__ import annotations
 
-import json
 import math
 import shutil
 import sys
@@ -52,7 +51,7 @@ from eyas.features.store import (
 from eyas.features.target_io import compute_target_features, describe_target
 from eyas.features.tokenized import prepare_sample, read_tokenized
 from eyas.training.distributed import DistributedContext
-from eyas.utils.io import write_json_atomic
+from eyas.utils.io import read_json, write_json_atomic
 
 SETTINGS_NAME = "extraction.json"
 SHARD_OVERHEAD_BYTES = 4096  # safetensors header and entry file, generously
@@ -107,7 +106,7 @@ def _check_settings(output: Path, settings: dict) -> None:
     path = output / SETTINGS_NAME
     if not path.is_file():
         return
-    previous = json.loads(path.read_text())
+    previous = read_json(path)
     changed = sorted(k for k in settings if previous.get(k) != settings[k])
     if changed:
         details = ", ".join(f"{k}: {previous.get(k)!r} -> {settings[k]!r}" for k in changed)

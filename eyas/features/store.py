@@ -37,7 +37,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from eyas.errors import EyasError
-from eyas.utils.io import atomic_path, file_sha256, write_json_atomic
+from eyas.utils.io import atomic_path, file_sha256, read_json, write_json_atomic
 
 INDEX_NAME = "index.json"
 STORE_FORMAT = "eyas-features"
@@ -216,7 +216,7 @@ class FeatureStore:
         if not index_path.is_file():
             raise EyasError(f"{self.folder} is not a feature store: no {INDEX_NAME} (run `eyas "
                             f"features` to the end; an interrupted run resumes where it stopped)")
-        index = json.loads(index_path.read_text())
+        index = read_json(index_path)
         if index.get("format") != STORE_FORMAT:
             raise EyasError(f"{index_path} is not an eyas feature index (format "
                             f"{index.get('format')!r})")

@@ -133,3 +133,18 @@ def test_cli_regenerate_prints_rejections_and_pii_counts(tmp_path: Path, capsys:
     assert second.startswith(f"{tmp_path / 'o.jsonl'} already holds --limit 2 records: nothing to do\n"
                              "wrote 0 records (2 were already done)")
     assert "PII: 0 records scanned" in second
+
+
+def test_a_damaged_line_inside_the_output_is_a_one_line_error(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    write_prompts(tmp_path / "in.jsonl", 2, turns=1)
+    (tmp_path / "out.jsonl").write_text('{"id": "r0", "conversations": []}\n{"id": "r1", "conv\n'
+                                        '{"conversations": []}\n')
+    args = ["data", "regenerate", "--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "out.jsonl"),
+            "--endpoint", "http://127.0.0.1:9", "--no-progress"]
+    assert main(args) == 2
+    assert capsys.readouterr().err.startswith(f"eyas: error: {tmp_path / 'out.jsonl'} line 2 is not valid JSON")
+    (tmp_path / "out.jsonl").write_text('{"id": "r0", "conversations": []}\n{"conversations": []}\n')
+    assert main(args) == 2
+    assert f"{tmp_path / 'out.jsonl'} line 2 has no 'id': this output cannot be resumed safely" in \
+        capsys.readouterr().err

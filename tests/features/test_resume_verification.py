@@ -136,3 +136,12 @@ def test_a_token_id_outside_the_vocabulary_is_named(tmp_path: Path, ids: list[in
     if min(ids) < 0:  # a negative id is refused even without a vocabulary size
         with pytest.raises(EyasError, match=r"token id -\d+ at position \d is outside ids >= 0"):
             read_tokenized(path)
+
+
+def test_a_cut_index_is_a_one_line_error(tmp_path: Path, complete_store: Path) -> None:
+    store = tmp_path / "store"
+    shutil.copytree(complete_store, store)
+    index = store / "index.json"
+    index.write_text(index.read_text()[:100])
+    with pytest.raises(EyasError, match=rf"{re.escape(str(index))} is not valid JSON"):
+        FeatureStore(store)
