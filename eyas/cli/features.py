@@ -87,7 +87,8 @@ def run_features(args: argparse.Namespace) -> int:
     if summary.seconds > 0:
         print(f"[eyas] {summary.output}: {summary.num_samples} samples, {summary.num_tokens} tokens, "
               f"{gib(summary.bytes)} ({summary.bytes / max(summary.num_tokens, 1):.0f} B/token); "
-              f"{summary.tokens_per_second:.0f} tokens/s on this rank")
+              f"{summary.tokens_per_second:.0f} tokens/s on this rank"
+              + (f"; rebuilt {len(summary.rebuilt)} bad shards ({', '.join(summary.rebuilt)})" if summary.rebuilt else ""))
     return 0
 
 

@@ -24,7 +24,7 @@ from typing import Any, Iterator
 
 from tqdm import tqdm
 
-from eyas.data.pii.policy import PiiConfig, PiiFilter, PiiOutcome, PiiReport
+from eyas.data.pii.policy import PiiConfig, PiiFilter, PiiOutcome, PiiReport, scanned_types
 from eyas.data.records import Conversation, Message, RecordError, conversation_from_dict
 from eyas.data.sources import RawError, Source, read_raw_records, resolve_source
 from eyas.errors import EyasError
@@ -176,8 +176,8 @@ def _process(task: tuple[str, int, Any]) -> _Processed:
     pii_filter: PiiFilter | None = _worker_state["filter"]
     if pii_filter is not None:
         outcome = pii_filter.apply(conversation)
-        if outcome.dropped_by is not None:
-            return _Processed(line, None, f"pii:{outcome.dropped_by}", pii=_slim(outcome))
+        if outcome.drop_reason is not None:
+            return _Processed(line, None, outcome.drop_reason, pii=_slim(outcome))
         conversation = outcome.conversation
     chars = conversation.text_chars()
     if chars < config.min_chars:
@@ -214,7 +214,8 @@ def run_prepare(config: PrepareConfig) -> PrepareReport:
     names = [source.name for source in sources]
     if len(set(names)) != len(names):
         raise EyasError(f"two sources share a name ({', '.join(names)}); rename one of the files")
-    report = PrepareReport(sources={s.name: SourceStats(str(s.path)) for s in sources})
+    report = PrepareReport(sources={s.name: SourceStats(str(s.path)) for s in sources},
+                           pii=PiiReport(types=scanned_types(config.pii)))
     seen_content: set[str] = set()
     seen_ids: set[str] = set()
     train_path, eval_path = config.output_dir / "train.jsonl", config.output_dir / "eval.jsonl"

@@ -37,6 +37,15 @@ class RecordError(ValueError):
     """A record whose shape cannot be read; the message says what was wrong."""
 
 
+class EmptyTurnError(RecordError):
+    """A user turn with no text: `reason` is "null_turn" (content null) or "empty_turn" (blank)."""
+
+    def __init__(self, reason: str, turn: int) -> None:
+        what = "has content null" if reason == "null_turn" else "is empty"
+        super().__init__(f"{reason}: user turn {turn} {what}")
+        self.reason = reason
+
+
 @dataclass(frozen=True)
 class Message:
     role: str  # one of ROLES
@@ -121,7 +130,7 @@ def _text_content(content: Any) -> str:
     raise RecordError(f"message content must be a string or a list of text parts, got {type(content).__name__}")
 
 
-def _message_from_dict(raw: Any) -> Message:
+def _message_from_dict(raw: Any, reject_empty: bool = False, user_turn: int = 0) -> Message:
     if not isinstance(raw, dict):
         raise RecordError(f"a message must be an object, got {type(raw).__name__}")
     if "role" in raw:
@@ -130,17 +139,33 @@ def _message_from_dict(raw: Any) -> Message:
         role, content = raw["from"], raw.get("value")
     else:
         raise RecordError("a message needs 'role'/'content' or 'from'/'value'")
+    role = normalise_role(role)
     if content is None:
+        if reject_empty and role == "user":
+            raise EmptyTurnError("null_turn", user_turn)
         content = ""
-    return Message(normalise_role(role), _text_content(content))
+    message = Message(role, _text_content(content))
+    if reject_empty and role == "user" and not message.content.strip():
+        raise EmptyTurnError("empty_turn", user_turn)
+    return message
 
 
-def conversation_from_dict(raw: Any, source: str, fallback_id: str) -> Conversation:
+def raw_record_id(raw: Any, fallback_id: str) -> str:
+    """The id a record is known by: `id`, `question_id` or `conversation_id`, else `fallback_id`."""
+    if not isinstance(raw, dict):
+        return fallback_id
+    record_id = raw.get("id", raw.get("question_id", raw.get("conversation_id")))
+    return fallback_id if record_id is None or record_id == "" else str(record_id)
+
+
+def conversation_from_dict(raw: Any, source: str, fallback_id: str, reject_empty_turns: bool = False) -> Conversation:
     """Read any supported record shape into a Conversation.
 
     Accepted shapes: ShareGPT (`conversations: [{from, value}]`), SpecForge
     (`conversations: [{role, content}]`), OpenAI (`messages: [{role, content}]`), MT-Bench
-    (`question_id`, `turns: [str]`). A record without an id gets `fallback_id`.
+    (`question_id`, `turns: [str]`). A record without an id gets `fallback_id`. A null content
+    reads as "", unless `reject_empty_turns`: then a user turn that is null or blank raises
+    `EmptyTurnError` (a prompt to answer must hold text).
     """
     if not isinstance(raw, dict):
         raise RecordError(f"a record must be a JSON object, got {type(raw).__name__}")
@@ -150,6 +175,9 @@ def conversation_from_dict(raw: Any, source: str, fallback_id: str) -> Conversat
         if not isinstance(turns, list) or not all(isinstance(turn, str) for turn in turns):
             raise RecordError("'turns' must be a list of strings")
         messages = [Message("user", turn) for turn in turns]
+        blank = next((index for index, turn in enumerate(turns, start=1) if not turn.strip()), None)
+        if reject_empty_turns and blank is not None:
+            raise EmptyTurnError("empty_turn", blank)
         if "category" in raw:
             meta["category"] = raw["category"]
     else:
@@ -158,11 +186,12 @@ def conversation_from_dict(raw: Any, source: str, fallback_id: str) -> Conversat
             raise RecordError("no 'conversations', 'messages' or 'turns' field")
         if not isinstance(raw_messages, list):
             raise RecordError("'conversations'/'messages' must be a list")
-        messages = [_message_from_dict(message) for message in raw_messages]
-    record_id = raw.get("id", raw.get("question_id", raw.get("conversation_id")))
-    if record_id is None or record_id == "":
-        record_id = fallback_id
+        messages = []
+        for message in raw_messages:
+            user_turn = sum(m.role == "user" for m in messages) + 1
+            messages.append(_message_from_dict(message, reject_empty_turns, user_turn))
+    record_id = raw_record_id(raw, fallback_id)
     if isinstance(raw.get("meta"), dict):
         meta.update(raw["meta"])
     record_source = raw.get("source") if isinstance(raw.get("source"), str) else source
-    return Conversation(id=str(record_id), source=record_source, messages=messages, meta=meta)
+    return Conversation(id=record_id, source=record_source, messages=messages, meta=meta)

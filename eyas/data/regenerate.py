@@ -11,7 +11,14 @@ away and written again by the target: turn 1 is answered, the answer joins the h
 is answered on that regenerated history, and so on. Records whose id is already in the output
 are skipped, and each finished record is appended in one atomic write, so a run stopped at any
 point (Ctrl-C, a crash, an endpoint that went down) resumes where it stopped, with no record
-written twice and none lost. A report lands beside the output (`OUTPUT.report.json`).
+written twice and none lost. `--limit N` caps the records in the output, so a rerun after N
+adds none. A report lands beside the output (`OUTPUT.report.json`).
+
+Before any prompt reaches the target, each input record is screened: a second record under an
+id already read (`duplicate_id`), a user turn that is null (`null_turn`) or blank
+(`empty_turn`), or no user turn (`no_user_turn`) is rejected, and the PII/DLP filter of `eyas
+data prepare` (same options, same `PiiFilter`) redacts or drops the record (`pii:TYPE`). Every
+rejected record is counted by reason and the first 200 are listed with their line numbers.
 
 Greedy (temperature 0, the default) or sampled: greedy answers are the target's most likely
 continuation, which is what a greedy serving deployment verifies against, and reproducible; a
@@ -32,7 +39,8 @@ from typing import Any, Iterator
 from tqdm import tqdm
 
 from eyas.data.endpoint import Answer, EndpointClient, EndpointConfig, EndpointDown, RequestFailed, SamplingConfig
-from eyas.data.records import Conversation, RecordError, conversation_from_dict
+from eyas.data.pii.policy import PiiConfig, PiiFilter, PiiReport, scanned_types
+from eyas.data.records import Conversation, EmptyTurnError, RecordError, conversation_from_dict, raw_record_id
 from eyas.data.resume import ResumableJsonl
 from eyas.data.sources import RawError, read_raw_records, resolve_source
 from eyas.errors import EyasError
@@ -48,7 +56,8 @@ class RegenerateConfig:
     dtype: str = "auto"  # in-process precision (eyas.engine.target.PRECISIONS)
     batch_size: int = 8  # in-process conversations decoded together
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    limit: int | None = None  # regenerate at most this many records (after skipping done ones)
+    limit: int | None = None  # at most this many records in the output (those already there count)
+    pii: PiiConfig = field(default_factory=PiiConfig)  # the filter `eyas data prepare` applies
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -61,24 +70,40 @@ class RegenerateConfig:
         self.output = Path(self.output)
 
 
+MAX_LISTED_REJECTED = 200  # rejected records listed one by one in the report (all are counted)
+
+
 @dataclass
 class RegenerateReport:
     written: int = 0
     already_done: int = 0
     failed: Counter[str] = field(default_factory=Counter)  # records not written, by reason
+    rejected: Counter[str] = field(default_factory=Counter)  # input records refused, by reason
+    rejected_records: list[dict[str, Any]] = field(default_factory=list)  # the first MAX_LISTED_REJECTED
     malformed_lines: list[int] = field(default_factory=list)
+    pii: PiiReport = field(default_factory=PiiReport)
+    limit_reached: bool = False  # the output already held --limit records before this run
     completion_tokens: int = 0
     finish_reasons: Counter[str] = field(default_factory=Counter)
     seconds: float = 0.0
     model_load_seconds: float = 0.0  # in-process: loading the target, not counted in tokens/s
     stopped: str = ""  # why the run stopped early, if it did
 
+    def reject(self, reason: str, line: int, record_id: str) -> None:
+        self.rejected[reason] += 1
+        if len(self.rejected_records) < MAX_LISTED_REJECTED:
+            self.rejected_records.append({"line": line, "id": record_id, "reason": reason})
+
     def to_dict(self) -> dict[str, Any]:
         generating = self.seconds - self.model_load_seconds
         return {
             "written": self.written,
             "already_done": self.already_done,
+            "limit_reached": self.limit_reached,
             "failed": dict(self.failed),
+            "rejected": dict(self.rejected.most_common()),
+            "rejected_records": self.rejected_records,
+            "pii": self.pii.to_dict(),
             "malformed_lines": self.malformed_lines[:200],
             "malformed": len(self.malformed_lines),
             "completion_tokens": self.completion_tokens,
@@ -108,26 +133,57 @@ def regenerated_record(conversation: Conversation, history: list[dict[str, str]]
 
 
 def _pending(config: RegenerateConfig, done: set[str], report: RegenerateReport) -> list[Conversation]:
+    """The records still to regenerate, screened (see the module docstring), at most `wanted`."""
+    report.pii = PiiReport(types=scanned_types(config.pii))
+    wanted = None if config.limit is None else config.limit - len(done)
+    if wanted is not None and wanted <= 0:
+        report.limit_reached, report.already_done = True, len(done)  # the input need not be read
+        return []
     source = resolve_source(config.input)
+    pii_filter = PiiFilter(config.pii) if config.pii.enabled else None
+    if pii_filter is not None:
+        report.pii = pii_filter.report
+    seen: set[str] = set()
     pending: list[Conversation] = []
     for item in read_raw_records(source):
         if isinstance(item, RawError):
             report.malformed_lines.append(item.line)
             continue
+        fallback_id = f"{source.name}-{item.line}"
         try:
-            conversation = conversation_from_dict(item.value, source.name, f"{source.name}-{item.line}")
+            conversation = conversation_from_dict(item.value, source.name, fallback_id, reject_empty_turns=True)
+        except EmptyTurnError as error:
+            report.reject(error.reason, item.line, raw_record_id(item.value, fallback_id))
+            continue
         except RecordError:
             report.malformed_lines.append(item.line)
             continue
+        # 1. One record per id: the first one read wins, in every run alike.
+        if conversation.id in seen:
+            report.reject("duplicate_id", item.line, conversation.id)
+            continue
+        seen.add(conversation.id)
         if conversation.id in done:
             report.already_done += 1
-        elif not conversation.user_turns:
-            report.failed["no_user_turn"] += 1
-        else:
-            pending.append(conversation)
+            continue
+        if not conversation.user_turns:
+            report.reject("no_user_turn", item.line, conversation.id)
+            continue
+        # 2. The PII/DLP filter of `eyas data prepare`: drop the record or redact its text.
+        if pii_filter is not None:
+            outcome = pii_filter.apply(conversation)
+            if outcome.drop_reason is not None:
+                report.reject(outcome.drop_reason, item.line, conversation.id)
+                continue
+            conversation = outcome.conversation
+        pending.append(conversation)
+        if wanted is not None and len(pending) == wanted:
+            break  # the rest of the input is read by the run that continues past this limit
     if not pending and not report.already_done:
-        raise EyasError(f"'{config.input}' has no usable record ({len(report.malformed_lines)} malformed lines)")
-    return pending[: config.limit] if config.limit is not None else pending
+        rejected = ", ".join(f"{reason}: {count}" for reason, count in report.rejected.most_common())
+        raise EyasError(f"'{config.input}' has no usable record ({len(report.malformed_lines)} malformed lines"
+                        f"{'; rejected ' + rejected if rejected else ''})")
+    return pending
 
 
 def run_regenerate(config: RegenerateConfig) -> RegenerateReport:
@@ -138,9 +194,9 @@ def run_regenerate(config: RegenerateConfig) -> RegenerateReport:
     started = time.perf_counter()
     bar = tqdm(total=len(pending), desc="regenerate", unit=" rec", disable=not config.progress)
     try:
-        if config.endpoint is not None:
+        if pending and config.endpoint is not None:
             asyncio.run(_run_endpoint(config, pending, output, report, bar, started))
-        else:
+        elif pending:
             _run_in_process(config, pending, output, report, bar, started)
     except EndpointDown as error:
         report.stopped = str(error)

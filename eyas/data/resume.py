@@ -16,6 +16,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from eyas.errors import EyasError
+
 
 class ResumableJsonl:
     def __init__(self, path: str | Path) -> None:
@@ -28,10 +30,22 @@ class ResumableJsonl:
         self._cut_torn_tail()
         done = set()
         with open(self.path, encoding="utf-8") as handle:
-            for line in handle:
+            for number, line in enumerate(handle, start=1):
                 if line.strip():
-                    done.add(str(json.loads(line)["id"]))
+                    done.add(self._record_id(line, number))
         return done
+
+    def _record_id(self, line: str, number: int) -> str:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            record, problem = None, f"is not valid JSON ({error})"
+        else:
+            problem = "has no 'id'"
+        if isinstance(record, dict) and "id" in record:
+            return str(record["id"])
+        raise EyasError(f"{self.path} line {number} {problem}: this output cannot be resumed safely; "
+                        "remove or fix that line, then run the same command again")
 
     def _cut_torn_tail(self) -> None:
         size = self.path.stat().st_size

@@ -35,6 +35,10 @@ from typing import Any, Sequence
 from eyas.data.records import Message
 
 _GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
+# Longest message `eyas data render` accepts by default (about 8k tokens): longer than any usual
+# training length, so such a message would be cut anyway, and a multi-megabyte paste would
+# cost minutes of tokenizing for nothing.
+MAX_MESSAGE_CHARS = 32_000
 PLAIN_ROLE_NAMES = {"system": "System", "user": "User", "assistant": "Assistant"}
 
 

@@ -7,7 +7,9 @@ target's logits at training time are `lm_head(hidden)`), in bf16/fp16 shards (se
 - The storage is estimated before the target is even loaded; the run refuses, with the figures,
   when the disk lacks room.
 - Resumable: completed shards (shard file + entry) are kept; a re-run with the same settings
-  computes only the missing ones. Different settings on the same folder are refused.
+  computes only the missing ones. A shard already on disk is re-verified first (size, sha256,
+  readable header with the recorded shapes); a bad one (truncated, corrupted, entry unreadable)
+  is reported on stderr and rebuilt. Different settings on the same folder are refused.
 - Distributable: under `torchrun --nproc_per_node N`, rank r computes shards r, r+N, ...; rank 0
   writes index.json when all are done.
 
@@ -18,11 +20,11 @@ Usage:
 
 from __future__ import annotations
 
-import json
 import math
 import shutil
+import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -38,15 +40,18 @@ from eyas.features.store import (
     SampleFeatures,
     StoreMeta,
     bytes_per_token,
+    check_completed_shard,
+    entry_path,
     file_sha256,
     read_shard_entry,
+    shard_name,
     write_index,
     write_shard,
 )
 from eyas.features.target_io import compute_target_features, describe_target
 from eyas.features.tokenized import prepare_sample, read_tokenized
 from eyas.training.distributed import DistributedContext
-from eyas.utils.io import write_json_atomic
+from eyas.utils.io import read_json, write_json_atomic
 
 SETTINGS_NAME = "extraction.json"
 SHARD_OVERHEAD_BYTES = 4096  # safetensors header and entry file, generously
@@ -79,6 +84,7 @@ class ExtractionSummary:
     bytes: int
     seconds: float
     tokens_computed: int  # by this rank in this run (0 when everything was already there)
+    rebuilt: list[str] = field(default_factory=list)  # this rank's shards found bad and rebuilt
 
     @property
     def tokens_per_second(self) -> float:
@@ -100,7 +106,7 @@ def _check_settings(output: Path, settings: dict) -> None:
     path = output / SETTINGS_NAME
     if not path.is_file():
         return
-    previous = json.loads(path.read_text())
+    previous = read_json(path)
     changed = sorted(k for k in settings if previous.get(k) != settings[k])
     if changed:
         details = ", ".join(f"{k}: {previous.get(k)!r} -> {settings[k]!r}" for k in changed)
@@ -137,9 +143,16 @@ def _extract(config: FeatureConfig, context: DistributedContext, target: Target 
                 "max_length": config.max_length, "samples_per_shard": per_shard,
                 "store_version": STORE_VERSION}
     _check_settings(output, settings)
-    # 4. The storage estimate, before any heavy work.
+    # 4. The shards already done, re-verified (each rank checks its own), and the storage estimate.
     per_token = bytes_per_token(info.config.hidden_size, len(layer_ids), config.dtype)
-    done = {s for s in range(num_shards) if read_shard_entry(output, s) is not None}
+    on_disk = _verified_shards(output, num_shards, context)
+    done = {s for s, problem in on_disk.items() if problem is None}
+    rebuilt: list[str] = []
+    for s, problem in sorted(on_disk.items()):
+        if problem is not None:
+            rebuilt.append(shard_name(s))
+            print(f"[eyas] features: {output / shard_name(s)} {problem}: "
+                  f"{'it would be rebuilt' if config.dry_run else 'rebuilding it'}", file=sys.stderr, flush=True)
     shard_bytes = [sum(len(p[0]) for p in shard if p is not None) * per_token + SHARD_OVERHEAD_BYTES
                    for shard in prepared]
     plan = StoragePlan(
@@ -158,7 +171,7 @@ def _extract(config: FeatureConfig, context: DistributedContext, target: Target 
         if context.is_main and not fits:
             print(f"[eyas] features: this would not fit in {output} ({gib(plan.free_bytes)} free)")
         return ExtractionSummary(str(output), plan.num_samples, plan.num_tokens, plan.total_bytes,
-                                 0.0, 0)
+                                 0.0, 0, rebuilt)
     if config.check_space and not fits:
         smaller = "store --dtype bfloat16 (half the size), " if config.dtype == "float32" else ""
         raise EyasError(
@@ -215,7 +228,25 @@ def _extract(config: FeatureConfig, context: DistributedContext, target: Target 
     context.barrier()
     total_bytes = sum(e.bytes for e in entries if e is not None)
     return ExtractionSummary(str(output), plan.num_samples, plan.num_tokens, total_bytes,
-                             computed_seconds, my_tokens)
+                             computed_seconds, my_tokens, rebuilt)
+
+
+def _verified_shards(output: Path, num_shards: int, context: DistributedContext) -> dict[int, str | None]:
+    """Shards on disk -> None when it verifies, else what is wrong with it (to rebuild).
+
+    A rank verifies the shards it computes (s % world_size == rank) and trusts the entries of
+    the others, so that a store is read once, not once per rank.
+    """
+    found: dict[int, str | None] = {}
+    for s in range(num_shards):
+        if s % context.world_size != context.rank:
+            if entry_path(output, s).is_file() and (output / shard_name(s)).is_file():
+                found[s] = None
+            continue
+        entry, problem = check_completed_shard(output, s)
+        if entry is not None or problem is not None:
+            found[s] = problem
+    return found
 
 
 def summary_dict(summary: ExtractionSummary) -> dict:

@@ -11,8 +11,10 @@ Layout of a store folder:
     shard-00000.json           that shard's index entry (its presence marks the shard complete)
     extraction.json            the settings that made the store (a resumed run must match them)
 
-Sample j of a shard occupies rows offsets[j]:offsets[j+1]. Every shard's sha256 is checked the
-first time the shard is read; a mismatch raises an `EyasError` that names the shard.
+Sample j of a shard occupies rows offsets[j]:offsets[j+1]. Every shard's size, sha256 and tensor
+header are checked the first time the shard is read (`shard_problem`); a bad shard raises an
+`EyasError` that names it and what is wrong. `eyas features` checks the shards already on disk
+the same way before it skips them, and rebuilds a bad one.
 
 Usage:
     entry = write_shard(folder, 0, samples, torch.bfloat16)
@@ -35,7 +37,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from eyas.errors import EyasError
-from eyas.utils.io import atomic_path, file_sha256, write_json_atomic
+from eyas.utils.io import atomic_path, file_sha256, read_json, write_json_atomic
 
 INDEX_NAME = "index.json"
 STORE_FORMAT = "eyas-features"
@@ -127,13 +129,57 @@ def write_shard(folder: str | Path, index: int, samples: list[SampleFeatures], d
     return entry
 
 
+def entry_path(folder: str | Path, index: int) -> Path:
+    return Path(folder) / f"{Path(shard_name(index)).stem}.json"
+
+
 def read_shard_entry(folder: str | Path, index: int) -> ShardEntry | None:
     """The entry of a completed shard, or None when the shard is missing or incomplete."""
     folder = Path(folder)
-    entry_path = folder / f"{Path(shard_name(index)).stem}.json"
-    if not entry_path.is_file() or not (folder / shard_name(index)).is_file():
+    if not entry_path(folder, index).is_file() or not (folder / shard_name(index)).is_file():
         return None
-    return ShardEntry(**json.loads(entry_path.read_text()))
+    return ShardEntry(**json.loads(entry_path(folder, index).read_text()))
+
+
+def shard_problem(folder: str | Path, entry: ShardEntry) -> str | None:
+    """What is wrong with a shard's file against its entry, or None when it verifies.
+
+    Checked in order: present, size, sha256, and a safetensors header whose tensors have the
+    entry's shapes (the file can be opened and read).
+    """
+    path = Path(folder) / entry.file
+    if not path.is_file():
+        return "is missing"
+    size = path.stat().st_size
+    if size != entry.bytes:
+        kind = "truncated" if size < entry.bytes else "longer than written"
+        return f"is {kind} ({size} bytes, {entry.bytes} written)"
+    actual = file_sha256(path)
+    if actual != entry.sha256:
+        return f"is corrupted: sha256 {actual[:16]}... does not match {entry.sha256[:16]}... recorded for it"
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            shapes = {name: list(handle.get_slice(name).get_shape()) for name in handle.keys()}
+    except Exception as error:  # SafetensorError and friends: a header that does not parse
+        return f"cannot be read ({error})"
+    if shapes != entry.shapes:
+        return f"holds tensors of shapes {shapes}, its entry lists {entry.shapes}"
+    return None
+
+
+def check_completed_shard(folder: str | Path, index: int) -> tuple[ShardEntry | None, str | None]:
+    """(entry, None) for a shard that verifies; (None, problem) for one on disk that does not;
+    (None, None) for a shard never started. Used to decide what a resumed run may skip."""
+    folder = Path(folder)
+    shard_path, json_path = folder / shard_name(index), entry_path(folder, index)
+    if not json_path.is_file():
+        return None, ("has no entry file (an interrupted write)" if shard_path.is_file() else None)
+    try:
+        entry = ShardEntry(**json.loads(json_path.read_text()))
+    except (json.JSONDecodeError, UnicodeDecodeError, TypeError) as error:
+        return None, f"has an unreadable entry file {json_path.name} ({error})"
+    problem = shard_problem(folder, entry)
+    return (entry, None) if problem is None else (None, problem)
 
 
 def write_index(folder: str | Path, meta: StoreMeta, entries: list[ShardEntry]) -> Path:
@@ -170,7 +216,7 @@ class FeatureStore:
         if not index_path.is_file():
             raise EyasError(f"{self.folder} is not a feature store: no {INDEX_NAME} (run `eyas "
                             f"features` to the end; an interrupted run resumes where it stopped)")
-        index = json.loads(index_path.read_text())
+        index = read_json(index_path)
         if index.get("format") != STORE_FORMAT:
             raise EyasError(f"{index_path} is not an eyas feature index (format "
                             f"{index.get('format')!r})")
@@ -209,15 +255,11 @@ class FeatureStore:
     # ---- integrity -----------------------------------------------------------------------------
     def verify_shard(self, shard_index: int) -> None:
         entry = self.shards[shard_index]
-        path = self.folder / entry.file
-        if not path.is_file():
-            raise EyasError(f"feature shard {path} is missing (listed in {INDEX_NAME})")
-        actual = file_sha256(path)
-        if actual != entry.sha256:
+        problem = shard_problem(self.folder, entry)
+        if problem is not None:
             raise EyasError(
-                f"feature shard {path} is corrupted: sha256 {actual[:16]}... does not match "
-                f"{entry.sha256[:16]}... in {INDEX_NAME}; delete the shard and its .json and "
-                f"re-run `eyas features` with the same arguments to regenerate it"
+                f"feature shard {self.folder / entry.file} {problem} (listed in {INDEX_NAME}); "
+                f"re-run `eyas features` with the same arguments: it checks every shard and rebuilds this one"
             )
         self._verified.add(shard_index)
 

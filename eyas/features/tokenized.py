@@ -58,9 +58,14 @@ def _parse_line(raw: str, where: str, vocab_size: int | None) -> TokenizedSample
     if any(m not in (0, 1) for m in mask):
         raise EyasError(f"{where}: loss_mask values must be 0 or 1")
     input_ids = torch.tensor(ids, dtype=torch.int64)
-    if vocab_size is not None and ids and (int(input_ids.max()) >= vocab_size or int(input_ids.min()) < 0):
-        raise EyasError(f"{where}: token id {int(input_ids.max())} is outside the target vocabulary "
-                        f"0..{vocab_size - 1}: tokenize with the target's own tokenizer")
+    outside = input_ids < 0  # [T] bool
+    if vocab_size is not None:
+        outside |= input_ids >= vocab_size
+    if bool(outside.any()):
+        position = int(outside.nonzero()[0, 0])  # the first offending token, named as it was given
+        accepted = f"the target vocabulary 0..{vocab_size - 1}" if vocab_size is not None else "ids >= 0"
+        raise EyasError(f"{where}: token id {ids[position]} at position {position} is outside {accepted}: "
+                        f"tokenize with the target's own tokenizer")
     return TokenizedSample(id=str(record.get("id", where)), input_ids=input_ids,
                            loss_mask=torch.tensor(mask, dtype=torch.int64))
 

@@ -4,8 +4,9 @@ Each detector takes a text and returns `Finding`s (type and character span), nev
 They favour precision where a shape is common in ordinary prompts: a checksum must hold
 (Luhn for cards, mod-97 for IBANs), a phone number must be valid for its region (the
 `phonenumbers` library) and not sit after words like "order" or "invoice", an IP address must
-be globally routable (private, loopback and documentation ranges are everywhere in networking
-questions and identify no one).
+be globally routable by default (private, loopback and documentation ranges are everywhere in
+networking questions and identify no one; `ip_scope="all"` flags them too, for DLP policies
+that treat any internal address as sensitive).
 
 Usage:
     from eyas.data.pii.detectors import PII_DETECTORS
@@ -195,8 +196,9 @@ def detect_ssns(text: str) -> list[Finding]:
 
 
 # ---------------------------------------------------------------------------------------------
-# IP addresses (v4 and v6) that can point at a person's machine: globally routable hosts only.
-# Left alone: private, loopback, link-local and documentation ranges; networks in CIDR notation
+# IP addresses (v4 and v6). Scope "public" (the default): globally routable hosts only, the ones
+# that can point at a person's machine; private, loopback, link-local and documentation ranges
+# are left alone. Scope "all": every valid address, for DLP. Left alone in both: networks in CIDR notation
 # (`22.1.11.0/24`); all-single-digit quads (section numbers like 1.1.2.1, and public resolvers
 # such as 8.8.8.8 or 1.1.1.1, which identify no one); versions (`Chrome/110.0.0.0`, `v1.2.3.4`).
 _IPV4 = re.compile(r"(?<![\w.-])(?:\d{1,3}\.){3}\d{1,3}(?![\w]|\.\d|-\w|/\d)")
@@ -208,12 +210,15 @@ _VERSION_CONTEXT = re.compile(
 )
 
 
-def _global_address(candidate: str) -> bool:
+IP_SCOPES = ("public", "all")
+
+
+def _address_in_scope(candidate: str, scope: str) -> bool:
     try:
         address = ipaddress.ip_address(candidate)
     except ValueError:
         return False
-    return address.is_global
+    return scope == "all" or address.is_global
 
 
 def _looks_like_an_address(candidate: str) -> bool:
@@ -222,13 +227,15 @@ def _looks_like_an_address(candidate: str) -> bool:
     return not all(len(octet) == 1 for octet in candidate.split("."))
 
 
-def detect_ip_addresses(text: str) -> list[Finding]:
+def detect_ip_addresses(text: str, scope: str = "public") -> list[Finding]:
+    """Addresses in `scope` (IP_SCOPES): "public" = globally routable only, "all" = any valid one."""
+    assert scope in IP_SCOPES, scope
     findings = []
     for pattern in (_IPV4, _IPV6):
         for match in pattern.finditer(text):
             if _VERSION_CONTEXT.search(text[max(0, match.start() - 16) : match.start()]):
                 continue
-            if _looks_like_an_address(match.group(0)) and _global_address(match.group(0)):
+            if _looks_like_an_address(match.group(0)) and _address_in_scope(match.group(0), scope):
                 findings.append(Finding("IP_ADDRESS", match.start(), match.end()))
     return findings
 

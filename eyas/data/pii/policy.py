@@ -19,7 +19,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from eyas.data.pii.detectors import PHONE_REGIONS, PII_DETECTORS, Detector, detect_phones
+from eyas.data.pii.detectors import IP_SCOPES, PHONE_REGIONS, PII_DETECTORS, Detector, detect_ip_addresses, detect_phones
 from eyas.data.pii.secrets import SECRET_DETECTORS
 from eyas.data.pii.types import ALL_TYPES, NER_TYPES, PII_TYPES, PLACEHOLDERS, SECRET_TYPES, Finding, resolve_overlaps
 from eyas.data.records import Conversation, Message
@@ -59,6 +59,7 @@ class PiiConfig:
     enabled: bool = True
     actions: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_ACTIONS))
     phone_regions: tuple[str, ...] = PHONE_REGIONS
+    ip_scope: str = "public"  # "public": globally routable addresses; "all": private and documentation too
     ner_pipeline: str | None = None  # an installed spaCy pipeline: turns on PERSON and LOCATION
     ner_score_threshold: float = 0.5
 
@@ -74,14 +75,29 @@ class PiiConfig:
         unknown = [region for region in self.phone_regions if region not in phonenumbers.SUPPORTED_REGIONS]
         if unknown:
             raise ValueError(f"unknown phone regions {unknown}: use ISO 3166 codes such as US, GB, DE")
+        if self.ip_scope not in IP_SCOPES:
+            raise ValueError(f"unknown IP scope '{self.ip_scope}' (accepted: {', '.join(IP_SCOPES)})")
         if not 0.0 <= self.ner_score_threshold <= 1.0:
             raise ValueError(f"ner_score_threshold must be in [0, 1], got {self.ner_score_threshold}")
 
 
+def scanned_types(config: PiiConfig, with_ner: bool | None = None) -> tuple[str, ...]:
+    """The types a filter made from `config` looks for (none when it is off)."""
+    if not config.enabled:
+        return ()
+    ner = config.ner_pipeline is not None if with_ner is None else with_ner
+    return SECRET_TYPES + PII_TYPES + (NER_TYPES if ner else ())
+
+
 @dataclass
 class PiiReport:
-    """What the filter found: counts by type, never the values."""
+    """What the filter found: counts by type, never the values.
 
+    Every scanned type is listed, with zeros where nothing was found, so that a report also
+    says what was looked for; a report with no types is that of a run with the filter off.
+    """
+
+    types: tuple[str, ...] = ()  # the types scanned for (scanned_types)
     records_scanned: int = 0
     findings: Counter[str] = field(default_factory=Counter)  # spans found, by type
     records_with: Counter[str] = field(default_factory=Counter)  # records with >= 1 span, by type
@@ -98,6 +114,7 @@ class PiiReport:
             self.records_redacted += 1
 
     def merge(self, other: PiiReport) -> None:
+        self.types = self.types or other.types
         self.records_scanned += other.records_scanned
         self.findings.update(other.findings)
         self.records_with.update(other.records_with)
@@ -112,9 +129,10 @@ class PiiReport:
                 "records": self.records_with[pii_type],
                 "records_dropped": self.records_dropped_by[pii_type],
             }
-            for pii_type in sorted(self.findings, key=order.__getitem__)
+            for pii_type in sorted(set(self.types) | set(self.findings), key=order.__getitem__)
         }
         return {
+            "enabled": bool(self.types),
             "records_scanned": self.records_scanned,
             "records_redacted": self.records_redacted,
             "records_dropped": sum(self.records_dropped_by.values()),
@@ -128,6 +146,11 @@ class PiiOutcome:
     findings: tuple[Finding, ...]
     dropped_by: str | None  # the type whose policy dropped the record, else None
     redacted: bool = False
+
+    @property
+    def drop_reason(self) -> str | None:
+        """The reason a dropped record is counted under (`pii:PRIVATE_KEY`), else None."""
+        return None if self.dropped_by is None else f"pii:{self.dropped_by}"
 
 
 def redact(text: str, findings: list[Finding], actions: dict[str, str]) -> str:
@@ -150,12 +173,13 @@ class PiiFilter:
         self.config = config
         self.detectors: dict[str, Detector] = {**SECRET_DETECTORS, **PII_DETECTORS}
         self.detectors["PHONE"] = lambda text: detect_phones(text, config.phone_regions)
+        self.detectors["IP_ADDRESS"] = lambda text: detect_ip_addresses(text, config.ip_scope)
         if ner_detector is None and config.ner_pipeline is not None:
             from eyas.data.pii.ner import build_ner_detector
 
             ner_detector = build_ner_detector(config.ner_pipeline, config.ner_score_threshold)
         self.ner_detector = ner_detector
-        self.report = PiiReport()
+        self.report = PiiReport(types=scanned_types(config, with_ner=ner_detector is not None))
 
     def scan(self, text: str) -> list[Finding]:
         """Every finding in `text`, overlaps resolved (see `resolve_overlaps`)."""

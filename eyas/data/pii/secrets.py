@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import bisect
+import itertools
 import json
 import re
 
@@ -39,20 +41,74 @@ def looks_random(token: str, min_distinct: int = 8) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# Private-key blocks (PEM, OpenSSH, PGP): from BEGIN to END, or to the end of a cut-off text
-_PRIVATE_KEY = re.compile(
-    r"-----BEGIN (?:(?:RSA|DSA|EC|OPENSSH|ENCRYPTED|PGP) )?PRIVATE KEY(?: BLOCK)?-----"
-    r"(?P<body>.*?)(?:-----END [A-Z ]*PRIVATE KEY(?: BLOCK)?-----|\Z)",
-    re.DOTALL,
-)
+# Private-key blocks (PEM of any algorithm, OpenSSH, PGP, encrypted PEM): any length of body.
+# A block closed by its END line is a finding whatever its length once its body holds key
+# material (base64 that is not a placeholder such as `...` or `YOUR_PRIVATE_KEY_HERE`); a block
+# cut off by the end of the text is one when base64 lines follow its BEGIN line.
+_PRIVATE_KEY_BEGIN = re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----")
+_PRIVATE_KEY_END = re.compile(r"-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----")
+# Real line breaks, or the `\n` escapes of a key pasted from a JSON string (service accounts).
+_KEY_LINE_BREAK = re.compile(r"\r?\n|\\r?\\n")
+_PEM_HEADER_LINE = re.compile(r"[A-Za-z][A-Za-z0-9-]*:\s.*")  # Proc-Type: 4,ENCRYPTED / DEK-Info: ...
+_BASE64_LINE = re.compile(r"[A-Za-z0-9+/=]+")
+_BRACKETED_PLACEHOLDER = re.compile(r"<[^>\n]*>|\$?\{[^}\n]*\}|\[[^\]\n]*\]")
+_NOT_BASE64 = re.compile(r"[^A-Za-z0-9+/=]")
+MIN_CUT_OFF_KEY_CHARS = 16  # a cut-off block's first line must look like key material, not a word
+
+
+def _key_lines(body: str) -> list[str]:
+    """The body's non-empty lines, without PEM headers (`Proc-Type:`, `DEK-Info:`, `Comment:`)."""
+    lines = (line.strip() for line in _KEY_LINE_BREAK.split(body))
+    return [line for line in lines if line and not _PEM_HEADER_LINE.fullmatch(line)]
+
+
+def _has_key_material(body: str) -> bool:
+    material = "".join(_NOT_BASE64.sub("", _BRACKETED_PLACEHOLDER.sub("", line)) for line in _key_lines(body))
+    return bool(material) and not looks_like_placeholder(material)
+
+
+def _cut_off_block_end(text: str, start: int) -> int | None:
+    """End of the base64 lines that follow a BEGIN line ending at `start`, in a text cut off before END."""
+    end, material, cursor = None, "", start
+    breaks = itertools.chain((match.span() for match in _KEY_LINE_BREAK.finditer(text, start)),
+                             [(len(text), len(text))])
+    for line_end, next_line in breaks:
+        line = text[cursor:line_end].strip()
+        cursor = next_line
+        if not line or (not material and _PEM_HEADER_LINE.fullmatch(line)):
+            continue
+        if not _BASE64_LINE.fullmatch(line):
+            break
+        material += line
+        end = line_end
+    if end is None or looks_like_placeholder(material):
+        return None
+    keylike = len(material) >= MIN_CUT_OFF_KEY_CHARS or any(c.isdigit() or c in "+/" for c in material)
+    return end if keylike else None
 
 
 def detect_private_keys(text: str) -> list[Finding]:
-    findings = []
-    for match in _PRIVATE_KEY.finditer(text):
-        material = re.sub(r"[^A-Za-z0-9+/=]", "", match.group("body"))
-        if len(material) >= 40 and looks_random(material):
-            findings.append(Finding("PRIVATE_KEY", match.start(), match.end()))
+    """Each BEGIN line pairs with the first END line after it, unless another BEGIN comes first
+    (then its block was cut off). One pass over the BEGIN and END lines: linear in the text."""
+    begins = list(_PRIVATE_KEY_BEGIN.finditer(text))
+    ends = list(_PRIVATE_KEY_END.finditer(text))
+    end_starts = [end.start() for end in ends]
+    findings, position = [], 0
+    for index, begin in enumerate(begins):
+        if begin.start() < position:
+            continue  # inside the block found before
+        following = begins[index + 1].start() if index + 1 < len(begins) else len(text)
+        next_end = bisect.bisect_left(end_starts, begin.end())
+        end = ends[next_end] if next_end < len(ends) and end_starts[next_end] < following else None
+        if end is not None:
+            if _has_key_material(text[begin.end() : end.start()]):
+                findings.append(Finding("PRIVATE_KEY", begin.start(), end.end()))
+            position = end.end()
+            continue
+        stop = _cut_off_block_end(text, begin.end())
+        if stop is not None:
+            findings.append(Finding("PRIVATE_KEY", begin.start(), stop))
+            position = stop
     return findings
 
 
