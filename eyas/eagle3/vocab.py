@@ -54,9 +54,10 @@ def count_answer_tokens(samples: Iterable[tuple[Tensor, Tensor]], vocab_size: in
     counts = torch.zeros(vocab_size, dtype=torch.int64)
     for input_ids, loss_mask in samples:
         answer = input_ids[loss_mask.bool()].long()
-        if answer.numel() and (int(answer.max()) >= vocab_size or int(answer.min()) < 0):
+        outside = answer[(answer < 0) | (answer >= vocab_size)]
+        if outside.numel():
             raise EyasError(
-                f"token id {int(answer.max())} is outside the target vocabulary (0..{vocab_size - 1}): "
+                f"token id {int(outside[0])} is outside the target vocabulary (0..{vocab_size - 1}): "
                 f"were the conversations tokenized with this target's tokenizer?"
             )
         counts += torch.bincount(answer, minlength=vocab_size)

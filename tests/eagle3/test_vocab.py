@@ -49,6 +49,8 @@ def test_bad_sizes_and_ids_are_refused() -> None:
         build_draft_vocab(torch.zeros(4, dtype=torch.int64), 5)
     with pytest.raises(EyasError, match="outside the target vocabulary"):
         count_answer_tokens([(torch.tensor([9]), torch.tensor([1]))], vocab_size=8)
+    with pytest.raises(EyasError, match="token id -2 is outside"):  # the bad id, not the largest
+        count_answer_tokens([(torch.tensor([7, -2, 3]), torch.tensor([1, 1, 1]))], vocab_size=8)
     with pytest.raises(EyasError, match="increasing target ids"):
         vocab_from_d2t(torch.tensor([3, 1]), vocab_size=8)  # maps to 3, 2: not increasing
 
