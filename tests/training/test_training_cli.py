@@ -55,8 +55,9 @@ def test_features_train_export_check(tmp_path, tiny_target_dir, tokenized_file, 
                            "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "head written to" in out and "estimated acceptance length" in out
-    for fmt in ("sglang", "vllm", "speculators"):
-        assert export_cli.main(["--head", str(run / "head"), "--format", fmt, "--out", str(tmp_path / fmt)]) == 0
+    for fmt in ("sglang", "vllm", "speculators"):  # a folder target has no registered hub id: name it
+        assert export_cli.main(["--head", str(run / "head"), "--format", fmt, "--out", str(tmp_path / fmt),
+                                "--target-name", "org/tiny-target"]) == 0
         assert export_cli.main(["--check", str(tmp_path / fmt), "--model", str(tiny_target_dir)]) == 0
         assert f"OK ({fmt} format)" in capsys.readouterr().out
     # an off-by-one in the layer ids is caught
