@@ -115,7 +115,7 @@ def check_export(folder: str | Path, format_name: str | None = None,
     layer = raw["transformer_layer_config"] if format_name == "speculators" else raw
     if layer.get("num_hidden_layers", 1) != 1:
         report.errors.append(f"num_hidden_layers is {layer['num_hidden_layers']}; an EAGLE-3 head has 1")
-    # 2. Tensor names, shapes and dtypes (header only).
+    # 2.-3. Tensor names, shapes, dtypes and finite values; d2t/t2d.
     weights = Path(folder) / WEIGHTS_NAME
     if not weights.is_file():
         report.errors.append(f"no {WEIGHTS_NAME}")
