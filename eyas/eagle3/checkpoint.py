@@ -1,10 +1,12 @@
-"""The eyas head checkpoint: a folder with `config.json` and `model.safetensors`.
+"""The eyas head checkpoint: a folder with `config.json`, `model.safetensors`, `manifest.json`.
 
     config.json        Eagle3Config.to_dict(): our own keys, target_layer_ids in boundary ids
     model.safetensors  fc.weight, midlayer.*, norm.weight, lm_head.weight, d2t (int64), t2d (bool)
                        and embed_tokens.weight only when saved with include_embedding=True
+    manifest.json      size and sha256 of the two files (utils/integrity.py), written last
 
-Loading reads safetensors only (never pickles).
+Loading checks both files against the manifest first (a head without one, written by an older
+eyas, loads with a warning) and reads safetensors only (never pickles).
 
 Usage:
     save_head(head, "runs/smollm2/head")
@@ -17,12 +19,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import Tensor
 
 from eyas.eagle3.config import Eagle3Config
 from eyas.eagle3.head import Eagle3Head
 from eyas.errors import EyasError
+from eyas.utils.integrity import read_safetensors, verify_files, write_manifest
 from eyas.utils.io import atomic_path, read_json, write_json_atomic
 from eyas.utils.state import check_state, copy_state
 
@@ -47,22 +50,30 @@ def head_state_dict(head: Eagle3Head, include_embedding: bool = False,
 
 def save_head(head: Eagle3Head, folder: str | Path, include_embedding: bool = False,
               dtype: torch.dtype | None = None) -> Path:
-    """Write config.json and model.safetensors into `folder`, each file atomically."""
+    """Write config.json, model.safetensors and (last) their manifest into `folder`, each file
+    atomically."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     with atomic_path(folder / WEIGHTS_NAME) as tmp:
         save_file(head_state_dict(head, include_embedding, dtype), str(tmp),
                   metadata={"format": "pt", "producer": "eyas"})
     write_json_atomic(folder / CONFIG_NAME, head.config.to_dict())
+    write_manifest(folder, [CONFIG_NAME, WEIGHTS_NAME])
     return folder
 
 
-def read_head_config(folder: str | Path) -> Eagle3Config:
+def read_head_config(folder: str | Path, verify: bool = True) -> Eagle3Config:
+    """The config of a head folder (checked against the folder's manifest unless `verify` is
+    False, for a caller that has just verified it)."""
     path = Path(folder) / CONFIG_NAME
     if not path.is_file():
         raise EyasError(f"{folder} is not an eyas head: no {CONFIG_NAME} (expected the folder "
                         f"that `eyas train` wrote, e.g. OUT/head)")
+    if verify:
+        verify_files(folder, [CONFIG_NAME])
     raw = read_json(path)
+    if not isinstance(raw, dict):
+        raise EyasError(f"{path} is not a head config (a JSON object expected)")
     return Eagle3Config.from_dict(raw)
 
 
@@ -79,12 +90,15 @@ def load_head(folder: str | Path, embedding: Tensor | None = None, device: str |
               dtype: torch.dtype = torch.float32) -> Eagle3Head:
     """Build the head of an eyas checkpoint folder; share `embedding` [V, H] when given."""
     folder = Path(folder)
-    config = read_head_config(folder)
-    weights = folder / WEIGHTS_NAME
-    if not weights.is_file():
+    if not (folder / CONFIG_NAME).is_file():
+        read_head_config(folder)  # raises: not a head folder
+    if not (folder / WEIGHTS_NAME).is_file():
         raise EyasError(f"{folder} has no {WEIGHTS_NAME}")
+    verify_files(folder, [CONFIG_NAME, WEIGHTS_NAME])
+    config = read_head_config(folder, verify=False)
+    weights = folder / WEIGHTS_NAME
     head = Eagle3Head(config)
-    load_head_state(head, load_file(str(weights)), str(weights))
+    load_head_state(head, read_safetensors(weights), str(weights))
     head = head.to(device=device, dtype=dtype)
     if embedding is not None:
         head.set_embedding(embedding.to(device=device, dtype=dtype))

@@ -24,18 +24,40 @@ def default_target_layer_ids(num_layers: int) -> list[int]:
     return [2, num_layers // 2, num_layers - 3]
 
 
-def check_target_layer_ids(layer_ids: list[int], num_layers: int | None) -> list[int]:
-    """Validate boundary ids: three ints in [0, L]; raise `EyasError` naming what is accepted."""
-    ids = [int(i) for i in layer_ids]
+def check_target_layer_ids(layer_ids: list[int], num_layers: int | None,
+                           allow_edges: bool = False) -> list[int]:
+    """Validate boundary ids and return them as ints; raise `EyasError` naming what is accepted.
+
+    Three distinct ids in ascending order (every engine concatenates the captured states in
+    ascending layer order), each in 1..L-1: the residual entering a layer that has a layer before
+    it, which is what SGLang and vLLM capture (vLLM adds a residual that does not exist before
+    layer 0; no engine captures after the last layer). `allow_edges` also accepts 0 and L, which
+    eyas's own engine reads (a head loaded for eyas alone); training, features and export do not.
+    """
+    try:
+        ids = [int(i) for i in layer_ids]
+    except (TypeError, ValueError):
+        raise EyasError(f"target_layer_ids must be integers, got {layer_ids!r}") from None
     if len(ids) != NUM_TAPS:
         raise EyasError(f"target_layer_ids must hold {NUM_TAPS} boundary ids, got {ids}")
-    upper = num_layers if num_layers is not None else None
+    if len(set(ids)) != len(ids):
+        raise EyasError(f"target layer ids {ids} repeat a layer: {NUM_TAPS} distinct ids are needed")
+    if ids != sorted(ids):
+        raise EyasError(f"target layer ids {ids} are not in ascending order: engines concatenate the "
+                        f"captured states in layer order, so write them as {sorted(ids)} (and train "
+                        f"on them in that order)")
+    lowest = 0 if allow_edges else 1
+    if num_layers is None:
+        highest, bound = None, f">= {lowest}"
+    else:
+        highest = num_layers if allow_edges else num_layers - 1
+        bound = f"{lowest}..{highest} for a target of {num_layers} layers"
     for i in ids:
-        if i < 0 or (upper is not None and i > upper):
-            bound = f"0..{upper}" if upper is not None else ">= 0"
+        if i < lowest or (highest is not None and i > highest):
             raise EyasError(
                 f"target layer id {i} is out of range: boundary ids are {bound} "
-                f"(0 = embeddings, k = residual entering layer k)"
+                f"(k = the residual entering layer k; 0, the embeddings, and L, after the last "
+                f"layer, cannot be captured by SGLang or vLLM)"
             )
     return ids
 
@@ -82,7 +104,8 @@ class Eagle3Config:
                 f"could not tell fused taps from its own output"
             )
         self.target_layer_ids = check_target_layer_ids(self.target_layer_ids,
-                                                       self.target_num_hidden_layers)
+                                                       self.target_num_hidden_layers,
+                                                       allow_edges=True)
 
     @property
     def fused_input_size(self) -> int:

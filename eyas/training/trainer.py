@@ -38,8 +38,7 @@ from eyas.features.target_io import compute_target_features, describe_target, lo
 from eyas.features.tokenized import read_tokenized
 from eyas.training.checkpoints import (
     check_resume_settings,
-    find_latest_checkpoint,
-    restore_checkpoint,
+    restore_newest_checkpoint,
     save_checkpoint,
     write_head,
 )
@@ -111,7 +110,8 @@ class Trainer:
                 print(f"[eyas] note: the features were made with --model {meta.target_model}; training "
                       f"with --model {config.model} (same shape; make sure it is the same target)",
                       flush=True)
-            self.layer_ids = list(meta.target_layer_ids)
+            # ids from before they were checked at extraction: refused here rather than at serve time
+            self.layer_ids = check_target_layer_ids(meta.target_layer_ids, num_layers)
             self.source = OfflineSource(store)
         # Both modes read the embedding and lm_head from the target's files, in float32.
         embedding, lm_head = load_output_weights(info)
@@ -179,15 +179,16 @@ class Trainer:
         self.schedule = WarmupCosine(config.learning_rate, self.total_steps,
                                      int(config.warmup_ratio * self.total_steps), config.min_lr_ratio)
         self.start_step = 0
-        if config.resume:
-            latest = find_latest_checkpoint(self.output)
-            if latest is not None:
-                state = restore_checkpoint(latest, self.head, self.optimizer)
+        if config.resume:  # the newest checkpoint that verifies (skipped ones are named on stderr)
+            found = restore_newest_checkpoint(self.output, self.head, self.optimizer,
+                                              is_main=self.context.is_main)
+            if found is not None:
+                folder, state = found
                 check_resume_settings(state, config.result_settings(), self.global_batch)
                 self.schedule.check_state(state["schedule"])
                 self.start_step = int(state["step"])
                 if self.context.is_main:
-                    print(f"[eyas] resuming from {latest} (step {self.start_step})", flush=True)
+                    print(f"[eyas] resuming from {folder} (step {self.start_step})", flush=True)
 
     # ---- one micro batch -----------------------------------------------------------------------
     def _micro_batch(self, batch: Batch) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:

@@ -44,13 +44,17 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 
 
 def read_json(path: str | Path) -> Any:
-    """The JSON value in `path`; a file that does not parse raises EyasError naming it."""
+    """The JSON value in `path`; a missing file or one that does not parse raises EyasError
+    naming it."""
     from eyas.errors import EyasError
 
     try:
         return json.loads(Path(path).read_text())
-    except json.JSONDecodeError as error:
-        raise EyasError(f"{path} is not valid JSON: {error}") from None
+    except FileNotFoundError:
+        raise EyasError(f"{path} is missing") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        reason = "it is empty" if Path(path).stat().st_size == 0 else str(error)
+        raise EyasError(f"{path} is not valid JSON: {reason}") from None
 
 
 def write_json_atomic(path: str | Path, obj: Any) -> None:

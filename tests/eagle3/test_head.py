@@ -127,6 +127,9 @@ def test_loading_a_mismatched_checkpoint_names_the_problem(tmp_path) -> None:
     config = json.loads((tmp_path / "head" / "config.json").read_text())
     config["intermediate_size"] = 41
     (tmp_path / "head" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(EyasError, match=r"config.json is truncated or was changed"):
+        load_head(tmp_path / "head")  # the manifest notices the edit first
+    (tmp_path / "head" / "manifest.json").unlink()  # as in a head written before manifests
     with pytest.raises(EyasError, match=r"mlp.down_proj.weight has shape \(16, 40\), the config implies \(16, 41\)"):
         load_head(tmp_path / "head")
     with pytest.raises(EyasError, match="no config.json"):

@@ -40,6 +40,13 @@ def head() -> Eagle3Head:
     return head.eval()
 
 
+def export_as(head: Eagle3Head, folder, fmt: str, **options):
+    """float32 (bit-exact round trips) and a named verifier: the head's target "tiny" is neither a
+    registered alias nor a folder, so neither could be looked up."""
+    options = {"dtype": "float32", "target_name": "HuggingFaceTB/SmolLM2-135M-Instruct", **options}
+    return export_head(head, folder, fmt, **options)
+
+
 def names_of(folder) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
     tensors = load_file(str(folder / "model.safetensors"))
     return {name: (t.dtype, tuple(t.shape)) for name, t in tensors.items()}
@@ -47,7 +54,7 @@ def names_of(folder) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
 
 @pytest.mark.parametrize("fmt,prefix", [("sglang", "midlayer."), ("vllm", "midlayer."), ("speculators", "layers.0.")])
 def test_tensor_names_shapes_and_dtypes(tmp_path, head, fmt, prefix) -> None:
-    export_head(head, tmp_path / fmt, fmt)
+    export_as(head, tmp_path / fmt, fmt)
     found = names_of(tmp_path / fmt)
     expected_names = {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"} | {prefix + n for n in LAYER_NAMES}
     assert set(found) == expected_names
@@ -63,7 +70,7 @@ def test_tensor_names_shapes_and_dtypes(tmp_path, head, fmt, prefix) -> None:
 def test_config_keys_and_layer_ids_per_engine(tmp_path, head) -> None:
     configs = {}
     for fmt in FORMATS:
-        export_head(head, tmp_path / fmt, fmt, dtype="bfloat16", speculative_tokens=5,
+        export_as(head, tmp_path / fmt, fmt, dtype="bfloat16", speculative_tokens=5,
                     target_name="HuggingFaceTB/SmolLM2-135M-Instruct")
         configs[fmt] = json.loads((tmp_path / fmt / "config.json").read_text())
     sglang, vllm, spec = configs["sglang"], configs["vllm"], configs["speculators"]
@@ -96,7 +103,7 @@ def test_config_keys_and_layer_ids_per_engine(tmp_path, head) -> None:
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_round_trip_gives_identical_outputs(tmp_path, head, fmt) -> None:
-    export_head(head, tmp_path / fmt, fmt)
+    export_as(head, tmp_path / fmt, fmt)
     back = import_head(tmp_path / fmt, embedding=head.embed_tokens.weight)
     assert back.config.target_layer_ids == [2, 15, 27]
     taps, ids, positions = torch.randn(2, 5, 3 * H), torch.randint(0, V, (2, 5)), torch.arange(5).expand(2, 5)
@@ -109,7 +116,7 @@ def test_round_trip_gives_identical_outputs(tmp_path, head, fmt) -> None:
 
 
 def test_bfloat16_round_trip_and_embedding(tmp_path, head) -> None:
-    export_head(head, tmp_path / "x", "vllm", dtype="bfloat16", include_embedding=True)
+    export_as(head, tmp_path / "x", "vllm", dtype="bfloat16", include_embedding=True)
     assert names_of(tmp_path / "x")["embed_tokens.weight"] == (torch.bfloat16, (V, H))
     back = import_head(tmp_path / "x")  # the embedding comes from the file
     taps, ids, positions = torch.randn(1, 4, 3 * H), torch.randint(0, V, (1, 4)), torch.arange(4)[None]
@@ -118,7 +125,7 @@ def test_bfloat16_round_trip_and_embedding(tmp_path, head) -> None:
 
 
 def test_check_passes_and_reports(tmp_path, head) -> None:
-    export_head(head, tmp_path / "s", "sglang")
+    export_as(head, tmp_path / "s", "sglang")
     target = ModelConfig(vocab_size=V, hidden_size=H, intermediate_size=24, num_hidden_layers=L,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=4)
     report = check_export(tmp_path / "s", target_config=target)
@@ -126,7 +133,9 @@ def test_check_passes_and_reports(tmp_path, head) -> None:
     assert "target layers (boundary ids): [2, 15, 27]" in report.render()
     small_target = ModelConfig(vocab_size=V, hidden_size=H, intermediate_size=24, num_hidden_layers=20,
                                num_attention_heads=4, num_key_value_heads=2, head_dim=4)
-    assert "exceeds the target's 20 layers" in " ".join(check_export(tmp_path / "s", target_config=small_target).errors)
+    errors = " ".join(check_export(tmp_path / "s", target_config=small_target).errors)
+    assert "trained for a target of 30 layers, the target has 20" in errors
+    assert "target layer id 27 is out of range: boundary ids are 1..19 for a target of 20 layers" in errors
 
 
 def rewrite(folder, tensors=None, config=None) -> None:
@@ -137,13 +146,13 @@ def rewrite(folder, tensors=None, config=None) -> None:
 
 
 def test_check_finds_each_kind_of_mistake(tmp_path, head) -> None:
-    export_head(head, tmp_path / "base", "speculators")
+    export_as(head, tmp_path / "base", "speculators")
     tensors = load_file(str(tmp_path / "base" / "model.safetensors"))
     config = json.loads((tmp_path / "base" / "config.json").read_text())
 
     def errors_of(name, new_tensors=None, new_config=None) -> str:
         folder = tmp_path / name
-        export_head(head, folder, "speculators")
+        export_as(head, folder, "speculators")
         rewrite(folder, new_tensors, new_config)
         report = check_export(folder)
         assert not report.ok
@@ -167,10 +176,11 @@ def test_check_finds_each_kind_of_mistake(tmp_path, head) -> None:
 
 
 def test_foreign_sglang_head_without_our_marker(tmp_path, head) -> None:
-    export_head(head, tmp_path / "s", "sglang")
+    export_as(head, tmp_path / "s", "sglang")
     config = json.loads((tmp_path / "s" / "config.json").read_text())
     del config["eyas_export"]
     (tmp_path / "s" / "config.json").write_text(json.dumps(config))
+    (tmp_path / "s" / "manifest.json").unlink()  # a foreign head has no eyas manifest either
     back = import_head(tmp_path / "s", embedding=head.embed_tokens.weight)  # detected from the architecture
     assert back.config.target_layer_ids == [2, 15, 27]
     report = check_export(tmp_path / "s")
@@ -179,9 +189,9 @@ def test_foreign_sglang_head_without_our_marker(tmp_path, head) -> None:
 
 def test_export_refuses_bad_requests(tmp_path, head) -> None:
     with pytest.raises(EyasError, match="accepted: sglang, vllm, speculators"):
-        export_head(head, tmp_path / "x", "tensorrt")
-    export_head(head, tmp_path / "y", "vllm")
+        export_as(head, tmp_path / "x", "tensorrt")
+    export_as(head, tmp_path / "y", "vllm")
     with pytest.raises(EyasError, match="not empty"):
-        export_head(head, tmp_path / "y", "vllm")
+        export_as(head, tmp_path / "y", "vllm")
     with safe_open(str(tmp_path / "y" / "model.safetensors"), framework="pt") as handle:
         assert "embed_tokens.weight" not in handle.keys()

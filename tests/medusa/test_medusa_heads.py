@@ -87,6 +87,9 @@ def test_bad_folders_are_user_errors(tmp_path) -> None:
     config = json.loads((tmp_path / "small" / "config.json").read_text())
     config["num_heads"] = 5  # the weights hold 3 heads
     (tmp_path / "small" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(EyasError, match="config.json is truncated or was changed"):
+        load_medusa(tmp_path / "small")  # the manifest notices the edit first
+    (tmp_path / "small" / "manifest.json").unlink()  # as in heads written before manifests
     with pytest.raises(EyasError, match="missing \\['blocks.3"):
         load_medusa(tmp_path / "small")
 

@@ -62,7 +62,11 @@ def test_checkpoint_contents(tmp_path, tiny_target_dir, feature_store_dir) -> No
     trainer.train()
     folder = list_checkpoints(tmp_path / "run")[-1][1]
     assert {p.name for p in folder.iterdir()} == {"config.json", "model.safetensors", "optimizer.pt",
-                                                   "rng.safetensors", "trainer_state.json"}
+                                                   "rng.safetensors", "trainer_state.json", "manifest.json"}
+    listed = json.loads((folder / "manifest.json").read_text())["files"]
+    assert set(listed) == {"config.json", "model.safetensors", "optimizer.pt", "rng.safetensors",
+                           "trainer_state.json"}
+    assert listed["optimizer.pt"]["bytes"] == (folder / "optimizer.pt").stat().st_size
     state = json.loads((folder / "trainer_state.json").read_text())
     assert state["step"] == STEPS and state["global_batch"] == 4
     assert state["data_position"] == {"epoch": 0, "step_in_epoch": STEPS, "samples_seen": 4 * STEPS}

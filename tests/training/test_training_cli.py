@@ -55,8 +55,9 @@ def test_features_train_export_check(tmp_path, tiny_target_dir, tokenized_file, 
                            "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "head written to" in out and "estimated acceptance length" in out
-    for fmt in ("sglang", "vllm", "speculators"):
-        assert export_cli.main(["--head", str(run / "head"), "--format", fmt, "--out", str(tmp_path / fmt)]) == 0
+    for fmt in ("sglang", "vllm", "speculators"):  # a folder target has no registered hub id: name it
+        assert export_cli.main(["--head", str(run / "head"), "--format", fmt, "--out", str(tmp_path / fmt),
+                                "--target-name", "org/tiny-target"]) == 0
         assert export_cli.main(["--check", str(tmp_path / fmt), "--model", str(tiny_target_dir)]) == 0
         assert f"OK ({fmt} format)" in capsys.readouterr().out
     # an off-by-one in the layer ids is caught
@@ -66,3 +67,14 @@ def test_features_train_export_check(tmp_path, tiny_target_dir, tokenized_file, 
     config_path.write_text(json.dumps(config))
     assert export_cli.main(["--check", str(tmp_path / "sglang")]) == 1
     assert "off-by-one" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("ids,message", [("5,4,2", "not in ascending order"), ("2,2,5", "repeat a layer"),
+                                         ("0,4,5", "id 0 is out of range: boundary ids are 1..7"),
+                                         ("2,4,8", "id 8 is out of range: boundary ids are 1..7")])
+def test_layer_ids_the_engines_cannot_use_are_refused(tmp_path, tiny_target_dir, tokenized_file, capsys,
+                                                      ids, message) -> None:
+    assert train_cli.main(["--model", str(tiny_target_dir), "--data", str(tokenized_file),
+                           "--out", str(tmp_path / "run"), "--target-layer-ids", ids, "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
