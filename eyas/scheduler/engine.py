@@ -45,7 +45,12 @@ log = logging.getLogger("eyas.engine")
 
 
 class QueueFull(EyasError):
-    """The waiting queue is at `max_waiting` (HTTP 503, retry later)."""
+    """The waiting queue is at `max_waiting`, or the engine is shutting down (HTTP 503, retry
+    later); `reason` is queue_full or shutting_down."""
+
+    def __init__(self, message: str, reason: str = "queue_full") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class RequestRejected(EyasError):
@@ -75,7 +80,8 @@ class Engine:
             pooled.draft_seconds_per_token = self.proposers.draft_seconds_per_token(target)
         self.scheduler = Scheduler(config, self.pool, self.proposers.enabled, self.costs, pooled)
         self.executor = StepExecutor(target, self.pool, self.proposers.tap_layers, self.costs, pooled)
-        self.outputs = OutputProcessor(self.proposers.method, observer)
+        self.faults = self.executor.faults  # per-request fault injection for tests (faults.py)
+        self.outputs = OutputProcessor(self.proposers.method, observer, self.faults)
         self.observer = observer
         self._wakeup = threading.Condition()
         self._incoming: deque[Request] = deque()
@@ -86,6 +92,8 @@ class Engine:
         self._running = threading.Event()  # the loop is running (on some thread)
         self._exited = threading.Event()  # the loop has returned
         self._stopping = False
+        if observer is not None:
+            observer.kv_changed(0, self.pool.rows, self.pool.slots)
 
     # ---- client side (any thread) ----------------------------------------------------
     def submit(self, prompt_ids: list[int], params: SamplingParams,
@@ -101,7 +109,7 @@ class Engine:
             request.request_id = request_id
         with self._wakeup:
             if self._stopping:
-                raise QueueFull("the server is shutting down")
+                raise QueueFull("the server is shutting down", "shutting_down")
             if len(self._incoming) + len(self.scheduler.waiting) >= self.config.max_waiting:
                 raise QueueFull(f"the queue is full ({self.config.max_waiting} waiting requests)")
             self._incoming.append(request)
@@ -213,11 +221,13 @@ class Engine:
                         continue
                 try:
                     self.loop.step()
-                except Exception:  # a bug in the loop itself: fail everything, keep serving
+                except Exception as error:  # a bug in the loop itself: fail everything, keep serving
                     log.exception("engine loop failed; failing every request in it")
-                    self.loop.fail_everything()
+                    self.loop.fail_everything(error)
                 if self.observer is not None:
                     self.observer.queue_changed(self.num_running, self.num_waiting)
+                    self.observer.kv_changed(self.pool.rows - self.pool.num_free, self.pool.rows,
+                                             self.pool.slots)
         finally:
             self._running.clear()
             self._exited.set()

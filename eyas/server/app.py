@@ -59,6 +59,13 @@ def sse(payload: dict[str, Any] | str) -> str:
     return f"data: {data}\n\n"
 
 
+def engine_failure(output: RequestOutput) -> APIError:
+    """A request that failed inside the engine (its stage and error; no other request is
+    affected): a 500, or the error event of its stream."""
+    return APIError(500, f"generation failed inside the engine at {output.error or 'unknown'}",
+                    code="internal_error")
+
+
 def create_app(engine: Engine, settings: ServerSettings, metrics: ServerMetrics,
                start_engine: bool = True) -> FastAPI:
     """start_engine: start the engine's loop on its own thread at start-up (False when the
@@ -151,6 +158,7 @@ def create_app(engine: Engine, settings: ServerSettings, metrics: ServerMetrics,
             field = prompt_field if error.field == "prompt" else limit_field
             raise APIError(400, str(error), param=field, code=error.code) from error
         except QueueFull as error:
+            metrics.request_rejected(error.reason)
             raise APIError(503, f"{error}; retry later", code="queue_full",
                            headers={"Retry-After": str(settings.retry_after_s)}) from error
         # 2. Stream the outputs, or collect them into one body.
@@ -179,7 +187,7 @@ def create_app(engine: Engine, settings: ServerSettings, metrics: ServerMetrics,
             if not finished:
                 engine.abort(submitted.request_id)
         if output.finish_reason == "error":
-            raise APIError(500, "generation failed inside the engine", code="internal_error")
+            raise engine_failure(output)
         return output, "".join(parts)
 
     async def abort_on_disconnect(http_request: Request, request_id: str) -> None:
@@ -201,9 +209,8 @@ def create_app(engine: Engine, settings: ServerSettings, metrics: ServerMetrics,
             while not finished:
                 output = await queue.get()
                 finished = output.finished
-                if output.finish_reason == "error":
-                    yield sse(APIError(500, "generation failed inside the engine",
-                                       code="internal_error").body())
+                if output.finish_reason == "error":  # this request alone failed
+                    yield sse(engine_failure(output).body())
                     yield sse("[DONE]")
                     return
                 if output.text or finished:

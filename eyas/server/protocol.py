@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from eyas.engine.sampling import SamplingParams
+from eyas.engine.sampling import MAX_SEED, SamplingParams
 from eyas.scheduler.request import RequestOutput
 
 
@@ -57,7 +57,7 @@ class SamplingRequest(StrictModel):
     top_k: int | None = Field(None, ge=-1)  # extension; -1 or 0 = off
     n: int | None = Field(None, ge=1)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)
     stream: bool = False
     stream_options: StreamOptions | None = None
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
