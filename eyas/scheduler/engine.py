@@ -7,6 +7,7 @@ Usage:
     result = engine.generate(prompt_ids, SamplingParams(max_tokens=64))    # blocking
     request = engine.submit(prompt_ids, params, on_output=callback)        # streaming
     engine.abort(request.request_id)                                       # client went away
+    engine.abort_all()                                                     # drain timed out
     engine.shutdown()                                                      # drains first
 
     engine.run()   # instead of start(): the loop on this thread (eyas serve: the main thread,
@@ -136,6 +137,15 @@ class Engine:
             if request is not None:
                 request.cancel_event.set()
                 self._wakeup.notify()
+
+    def abort_all(self) -> int:
+        """Cancel every admitted request (a drain that ran out of time); each ends with a
+        final output saying 'abort'. Returns how many were cancelled."""
+        with self._wakeup:
+            for request in self._requests.values():
+                request.cancel_event.set()
+            self._wakeup.notify()
+            return len(self._requests)
 
     def generate(self, prompt_ids: list[int], params: SamplingParams,
                  timeout: float | None = None) -> GenerationResult:
