@@ -1,4 +1,4 @@
-"""`eyas bench soak` for ~20 s against a real `eyas serve` of the tiny model: mixed lengths,
+"""`eyas bench soak` for 15 s against a real `eyas serve` of the tiny model: mixed lengths,
 streams, cancelled streams; nothing lost, no 5xx, the KV rows back to idle, memory sampled."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ def test_a_short_soak_loses_nothing_and_returns_to_idle(tiny_model_dir, tmp_path
     prompts.write_text("".join(json.dumps({"prompt": f"say {word} a few times"}) + "\n"
                                for word in ("one", "two", "three", "four", "five")))
     output = tmp_path / "soak" / "report.json"
-    code = main(["bench", "soak", "--model", str(tiny_model_dir), "--minutes", "0.33",
+    code = main(["bench", "soak", "--model", str(tiny_model_dir), "--minutes", "0.25",
                  "--concurrency", "8", "--drafts", "none", "--dataset", f"jsonl:{prompts}",
                  "--min-tokens", "8", "--max-tokens", "64", "--cancel-share", "0.3",
                  "--sample-seconds", "2", "--server-flags", "--dtype float32 --max-running 4",
