@@ -16,8 +16,9 @@ counted):
    read; when the time is up the clients finish what they sent, the server must come back to
    idle (no KV row in use on /metrics), and it is stopped with SIGTERM.
 Each request ends as exactly one of: finished (a whole answer: finish_reason stop or length,
-a stream with its final chunk and [DONE]), cancelled (by the client, on purpose), http_4xx,
-http_5xx, or lost (anything else: a transport error, a timeout, a stream cut before [DONE], an
+a stream with its final chunk and [DONE]), cancelled (by the client, on purpose), timed_out
+(no byte for `--request-timeout` seconds: the client gave up on an overloaded server),
+http_4xx, http_5xx, or lost (anything else: a transport error, a stream cut before [DONE], an
 answer that ended 'abort' or 'error' unasked). The targets: 0 lost, 0 5xx, 0 KV rows in use at
 the end, resident memory after warm-up (minute 5, or 40% of a shorter slot) within 5% of the
 end. The JSON report is written atomically; progress goes to stderr.
@@ -52,7 +53,7 @@ def default_drafts(model: str) -> list[str]:
     head = [f"eagle3:{model}"] if shipped_head_dir(model) is not None else []
     return ["none", "ngram", *head, "self", "layerskip:auto"]
 
-OUTCOMES = ("finished", "cancelled", "http_4xx", "http_5xx", "lost")
+OUTCOMES = ("finished", "cancelled", "timed_out", "http_4xx", "http_5xx", "lost")
 SERVER_COMMAND = "{python} -m eyas serve --model {model} --draft {draft} --host {host} --port {port}"
 
 
@@ -137,7 +138,7 @@ class Tally:
 
     def add(self, outcome: str, detail: str = "") -> None:
         self.counts[outcome] += 1
-        if outcome in ("lost", "http_5xx") and len(self.lost_examples) < 10:
+        if outcome in ("lost", "http_5xx", "timed_out") and len(self.lost_examples) < 10:
             self.lost_examples.append(detail[:300])
 
 
@@ -170,6 +171,8 @@ class Client:
                 outcome, detail = await self.streamed(body, cancel_after)
             else:
                 outcome, detail = await self.whole(body)
+        except httpx.TimeoutException as error:  # the client gave up: an overloaded server
+            outcome, detail = "timed_out", f"{type(error).__name__} after {config.request_timeout:g} s"
         except (httpx.HTTPError, json.JSONDecodeError, KeyError, IndexError, TypeError) as error:
             outcome, detail = "lost", f"{type(error).__name__}: {error}"
         self.tally.add(outcome, detail)
@@ -361,16 +364,16 @@ def machine() -> str:
 
 
 def format_table(report: dict[str, Any]) -> str:
-    rows = ["| draft | s | sent | finished | cancelled | lost | 5xx | 4xx | tok/s | KV rows end | "
-            "RSS MiB warm-up -> end | growth |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| draft | s | sent | finished | cancelled | timed out | lost | 5xx | 4xx | tok/s | "
+            "KV rows end | RSS MiB warm-up -> end | growth |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in report["methods"]:
         if "error" in s:
             rows.append(f"| {s['draft']} | not run: {s['error']} |")
             continue
         growth = "n/a" if s["rss_growth_pct"] is None else f"{s['rss_growth_pct']:+.1f}%"
         rows.append(f"| {s['draft']} | {s['seconds']:.0f} | {s['sent']} | {s['finished']} | {s['cancelled']} | "
-                    f"{s['lost']} | {s['http_5xx']} | {s['http_4xx']} | {s['tokens_per_s']} | "
+                    f"{s['timed_out']} | {s['lost']} | {s['http_5xx']} | {s['http_4xx']} | {s['tokens_per_s']} | "
                     f"{s['kv_rows_in_use_end']:.0f} | {s['rss_mib_after_warmup']:.0f} (at "
                     f"{s['rss_warmup_at_s']:.0f} s) -> {s['rss_mib_end']:.0f} | {growth} |")
     return "\n".join(rows)

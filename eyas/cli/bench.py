@@ -344,6 +344,9 @@ def _register_soak(sub: argparse._SubParsersAction) -> None:
                            "(default: %(default)s)")
     soak.add_argument("--server-flags", default=d.server_flags,
                       help="more `eyas serve` flags, e.g. '--max-running 16 --dtype int4'")
+    soak.add_argument("--request-timeout", type=float, default=d.request_timeout,
+                      help="seconds without a byte before a client gives up (counted as timed "
+                           "out) (default: %(default)s)")
     soak.add_argument("--seed", type=int, default=d.seed, help="default: %(default)s")
     soak.add_argument("--output", default=d.output, help="JSON report (default: %(default)s)")
     soak.set_defaults(func=run_soak_cli)
@@ -358,7 +361,8 @@ def run_soak_cli(args: argparse.Namespace) -> int:
                         min_tokens=args.min_tokens, max_tokens=args.max_tokens,
                         stream_share=args.stream_share, cancel_share=args.cancel_share,
                         sample_seconds=args.sample_seconds, warmup_seconds=args.warmup_seconds,
-                        server_flags=args.server_flags, seed=args.seed, output=args.output)
+                        server_flags=args.server_flags, request_timeout=args.request_timeout,
+                        seed=args.seed, output=args.output)
     report = run_soak(config)
     print(format_table(report))
     print(f"report written to {config.output}")
