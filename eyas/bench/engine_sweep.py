@@ -61,7 +61,7 @@ class AcceptanceCounter:
     def queue_changed(self, running: int, waiting: int) -> None:
         pass
 
-    def kv_changed(self, rows_in_use: int, rows: int, slots: int) -> None:
+    def kv_changed(self, rows_in_use: int, rows: int, slots: int, cache_bytes: int) -> None:
         pass
 
 

@@ -21,7 +21,8 @@ a stream with its final chunk and [DONE]), cancelled (by the client, on purpose)
 http_4xx, http_5xx, or lost (anything else: a transport error, a stream cut before [DONE], an
 answer that ended 'abort' or 'error' unasked). The targets: 0 lost, 0 5xx, 0 KV rows in use at
 the end, resident memory after warm-up (minute 5, or 40% of a shorter slot) within 5% of the
-end. The JSON report is written atomically; progress goes to stderr.
+end; the KV pool's own growth (on demand, kept) is reported beside it, and RSS less the KV pool
+is what shows a leak. The JSON report is written atomically; progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -222,29 +223,41 @@ def status_outcome(status: int) -> str:
 
 
 class MemorySampler(threading.Thread):
-    """Resident memory of `pid` every `period` seconds: [(seconds since start, MiB)]."""
+    """Every `period` seconds: the resident memory of `pid` and the KV pool's allocated size
+    from `url`/metrics, as [(seconds since start, RSS MiB, KV MiB)]. The KV pool grows on
+    demand and is kept (a longer request than any before raises it), so RSS less KV is what
+    shows a leak."""
 
-    def __init__(self, pid: int, period: float) -> None:
+    def __init__(self, pid: int, url: str, period: float) -> None:
         super().__init__(name="soak-rss", daemon=True)
-        self.pid, self.period = pid, period
-        self.samples: list[tuple[float, float]] = []
+        self.pid, self.url, self.period = pid, url, period
+        self.samples: list[tuple[float, float, float | None]] = []
         self.started = time.monotonic()
         self.halt = threading.Event()
 
     def sample(self) -> None:
-        value = resident_mib(self.pid)
-        if value is not None:
-            self.samples.append((round(time.monotonic() - self.started, 1), round(value, 1)))
+        rss = resident_mib(self.pid)
+        try:
+            kv_bytes = metric(httpx.get(self.url + "/metrics", timeout=10).text, "eyas:kv_cache_bytes")
+        except httpx.HTTPError:
+            kv_bytes = None
+        if rss is not None:
+            kv = round(kv_bytes / 2**20, 1) if kv_bytes is not None else None
+            self.samples.append((round(time.monotonic() - self.started, 1), round(rss, 1), kv))
 
     def run(self) -> None:
         while not self.halt.is_set():
             self.sample()
             self.halt.wait(self.period)
 
-    def at(self, seconds: float) -> float | None:
+    def at(self, seconds: float) -> tuple[float, float, float | None] | None:
         """The first sample at or after `seconds` (else the last one)."""
-        later = [mib for t, mib in self.samples if t >= seconds]
-        return later[0] if later else (self.samples[-1][1] if self.samples else None)
+        later = [sample for sample in self.samples if sample[0] >= seconds]
+        return later[0] if later else (self.samples[-1] if self.samples else None)
+
+
+def growth(before: float | None, after: float | None) -> float | None:
+    return round(100 * (after - before) / before, 2) if before and after is not None else None
 
 
 def soak_one(config: SoakConfig, draft: str, prompts: list, run_dir: Path) -> dict[str, Any]:
@@ -258,7 +271,7 @@ def soak_one(config: SoakConfig, draft: str, prompts: list, run_dir: Path) -> di
         assert server.process is not None
         pid = server.process.pid
         model = httpx.get(server.url + "/v1/models", timeout=30).json()["data"][0]["id"]
-        sampler = MemorySampler(pid, config.sample_seconds)
+        sampler = MemorySampler(pid, server.url, config.sample_seconds)
         sampler.start()
         tally = Tally()
         started = time.monotonic()
@@ -267,11 +280,12 @@ def soak_one(config: SoakConfig, draft: str, prompts: list, run_dir: Path) -> di
         idle_rows, metrics_text = wait_idle(server.url)
         sampler.sample()  # the end, once idle
         sampler.halt.set()
-        slot = config.slot_seconds
-        warmup = min(config.warmup_seconds, 0.4 * slot)
-        after_warmup, end = sampler.at(warmup), sampler.samples[-1][1] if sampler.samples else None
+        warmup = min(config.warmup_seconds, 0.4 * config.slot_seconds)
+        _, rss_warm, kv_warm = sampler.at(warmup) or (0, None, None)
+        _, rss_end, kv_end = sampler.samples[-1] if sampler.samples else (0, None, None)
     exit_code = server.process.returncode
-    growth = 100 * (end - after_warmup) / after_warmup if after_warmup and end else None
+    known = None not in (rss_warm, rss_end, kv_warm, kv_end)
+    less_kv = (rss_warm - kv_warm, rss_end - kv_end) if known else (None, None)
     return {
         "draft": draft, "server_command": shlex.join(argv), "seconds": round(load_seconds, 1),
         "sent": tally.sent, **tally.counts, "completion_tokens": tally.completion_tokens,
@@ -279,9 +293,10 @@ def soak_one(config: SoakConfig, draft: str, prompts: list, run_dir: Path) -> di
         "kv_rows_in_use_end": idle_rows, "kv_rows_in_use_idle": 0,
         "kv_cache_slots_end": metric(metrics_text, "eyas:kv_cache_slots"),
         "request_failures": metric_sum(metrics_text, "eyas:request_failures_total"),
-        "rss_warmup_at_s": round(warmup, 1), "rss_mib_after_warmup": after_warmup, "rss_mib_end": end,
-        "rss_growth_pct": round(growth, 2) if growth is not None else None,
-        "rss_samples": sampler.samples, "server_exit_code": exit_code,
+        "rss_warmup_at_s": round(warmup, 1), "rss_mib_after_warmup": rss_warm, "rss_mib_end": rss_end,
+        "rss_growth_pct": growth(rss_warm, rss_end), "kv_mib_after_warmup": kv_warm, "kv_mib_end": kv_end,
+        "rss_less_kv_growth_pct": growth(*less_kv),
+        "rss_samples": sampler.samples,  # (s, RSS MiB, KV pool MiB) "server_exit_code": exit_code,
         "lost_examples": tally.lost_examples,
     }
 
@@ -363,17 +378,21 @@ def machine() -> str:
     return f"{name}, {os.cpu_count()} cores"
 
 
+def pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:+.1f}%"
+
+
 def format_table(report: dict[str, Any]) -> str:
     rows = ["| draft | s | sent | finished | cancelled | timed out | lost | 5xx | 4xx | tok/s | "
-            "KV rows end | RSS MiB warm-up -> end | growth |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "KV rows end | RSS MiB warm-up -> end | growth | KV pool MiB | growth less KV |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in report["methods"]:
         if "error" in s:
             rows.append(f"| {s['draft']} | not run: {s['error']} |")
             continue
-        growth = "n/a" if s["rss_growth_pct"] is None else f"{s['rss_growth_pct']:+.1f}%"
         rows.append(f"| {s['draft']} | {s['seconds']:.0f} | {s['sent']} | {s['finished']} | {s['cancelled']} | "
                     f"{s['timed_out']} | {s['lost']} | {s['http_5xx']} | {s['http_4xx']} | {s['tokens_per_s']} | "
                     f"{s['kv_rows_in_use_end']:.0f} | {s['rss_mib_after_warmup']:.0f} (at "
-                    f"{s['rss_warmup_at_s']:.0f} s) -> {s['rss_mib_end']:.0f} | {growth} |")
+                    f"{s['rss_warmup_at_s']:.0f} s) -> {s['rss_mib_end']:.0f} | {pct(s['rss_growth_pct'])} | "
+                    f"{s['kv_mib_after_warmup']} -> {s['kv_mib_end']} | {pct(s['rss_less_kv_growth_pct'])} |")
     return "\n".join(rows)

@@ -94,7 +94,7 @@ class Engine:
         self._exited = threading.Event()  # the loop has returned
         self._stopping = False
         if observer is not None:
-            observer.kv_changed(0, self.pool.rows, self.pool.slots)
+            observer.kv_changed(0, self.pool.rows, self.pool.slots, self.kv_cache_bytes)
 
     # ---- client side (any thread) ----------------------------------------------------
     def submit(self, prompt_ids: list[int], params: SamplingParams,
@@ -196,6 +196,11 @@ class Engine:
         return len(self.scheduler.waiting) + len(self._incoming)
 
     @property
+    def kv_cache_bytes(self) -> int:
+        """Bytes of the KV pool as allocated now (it grows on demand and is kept)."""
+        return self.pool.bytes_per_slot() * self.pool.slots
+
+    @property
     def alive(self) -> bool:
         return self._running.is_set()
 
@@ -237,7 +242,7 @@ class Engine:
                 if self.observer is not None:
                     self.observer.queue_changed(self.num_running, self.num_waiting)
                     self.observer.kv_changed(self.pool.rows - self.pool.num_free, self.pool.rows,
-                                             self.pool.slots)
+                                             self.pool.slots, self.kv_cache_bytes)
         finally:
             self._running.clear()
             self._exited.set()

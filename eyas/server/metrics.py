@@ -17,6 +17,7 @@
 | eyas:requests_rejected_total{reason}                       | counter   | requests refused with 503: queue_full, shutting_down |
 | eyas:kv_rows_in_use / eyas:kv_rows                         | gauge     | KV cache rows held by requests / rows in the pool (0 in use when idle) |
 | eyas:kv_cache_slots                                        | gauge     | token slots per KV row (grows on demand, kept) |
+| eyas:kv_cache_bytes                                        | gauge     | bytes of the KV pool as allocated |
 | vllm:kv_cache_usage_perc                                   | gauge     | rows in use / rows (0..1) |
 
 Mean acceptance length = 1 + accepted / drafts (the bonus token counts).
@@ -76,6 +77,8 @@ class ServerMetrics:
                                     labels, registry=r)
         self.kv_rows = Gauge("eyas:kv_rows", "KV cache rows in the pool", labels, registry=r)
         self.kv_slots = Gauge("eyas:kv_cache_slots", "Token slots per KV cache row", labels, registry=r)
+        self.kv_bytes = Gauge("eyas:kv_cache_bytes", "Bytes of the KV cache pool as allocated",
+                              labels, registry=r)
         self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "KV cache rows in use / rows (0..1)",
                               labels, registry=r)
         for reason in ("stop", "length", "abort", "error"):  # exported from the start, at 0
@@ -86,7 +89,7 @@ class ServerMetrics:
             self._l(self.rejected, reason=reason)
         for metric in (self.drafts, self.draft_tokens, self.accepted_tokens, self.prompt_tokens,
                        self.generation_tokens, self.running, self.waiting, self.draft_length,
-                       self.kv_rows_in_use, self.kv_rows, self.kv_slots, self.kv_usage):
+                       self.kv_rows_in_use, self.kv_rows, self.kv_slots, self.kv_bytes, self.kv_usage):
             metric.labels(**self.label_values)
         for position in range(num_positions):
             self._l(self.accepted_per_position, position=str(position))
@@ -124,10 +127,11 @@ class ServerMetrics:
         self._l(self.running).set(running)
         self._l(self.waiting).set(waiting)
 
-    def kv_changed(self, rows_in_use: int, rows: int, slots: int) -> None:
+    def kv_changed(self, rows_in_use: int, rows: int, slots: int, cache_bytes: int) -> None:
         self._l(self.kv_rows_in_use).set(rows_in_use)
         self._l(self.kv_rows).set(rows)
         self._l(self.kv_slots).set(slots)
+        self._l(self.kv_bytes).set(cache_bytes)
         self._l(self.kv_usage).set(rows_in_use / rows if rows else 0.0)
 
     def request_rejected(self, reason: str) -> None:

@@ -33,6 +33,8 @@ def test_a_short_soak_loses_nothing_and_returns_to_idle(tiny_model_dir, tmp_path
     assert section["kv_rows_in_use_end"] == 0 and section["request_failures"] == 0
     assert section["rss_mib_after_warmup"] > 50 and section["rss_mib_end"] > 50
     assert len(section["rss_samples"]) >= 3 and section["server_exit_code"] == 0
+    assert section["kv_mib_end"] > 0 and section["rss_less_kv_growth_pct"] is not None
+    assert section["timed_out"] == 0
     assert "| none |" in captured.out and "[soak] none:" in captured.err
 
 
