@@ -13,6 +13,8 @@ Examples:
     eyas bench serve --url http://127.0.0.1:8000 --dataset random --input-len 512 --ignore-eos
     eyas bench plot runs/bench/plain/result.json runs/bench/eagle3/result.json --output-dir runs/bench/both
     eyas bench compare --model smollm2-135m --draft none --draft ngram --draft eagle3=eagle3:runs/head
+    eyas bench soak --model smollm2-135m --minutes 30 --concurrency 32   # every drafting method in turn
+    eyas bench soak --model smollm2-135m --minutes 2 --drafts none
 
 `offline` runs MT-Bench first turns (or the code set) single-stream through each system in one
 run, interleaved prompt by prompt, and prints tokens/s and the ratio to transformers `generate`.
@@ -29,7 +31,10 @@ Speculative rows show tau, the acceptance length (1 + accepted / verification st
 `serve` sweeps concurrency levels against any OpenAI-compatible server (eyas, vLLM, SGLang):
 TTFT, TPOT, ITL, end-to-end latency, throughput, and acceptance from /metrics; it writes
 result.json, report.md and two PNG plots. `plot` merges runs into one report; `compare` starts
-`eyas serve` once per --draft configuration and sweeps each. See docs/benchmarks.md.
+`eyas serve` once per --draft configuration and sweeps each. `soak` runs a long mixed load
+(half streamed, a tenth of the streams cancelled) against a server per drafting method and
+reports lost requests, 5xx, KV rows left in use and resident memory growth. See
+docs/benchmarks.md and docs/serving.md.
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _register_serve(sub)
     _register_plot(sub)
     _register_compare(sub)
+    _register_soak(sub)
     parser.set_defaults(func=lambda args: parser.print_help() or 2)
 
 
@@ -304,4 +310,63 @@ def run_compare_cli(args: argparse.Namespace) -> int:
     print(f"report and plots written to {config.output_dir}")
     if outcome["failures"]:
         raise EyasError(f"not measured: {', '.join(outcome['failures'])} (see the report)")
+    return 0
+
+
+def _register_soak(sub: argparse._SubParsersAction) -> None:
+    from eyas.bench import soak as soak_module
+
+    d = soak_module.SoakConfig()
+    soak = sub.add_parser("soak", help="a long mixed load against eyas serve, per drafting method: "
+                                       "lost requests, 5xx, KV rows, memory growth",
+                          description=soak_module.__doc__,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    soak.add_argument("--model", default=d.model, help="target model spec (default: %(default)s)")
+    soak.add_argument("--minutes", type=float, default=d.minutes,
+                      help="in all, split evenly between the drafting methods (default: %(default)s)")
+    soak.add_argument("--concurrency", type=int, default=d.concurrency,
+                      help="clients, one request in flight each (default: %(default)s)")
+    soak.add_argument("--drafts", default=None,
+                      help="drafting methods in turn, ';'- or ','-separated `eyas serve --draft` "
+                           "values (default: none, ngram, eagle3:MODEL where a head is shipped for "
+                           "the model, self, layerskip:auto)")
+    soak.add_argument("--dataset", default=d.dataset,
+                      help="'+'-joined prompt sets: mtbench, sharegpt, jsonl:PATH (default: %(default)s)")
+    soak.add_argument("--min-tokens", type=int, default=d.min_tokens, help="default: %(default)s")
+    soak.add_argument("--max-tokens", type=int, default=d.max_tokens, help="default: %(default)s")
+    soak.add_argument("--stream-share", type=float, default=d.stream_share, help="default: %(default)s")
+    soak.add_argument("--cancel-share", type=float, default=d.cancel_share,
+                      help="share of streams the client closes mid-way (default: %(default)s)")
+    soak.add_argument("--sample-seconds", type=float, default=d.sample_seconds,
+                      help="resident memory sampling period (default: %(default)s)")
+    soak.add_argument("--warmup-seconds", type=float, default=d.warmup_seconds,
+                      help="memory baseline after this long, at most 40%% of a method's time "
+                           "(default: %(default)s)")
+    soak.add_argument("--server-flags", default=d.server_flags,
+                      help="more `eyas serve` flags, e.g. '--max-running 16 --dtype int4'")
+    soak.add_argument("--request-timeout", type=float, default=d.request_timeout,
+                      help="seconds without a byte before a client gives up (counted as timed "
+                           "out) (default: %(default)s)")
+    soak.add_argument("--seed", type=int, default=d.seed, help="default: %(default)s")
+    soak.add_argument("--output", default=d.output, help="JSON report (default: %(default)s)")
+    soak.set_defaults(func=run_soak_cli)
+
+
+def run_soak_cli(args: argparse.Namespace) -> int:
+    from eyas.bench.soak import SoakConfig, default_drafts, format_table, run_soak
+
+    drafts = split_systems(args.drafts) if args.drafts else default_drafts(args.model)
+    config = SoakConfig(model=args.model, minutes=args.minutes, concurrency=args.concurrency,
+                        drafts=drafts, dataset=args.dataset,
+                        min_tokens=args.min_tokens, max_tokens=args.max_tokens,
+                        stream_share=args.stream_share, cancel_share=args.cancel_share,
+                        sample_seconds=args.sample_seconds, warmup_seconds=args.warmup_seconds,
+                        server_flags=args.server_flags, request_timeout=args.request_timeout,
+                        seed=args.seed, output=args.output)
+    report = run_soak(config)
+    print(format_table(report))
+    print(f"report written to {config.output}")
+    if not report["ok"]:
+        raise EyasError("the soak found lost requests, 5xx answers, KV rows left in use or a "
+                        "method that did not run (see the table)")
     return 0
