@@ -23,11 +23,12 @@ within ~1e-6.
 Each row's candidates and their exact values depend on that row alone, so a row's argmax is
 the same whichever rows share its pass (a float32 matmul's rounding depends on the row count).
 
-Two screens compute step 1 and 2: where the extension has integer dot products (AVX512-VNNI
-or AVX2, models/extension.py int8dot_kernel), the extension's (csrc/int8_screen.cpp: 14-bit integer activations, integer
-dot products, the bound computed beside each logit in the same pass); elsewhere PyTorch's int8
-kernel on bf16 activations, with the bound below. Both bounds are rigorous, so the argmax is
-the same either way; only the number of candidates differs.
+Two screens compute steps 1 and 2: where the extension has integer dot products (AVX512-VNNI
+or AVX2, models/extension.py int8dot_kernel), the extension's (csrc/int8_screen.cpp: 14-bit
+integer activations, integer dot products, the bound computed beside each logit in the same
+pass, and step 3 in the same call: no pass over [R, V] in PyTorch); elsewhere PyTorch's int8
+kernel on bf16 activations, with the bound below and step 3 in PyTorch. Both bounds are
+rigorous, so the argmax is the same either way; only the number of candidates differs.
 
 Usage:
     layer = ScreenedOutputLayer(TransposedLinear(model.lm_head), rows=model.embed_tokens.weight)
@@ -85,6 +86,10 @@ class ScreenedOutputLayer(nn.Module):
         flat = x.reshape(-1, shape[-1]).float()  # [R, H]
         if flat.shape[0] == 0:
             return flat.new_zeros(*shape[:-1], self.out_features)
+        if self.int8dot:  # steps 1-3 in one C++ call (csrc/int8_screen.cpp int8_screen_greedy)
+            approx = torch.ops.eyas.int8_screen_greedy(flat, self.packed, self.scale_float, self.code_sums,
+                                                       self.weight_error, self.approx_norm, self.weight)
+            return approx.reshape(*shape[:-1], self.out_features)
         approx, bound = self.screen(flat)  # [R, V] each
         best_lower = (approx - bound).amax(dim=1, keepdim=True)  # [R, 1]
         rows, columns = (approx + bound >= best_lower).nonzero(as_tuple=True)  # the candidates
