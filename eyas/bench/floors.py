@@ -69,20 +69,17 @@ def _buffer_bytes(module: nn.Module, names: tuple[str, ...]) -> int:
 
 
 def model_work(model: nn.Module) -> ModelWork:
-    """Sizes of an int4 model's parts (models/quant.py Int4Linear, models/output_layer.py
-    ScreenedOutputLayer); other layers count their weights' bytes and no integer work."""
+    """Sizes of a model's parts: every weight of the decoder layers, what the greedy output
+    layer reads (models/output_layer.py ScreenedOutputLayer: its int8 copy), and the integer
+    multiply-adds of the int8dot layers (models/quant.py Int4Linear); float layers count their
+    bytes and no integer work."""
     from eyas.models.output_layer import ScreenedOutputLayer
     from eyas.models.quant import Int4Linear
 
-    decoder_bytes = decoder_macs = 0
-    for layer in model.layers:
-        for module in layer.modules():
-            if isinstance(module, Int4Linear):
-                decoder_bytes += _buffer_bytes(module, ("packed", "scales_and_zeros", "bias"))
-                if module.layout == "int8dot":
-                    decoder_macs += module.in_features * module.out_features
-            elif isinstance(module, nn.Linear):
-                decoder_bytes += module.weight.numel() * module.weight.element_size()
+    tensors = [*model.layers.parameters(), *model.layers.buffers()]  # every weight of the decoder
+    decoder_bytes = sum(tensor.numel() * tensor.element_size() for tensor in tensors)
+    decoder_macs = sum(module.in_features * module.out_features for module in model.layers.modules()
+                       if isinstance(module, Int4Linear) and module.layout == "int8dot")
     head = model.lm_head
     if isinstance(head, ScreenedOutputLayer):
         names = (("packed", "scale_float", "code_sums", "weight_error", "approx_norm") if head.int8dot

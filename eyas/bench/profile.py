@@ -138,7 +138,7 @@ def _matmul_calls(model: nn.Module, rows: int) -> Callable[[], None]:
 
     calls = []
     for linear in _linears(model):
-        width = linear.in_features
+        width = linear.in_features if hasattr(linear, "in_features") else linear.weight_t.shape[0]
         x = torch.randn(rows, width)
         if isinstance(linear, Int4Linear) and linear.layout == "int8dot":
             calls.append(lambda x=x, packed=linear.packed: extension.module().int4_linear(x, packed))
@@ -213,14 +213,15 @@ def part_floors(work: ModelWork, limits: MachineLimits, rows: int, context: int)
             "output": output, "screen": output}
 
 
-def run_profile(config: ProfileConfig) -> tuple[list[PassProfile], list[str]]:
-    """Profiles of each T and the header lines (machine, limits, model sizes)."""
+def run_profile(config: ProfileConfig, refresh_limits: bool = False) -> tuple[list[PassProfile], list[str]]:
+    """Profiles of each T and the header lines (machine, limits, model sizes); `refresh_limits`
+    probes the machine again instead of reading its cached limits."""
     from eyas.bench.floors import describe_work
     from eyas.engine.target import load_target
     from eyas.models.probe import machine_limits
 
     target = load_target(config.model, dtype=config.dtype)
-    limits = machine_limits()
+    limits = machine_limits(refresh=refresh_limits)
     header = describe_limits(limits)
     work = model_work(target.model) if limits is not None else None
     if work is not None:

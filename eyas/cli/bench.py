@@ -150,6 +150,8 @@ def _register_profile(sub: argparse._SubParsersAction) -> None:
                          help="new tokens per pass, comma-separated (default: 1,8,32)")
     profile.add_argument("--context", type=int, default=d.context, help="cached tokens (default: %(default)s)")
     profile.add_argument("--repeats", type=int, default=d.repeats, help="timed passes per T (median)")
+    profile.add_argument("--probe-again", action="store_true",
+                         help="measure this machine's bandwidth and integer peak again (they are cached)")
     profile.set_defaults(func=run_profile_cli)
 
 
@@ -160,7 +162,7 @@ def run_profile_cli(args: argparse.Namespace) -> int:
         config = ProfileConfig(args.model, args.dtype, tuple(args.tokens), args.context, args.repeats)
     except ValueError as error:
         raise EyasError(str(error)) from None
-    profiles, header = run_profile(config)
+    profiles, header = run_profile(config, refresh_limits=args.probe_again)
     for line in header + format_profile(profiles):
         print(line)
     return 0

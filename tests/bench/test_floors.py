@@ -43,3 +43,37 @@ def test_the_costs_table_shows_the_percent_of_the_floor_reached():
 def test_a_pass_needs_rows():
     with pytest.raises(ValueError, match="rows >= 1"):
         PassWork(0, 1, 1, 1)
+
+
+def test_profile_parts_of_a_tiny_model(tiny_target):
+    from eyas.bench.profile import PARTS, format_profile, profile_pass
+
+    profile = profile_pass(tiny_target, rows=4, context=16, repeats=3)
+    for part in ("step", "layers", "matmuls", "layer_rest", "output", "norm_embed", "python"):
+        assert profile.seconds[part] >= 0.0
+    assert profile.seconds["layers"] > 0 and profile.seconds["matmuls"] > 0 and profile.seconds["output"] > 0
+    assert profile.seconds["layers"] + profile.seconds["output"] < 1.5 * profile.seconds["step"]
+    table = format_profile([profile])
+    assert table[0] == "| part | T=4 ms | % | floor ms |"
+    assert table[2].startswith("| whole pass |") and table[2].endswith("| 100% | - |")
+    assert len(table) == 2 + sum(part in profile.seconds for part, _ in PARTS)
+    # the timers are gone afterwards: the model's modules run their own methods again
+    model = tiny_target.model
+    assert "forward" not in model.norm.__dict__ and all("forward" not in layer.__dict__ for layer in model.layers)
+
+
+def test_bench_profile_cli(tiny_model_dir, capsys):
+    from eyas.cli.main import main
+
+    assert main(["bench", "profile", "--model", str(tiny_model_dir), "--dtype", "float32",
+                 "--tokens", "1,2", "--context", "8", "--repeats", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "| part | T=1 ms | % | floor ms | T=2 ms | % | floor ms |" in out
+    assert "| decoder layers (per-layer calls) |" in out and "CPU: " in out
+
+
+def test_bench_profile_refuses_bad_token_counts(tiny_model_dir, capsys):
+    from eyas.cli.main import main
+
+    assert main(["bench", "profile", "--model", str(tiny_model_dir), "--tokens", "0,8"]) != 0
+    assert "tokens must be between 1 and 256, got (0, 8)" in capsys.readouterr().err
