@@ -2,6 +2,12 @@
 // approximate logits and a rigorous bound on their error, in one pass (models/output_layer.py
 // uses them to find each row's exact argmax).
 //
+// Floor it chases: read bandwidth for a few rows (the int8 copy of the output layer, V x H bytes
+// plus 16 bytes per vocabulary row, read once per call: 29 MB for SmolLM2), the int8
+// multiply-add peak for many (V x H multiply-adds per row and per 8-bit pass; 14-bit activations
+// are two). The exact re-check of candidates (int8_screen_greedy) reads a handful of float32
+// rows and must stay small beside either.
+//
 // Why: PyTorch's int8 kernel (`_weight_int8pack_mm`) takes bf16 activations and costs ~0.45 ms
 // per row for SmolLM2's 49152 x 576 layer on the 2-core machine, and the bound around it then
 // takes several passes over [R, V] in PyTorch. Here each row of activations becomes 14-bit
