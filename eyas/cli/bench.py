@@ -9,6 +9,9 @@ Examples:
     eyas bench offline --systems "eyas:float32;hf-assisted:smollm2-135m;hf" --num-prompts 4
     eyas bench offline --systems "eyas:float32;eyas:float32+ngram:3,1,3" --num-draft-tokens 6
 
+    eyas bench costs --model smollm2-135m --dtype int4   # cost of a pass over T tokens, and its floor
+    eyas bench profile --model smollm2-135m --tokens 1,8,32   # where a pass's time goes
+
     eyas bench serve --url http://127.0.0.1:8000 --label eagle3 --concurrency 1,2,4,8,16
     eyas bench serve --url http://127.0.0.1:8000 --dataset random --input-len 512 --ignore-eos
     eyas bench plot runs/bench/plain/result.json runs/bench/eagle3/result.json --output-dir runs/bench/both
@@ -27,6 +30,11 @@ embedded is smollm2-135m drafting for itself), llama.cpp (when llama-cpp-python 
 hf-lookup, hf-assisted (the draft of --draft model:M, else the target itself) and hf, last, as
 the row the others' outputs are compared with.
 Speculative rows show tau, the acceptance length (1 + accepted / verification steps).
+
+`costs` and `profile` print this machine's CPU, the int8 instruction set in use, and its read
+bandwidth and integer multiply-add peak (measured by a short probe, cached per machine); from
+them, each pass's floor (bench/floors.py) and, for `profile`, each part's. `offline` prints the
+same machine lines above its table.
 
 `serve` sweeps concurrency levels against any OpenAI-compatible server (eyas, vLLM, SGLang):
 TTFT, TPOT, ITL, end-to-end latency, throughput, and acceptance from /metrics; it writes
@@ -47,6 +55,8 @@ from eyas.engine.target import PRECISIONS
 from eyas.errors import EyasError
 from eyas.utils.io import write_json_atomic
 
+COST_CONTEXT = 256  # cached tokens before the timed passes of `eyas bench costs`
+
 if TYPE_CHECKING:
     from eyas.bench.serve_client import SweepConfig
 
@@ -58,6 +68,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub = parser.add_subparsers(dest="bench_command", metavar="BENCH")
     _register_offline(sub)
     _register_costs(sub)
+    _register_profile(sub)
     _register_serve(sub)
     _register_plot(sub)
     _register_compare(sub)
@@ -91,27 +102,75 @@ def _register_costs(sub: argparse._SubParsersAction) -> None:
         "costs", help="measure the target's verification cost for 1..64 tokens in one pass",
         description="Measure one target pass over T new tokens (after 256 cached ones) for "
                     "T = 1..64, relative to a single-token step: the curve that sizes draft trees "
-                    "(cached per machine, model and precision).\n\nExample:\n"
+                    "(cached per machine, model and precision). With the int8 kernels, also this "
+                    "machine's measured read bandwidth and integer peak (a probe, cached per "
+                    "machine) and each T's floor: max(bytes / bandwidth, multiply-adds / peak), "
+                    "and the % of it reached.\n\nExample:\n"
                     "    eyas bench costs --model smollm2-135m --dtype float32",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     costs.add_argument("--model", default="smollm2-135m", help="model spec (default: %(default)s)")
     costs.add_argument("--dtype", default="auto", choices=PRECISIONS, help="precision (default: %(default)s)")
     costs.add_argument("--repeats", type=int, default=7, help="timed passes per size (median)")
+    costs.add_argument("--probe-again", action="store_true",
+                       help="measure this machine's bandwidth and integer peak again (they are cached)")
     costs.set_defaults(func=run_costs_cli)
 
 
 def run_costs_cli(args: argparse.Namespace) -> int:
-    from eyas.engine.speculative.sizing import CostModel, measure_verify_costs
+    from eyas.bench.floors import costs_table, describe_limits, describe_work, model_work
+    from eyas.engine.speculative.sizing import measure_verify_costs
     from eyas.engine.target import load_target
+    from eyas.models.probe import machine_limits
 
     target = load_target(args.model, dtype=args.dtype)
-    model = CostModel(measure_verify_costs(target, repeats=args.repeats))
-    relative = model.relative()
-    print(f"verification cost of {args.model} ({target.precision}), one pass over T tokens:")
-    print("| T | ms | x single-token step |")
-    print("|---|---|---|")
-    for tokens, seconds in sorted(model.verify_seconds.items()):
-        print(f"| {tokens} | {seconds * 1000:.1f} | {relative[tokens]:.2f} |")
+    limits = machine_limits(refresh=args.probe_again)  # probed once per machine, then cached
+    for line in describe_limits(limits):
+        print(line)
+    work = model_work(target.model) if limits is not None else None
+    if work is not None:
+        print(describe_work(work))
+    costs = measure_verify_costs(target, context=COST_CONTEXT, repeats=args.repeats)
+    print(f"verification cost of {args.model} ({target.precision}), one greedy pass over T tokens "
+          f"after {COST_CONTEXT} cached:")
+    for line in costs_table(costs, work, limits, COST_CONTEXT):
+        print(line)
+    return 0
+
+
+def _register_profile(sub: argparse._SubParsersAction) -> None:
+    from eyas.bench.profile import ProfileConfig
+
+    d = ProfileConfig()
+    profile = sub.add_parser(
+        "profile", help="where the time of a target pass goes, part by part, beside each part's floor",
+        description="Time one greedy target pass over T new tokens (after --context cached ones) "
+                    "and its parts: decoder matmuls, attention with the tree mask + norms + rotary "
+                    "(the rest of the C++ layers), the output screen and its exact re-check, "
+                    "Python; each in ms, % of the pass and its own floor (bytes / measured "
+                    "bandwidth, multiply-adds / measured integer peak).\n\nExample:\n"
+                    "    eyas bench profile --model smollm2-135m --tokens 1,8,32",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    profile.add_argument("--model", default=d.model, help="model spec (default: %(default)s)")
+    profile.add_argument("--dtype", default=d.dtype, choices=PRECISIONS, help="precision (default: %(default)s)")
+    profile.add_argument("--tokens", type=_concurrency_list, default=d.tokens,
+                         help="new tokens per pass, comma-separated (default: 1,8,32)")
+    profile.add_argument("--context", type=int, default=d.context, help="cached tokens (default: %(default)s)")
+    profile.add_argument("--repeats", type=int, default=d.repeats, help="timed passes per T (median)")
+    profile.add_argument("--probe-again", action="store_true",
+                         help="measure this machine's bandwidth and integer peak again (they are cached)")
+    profile.set_defaults(func=run_profile_cli)
+
+
+def run_profile_cli(args: argparse.Namespace) -> int:
+    from eyas.bench.profile import ProfileConfig, format_profile, run_profile
+
+    try:
+        config = ProfileConfig(args.model, args.dtype, tuple(args.tokens), args.context, args.repeats)
+    except ValueError as error:
+        raise EyasError(str(error)) from None
+    profiles, header = run_profile(config, refresh_limits=args.probe_again)
+    for line in header + format_profile(profiles):
+        print(line)
     return 0
 
 
@@ -160,11 +219,24 @@ def run_offline_cli(args: argparse.Namespace) -> int:
                            max_tokens=args.max_tokens, systems=systems,
                            num_draft_tokens=args.num_draft_tokens)
     report = run_offline(config)
+    for line in _limits_lines():
+        print(line)
     print(format_report(report))
     if args.output:
         write_json_atomic(args.output, report)
         print(f"report written to {args.output}")
     return 0
+
+
+def _limits_lines() -> list[str]:
+    """This machine's CPU, instruction set and measured limits (the header of offline and costs)."""
+    from eyas.bench.floors import describe_limits
+    from eyas.models.probe import machine_limits
+
+    try:
+        return describe_limits(machine_limits())
+    except RuntimeError as error:  # the probe could not run: say so, the benchmark stands
+        return [f"limits not measured: {error}"]
 
 
 # ----- serving sweeps: serve, plot, compare -----
