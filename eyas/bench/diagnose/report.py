@@ -47,9 +47,11 @@ def format_table(report: dict[str, Any]) -> str:
         _row("head step-0 accuracy, token inside its vocabulary", splits,
              lambda s: f"{s['head']['first_step_accuracy_in_vocabulary']:.3f}"),
     ]
-    for index, bucket in enumerate(held.get("head", {}).get("first_step_by_target_top1", [])):
+    buckets = held.get("head", {}).get("first_step_by_target_top1", [])
+    for index, bucket in enumerate(buckets):
         low, high = bucket["range"]
-        lines.append(_row(f"head step-0 accuracy where target top-1 in [{low:.1f}, {high:.1f}) "
+        close = "]" if index == len(buckets) - 1 else ")"
+        lines.append(_row(f"head step-0 accuracy where target top-1 in [{low:.1f}, {high:.1f}{close} "
                           f"(share of positions)", splits,
                           lambda s, i=index: f"{s['head']['first_step_by_target_top1'][i]['accuracy']:.3f} "
                                              f"({_pct(s['head']['first_step_by_target_top1'][i]['share'])})"))

@@ -31,10 +31,13 @@ from eyas.errors import EyasError
 
 
 def cpu_name() -> str:
+    """The CPU's model name and model number (/proc/cpuinfo), else what platform knows."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        fields = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().splitlines()
+                      if ":" in line)
+        fields = {key.strip(): value.strip() for key, value in fields.items()}
+        if "model name" in fields:
+            return f"{fields['model name']} (model {fields.get('model', '?')})"
     except OSError:
         pass
     return platform.processor() or platform.machine()

@@ -63,13 +63,14 @@ def by_confidence(hits: Tensor, top1: Tensor, edges: Sequence[float] = CONFIDENC
                   ) -> list[dict[str, float | int | list[float]]]:
     """Accuracy of `hits` (bool [N]) within buckets of the target's top-1 probability (float [N]):
     [0, e1), [e1, e2), ..., [e_last, 1]. Each: range, positions, share of all, accuracy."""
-    bounds = [0.0, *edges, 1.0 + 1e-9]
+    bounds = [0.0, *edges, 1.0]
     total = hits.numel()
     buckets = []
-    for low, high in zip(bounds, bounds[1:]):
-        inside = (top1 >= low) & (top1 < high)
+    for index, (low, high) in enumerate(zip(bounds, bounds[1:])):
+        last = index == len(bounds) - 2  # the last bucket holds top-1 == 1 too
+        inside = (top1 >= low) & ((top1 <= high) if last else (top1 < high))
         count = int(inside.sum())
-        buckets.append({"range": [low, min(high, 1.0)], "positions": count,
+        buckets.append({"range": [low, high], "positions": count,
                         "share": count / total if total else 0.0,
                         "accuracy": float(hits[inside].float().mean()) if count else 0.0})
     return buckets
