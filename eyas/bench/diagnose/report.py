@@ -61,8 +61,10 @@ def format_table(report: dict[str, Any]) -> str:
         _row("head acceptance-length estimate", splits, lambda s: f"{s['head']['accept_length']:.2f}"),
     ]
     for entry in held.get("layerskip", []):
+        by_top1 = " / ".join(f"{b['accuracy']:.2f}" for b in entry["by_target_top1"])
         lines.append(f"| layer-skip first-step agreement, skip {entry['skip_layers']} "
-                     f"({entry['kept_layers']} layers run) | {entry['first_step_agreement']:.3f} | - |")
+                     f"({entry['kept_layers']} layers run); by target top-1 bucket | "
+                     f"{entry['first_step_agreement']:.3f}; {by_top1} | - |")
     mtbench = report.get("mtbench")
     if mtbench:
         rates = ", ".join(f"{r:.2f}" for r in mtbench["acceptance_rate_per_position"])

@@ -151,7 +151,9 @@ def run_diagnose(config: DiagnoseConfig, progress: bool = False,
         if skips:
             splits[name]["layerskip"] = [
                 {"skip_layers": list(skip), "kept_layers": target.config.num_hidden_layers - len(skip),
-                 "first_step_agreement": round(float(hits.float().mean()), 4)}
+                 "first_step_agreement": round(float(hits.float().mean()), 4),
+                 "by_target_top1": [{**b, "share": round(b["share"], 4), "accuracy": round(b["accuracy"], 4)}
+                                    for b in by_confidence(hits, measured.top1)]}
                 for skip, hits in measured.skip_hits.items()]
         log(f"{name}: measured ({time.perf_counter() - split_started:.0f} s)")
     # 5. Acceptance by position on MT-Bench, from `eyas eval`.
