@@ -27,7 +27,8 @@ class DiagnoseConfig:
     mtbench_prompts: int = 16  # acceptance by position on MT-Bench (`eyas eval`); 0 = skip
     mtbench_tokens: int = 64
     eval_dtype: str = "auto"  # the MT-Bench run's precision (as `eyas eval`)
-    tree: str = "auto"  # the MT-Bench run's draft tree (as `eyas eval --tree`)
+    tree: str = "chain:5"  # the MT-Bench run's draft tree (`eyas eval --tree`): a top-1 chain as deep
+    # as the TTT steps, so that acceptance by position reads beside the accuracy per step
     seed: int = 0  # torch seed (only ties could depend on it)
 
     def __post_init__(self) -> None:
