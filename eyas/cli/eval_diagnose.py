@@ -77,7 +77,8 @@ def register(eval_subparsers: argparse._SubParsersAction) -> None:
                         help="default: %(default)s")
     parser.add_argument("--eval-dtype", default=d["eval_dtype"],
                         help="precision of the MT-Bench run (default: %(default)s)")
-    parser.add_argument("--tree", default=d["tree"], help="MT-Bench draft tree (default: %(default)s)")
+    parser.add_argument("--tree", default=None,
+                        help="MT-Bench draft tree, as `eyas eval --tree` (default: chain:K, K = --ttt-steps)")
     parser.add_argument("--output-dir", default="runs/diagnose",
                         help="where diagnose.json and diagnose.md go (default: %(default)s)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars or log lines")

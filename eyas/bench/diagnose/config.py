@@ -27,13 +27,15 @@ class DiagnoseConfig:
     mtbench_prompts: int = 16  # acceptance by position on MT-Bench (`eyas eval`); 0 = skip
     mtbench_tokens: int = 64
     eval_dtype: str = "auto"  # the MT-Bench run's precision (as `eyas eval`)
-    tree: str = "chain:5"  # the MT-Bench run's draft tree (`eyas eval --tree`): a top-1 chain as deep
-    # as the TTT steps, so that acceptance by position reads beside the accuracy per step
+    tree: str | None = None  # the MT-Bench run's draft tree (`eyas eval --tree`); None = chain:K, a
+    # top-1 chain as deep as the TTT steps, so that acceptance by position reads beside accuracy per step
     seed: int = 0  # torch seed (only ties could depend on it)
 
     def __post_init__(self) -> None:
         self.vocab_sizes = tuple(sorted({int(n) for n in self.vocab_sizes}))
         self.skip_counts = tuple(sorted({int(n) for n in self.skip_counts}))
+        if self.tree is None:
+            self.tree = f"chain:{self.ttt_steps}"
         if self.target_dtype not in TARGET_DTYPES:
             raise EyasError(f"--target-dtype must be one of {', '.join(TARGET_DTYPES)}, "
                             f"got '{self.target_dtype}'")
