@@ -5,6 +5,7 @@ Examples:
     eyas eval --draft eagle3:runs/smol/head --num-prompts 16 --tree chain:3 --output-dir runs/eval
     eyas eval --draft ngram --dataset code --dtype float32
     eyas eval --draft eagle3:runs/smol/head --temperature 1 --seed 0    # sampled: tau only
+    eyas eval diagnose --head runs/smol/head     # what limits a head (`eyas eval diagnose -h`)
 
 Every prompt is decoded plain, then speculatively, right after each other. Reported overall and
 per category (MT-Bench has 8): tau (1 + accepted / verification steps; the bonus token counts),
@@ -55,6 +56,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="where eval.json and eval.md go (default: %(default)s)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)
+    # `eyas eval diagnose ...`: what limits a head (eyas/cli/eval_diagnose.py)
+    from eyas.cli import eval_diagnose
+
+    eval_diagnose.register(parser.add_subparsers(dest="eval_command", metavar="diagnose"))
 
 
 def run(args: argparse.Namespace) -> int:
