@@ -94,8 +94,9 @@ def auto_precision(device: torch.device, folder: Path) -> tuple[str, str]:
         return "float32", f"GGUF decoder matrices at {bits} bits ({described}); int4 picks <= {AUTO_INT4_MAX_BITS}"
     if not int4_available():
         return "float32", "this PyTorch has no CPU int4 kernel"
-    exact = "the same codes" if bits == 4 else f"{bits}-bit weights rounded to 4 bits"
-    return "int4", f"GGUF decoder matrices at {bits} bits ({described}): {exact}"
+    how = "kept at 4 bits" if bits == 4 else f"rounded from {bits} to 4 bits"
+    return "int4", (f"GGUF decoder matrices at {bits} bits ({described}), {how}; "
+                    f"--dtype float32 runs the GGUF's values unrounded")
 
 
 def resolve_device(name: str) -> torch.device:

@@ -98,6 +98,14 @@ def layer_weight_bits(counts: dict[str, int]) -> int:
     return max(widths, key=widths.get) if widths else 16
 
 
+def gguf_source_info(path: str | Path) -> dict:
+    """What a resolved folder records about its GGUF (eyas_source.json): where it is, and the
+    types of its decoder matrices (what `--dtype auto` decides on)."""
+    counts = gguf_type_counts(path)
+    return {"gguf": str(Path(path).resolve()), "layer_weight_bits": layer_weight_bits(counts),
+            "layer_types": counts}
+
+
 def dequantize(tensor) -> np.ndarray:
     """A gguf ReaderTensor -> float32 numpy array in Hugging Face orientation ([O, I] for a
     matrix). Quantized blocks go through gguf.quants' per-type formula in large chunks (its

@@ -99,7 +99,7 @@ def source_identity(path: Path) -> str:
 def gguf_to_folder(gguf_path: Path, cache: str | Path | None = None) -> Path:
     """A folder with the GGUF's config.json, tokenizer and eyas_source.json (no weights: they
     are read from the GGUF itself, models/weight_source.py), made once in the cache."""
-    from eyas.models.gguf_loader import gguf_type_counts, layer_weight_bits
+    from eyas.models.gguf_loader import gguf_source_info
 
     root = Path(cache) if cache is not None else cache_dir() / "models"
     target = root / "gguf" / f"{gguf_path.stem}-{source_identity(gguf_path)}"
@@ -114,17 +114,10 @@ def gguf_to_folder(gguf_path: Path, cache: str | Path | None = None) -> Path:
     config = AutoConfig.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name).to_dict()
     config.pop("quantization_config", None)
     config["dtype"] = "float32"
-    from eyas.models.gguf_loader import open_reader
-
-    names = {tensor.name for tensor in open_reader(gguf_path).tensors}
-    config["tie_word_embeddings"] = "output.weight" not in names
-    counts = gguf_type_counts(gguf_path)
     with atomic_dir(target) as tmp:
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         tokenizer.save_pretrained(tmp)
-        source = {"gguf": str(gguf_path.resolve()), "layer_weight_bits": layer_weight_bits(counts),
-                  "layer_types": counts}
-        (tmp / SOURCE_INFO).write_text(json.dumps(source))
+        (tmp / SOURCE_INFO).write_text(json.dumps(gguf_source_info(gguf_path)))
     return target
 
 
