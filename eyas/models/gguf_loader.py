@@ -1,7 +1,7 @@
 """Read a GGUF checkpoint one tensor at a time, under Hugging Face names, as float32.
 
-The file is memory-mapped (gguf.GGUFReader): a tensor's bytes are read when it is asked for,
-dequantized (Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, F16, BF16, F32: gguf.quants'
+The file is memory-mapped (gguf.GGUFReader): a tensor's bytes are read when it is asked for
+(and their pages then dropped from the process's resident set), dequantized (Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, F16, BF16, F32: gguf.quants'
 own block formulas, so the values equal what transformers loads) and handed over; nothing else
 of the file is held. A loader that quantizes each tensor as it arrives therefore never holds more
 than one float32 tensor (engine/layerwise.py).
@@ -15,6 +15,7 @@ Usage:
 
 from __future__ import annotations
 
+import mmap
 import re
 from pathlib import Path
 
@@ -161,6 +162,7 @@ class GGUFSource:
             raise EyasError(f"{self.path} has no tensor for {name}")
         tensor = self.tensors[name]
         weight = torch.from_numpy(dequantize(tensor))
+        self._release(tensor)
         if self.architecture in PERMUTED_ARCHITECTURES and name.endswith((".q_proj.weight", ".k_proj.weight", ".q_proj.bias", ".k_proj.bias")):
             if self.heads is None or self.kv_heads is None:
                 raise ValueError("GGUFSource needs heads and kv_heads to read llama q/k weights")
@@ -169,3 +171,15 @@ class GGUFSource:
 
     def files(self) -> list[Path]:
         return [self.path]
+
+    def _release(self, tensor) -> None:
+        """Drop the mapped pages of a tensor already read from this process's resident set
+        (they stay in the page cache): otherwise reading the file once would keep all of it
+        resident, counted in the process's memory."""
+        mapping = getattr(self.reader.data, "_mmap", None)
+        if mapping is None or not hasattr(mapping, "madvise"):
+            return
+        start = tensor.data_offset // mmap.PAGESIZE * mmap.PAGESIZE
+        end = min(tensor.data_offset + tensor.n_bytes, len(mapping))
+        if end > start:
+            mapping.madvise(mmap.MADV_DONTNEED, start, end - start)

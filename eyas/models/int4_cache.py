@@ -44,6 +44,7 @@ CACHE_VERSION = 1  # bump when what the cache holds changes
 FILE = "model.safetensors"
 DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
           torch.uint8: "U8", torch.int8: "I8", torch.int32: "I32", torch.int64: "I64"}
+SAFETENSORS_DTYPES = {code: dtype for dtype, code in DTYPES.items()}
 ALIGN = 64  # every tensor's data starts at a multiple of this (any dtype view is aligned)
 
 
@@ -131,24 +132,44 @@ def write_streaming(path: Path, tensors: dict[str, Tensor], metadata: dict[str, 
             handle.write(memoryview(flat.view(torch.uint8).numpy()))
 
 
-def read_mapped(path: Path) -> dict[str, Tensor]:
-    """The tensors of a safetensors file as views of one private memory map of it (pages are
-    read on first touch and shared with the page cache; writes would stay private)."""
-    names = {code: dtype for dtype, code in DTYPES.items()}
+def read_header(path: Path) -> tuple[int, dict]:
+    """(where the data starts, the JSON header) of a safetensors file."""
     with open(path, "rb") as handle:
         try:
             (length,) = struct.unpack("<Q", handle.read(8))
-            header = json.loads(handle.read(length))
+            if length > path.stat().st_size:
+                raise ValueError(f"header length {length} exceeds the file")
+            return 8 + length, json.loads(handle.read(length))
         except (struct.error, ValueError, UnicodeDecodeError) as error:
             raise EyasError(f"{path} has no readable safetensors header ({error})") from None
+
+
+def read_tensor(path: Path, base: int, entry: dict) -> Tensor:
+    """One tensor of a safetensors file (header `entry`), read into memory of its own."""
+    start, end = entry["data_offsets"]
+    dtype = SAFETENSORS_DTYPES[entry["dtype"]]
+    out = torch.empty(end - start, dtype=torch.uint8)
+    with open(path, "rb") as handle:
+        handle.seek(base + start)
+        if handle.readinto(memoryview(out.numpy())) != end - start:
+            raise EyasError(f"{path} is truncated (tensor at bytes {base + start}..{base + end})")
+    return out.view(dtype).reshape(entry["shape"])
+
+
+def read_mapped(path: Path) -> dict[str, Tensor]:
+    """The tensors of a safetensors file as views of one private memory map of it (pages are
+    read on first touch and shared with the page cache; writes would stay private)."""
+    base, header = read_header(path)
+    with open(path, "rb") as handle:
         mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
-    base = 8 + length
     tensors: dict[str, Tensor] = {}
     for name, entry in header.items():
         if name == "__metadata__":
             continue
         start, end = entry["data_offsets"]
-        dtype = names[entry["dtype"]]
+        dtype = SAFETENSORS_DTYPES[entry["dtype"]]
+        if base + end > len(mapped):
+            raise EyasError(f"{path} is truncated ({name} ends past the end of the file)")
         if end == start:
             tensors[name] = torch.empty(entry["shape"], dtype=dtype)
             continue
@@ -157,7 +178,3 @@ def read_mapped(path: Path) -> dict[str, Tensor]:
     return tensors
 
 
-def read_metadata(path: Path) -> dict[str, str]:
-    with open(path, "rb") as handle:
-        (length,) = struct.unpack("<Q", handle.read(8))
-        return json.loads(handle.read(length)).get("__metadata__", {})

@@ -16,6 +16,7 @@ Usage:
 
 from __future__ import annotations
 
+import ctypes
 import sys
 from pathlib import Path
 from typing import Callable
@@ -143,6 +144,7 @@ def _int4_from_source(config: ModelConfig, source: WeightSource, prefix: str) ->
         for parent, attr in _linears(layer):
             setattr(parent, attr, Int4Linear(getattr(parent, attr), GROUP_SIZE))
         layer.self_attn.float64_attention = True  # what quantize_model sets (models/quant.py)
+        release_freed_memory()
     return _finish(model)
 
 
@@ -166,6 +168,24 @@ def _int4_from_cache(config: ModelConfig, source: WeightSource, prefix: str,
             raise ValueError(f"unexpected tensors {unexpected[:5]}")
         layer.self_attn.float64_attention = True
     return _finish(model)
+
+
+def release_freed_memory() -> None:
+    """Give the float32 temporaries of a layer back to the system (glibc keeps freed chunks in
+    per-thread arenas, where the next layer's threads may not reuse them: the resident size
+    would grow by a layer's temporaries every few layers). No-op off glibc."""
+    global _libc
+    if _libc is None:
+        try:
+            _libc = ctypes.CDLL("libc.so.6")
+            _libc.malloc_trim.argtypes = [ctypes.c_size_t]
+        except (OSError, AttributeError):
+            _libc = False
+    if _libc:
+        _libc.malloc_trim(0)
+
+
+_libc: ctypes.CDLL | bool | None = None
 
 
 def _finish(model: Transformer) -> Transformer:

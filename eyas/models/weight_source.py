@@ -34,25 +34,33 @@ class WeightSource(Protocol):
 
 
 class SafetensorsSource:
-    """The tensors of a folder's *.safetensors files (memory-mapped by safetensors)."""
+    """The tensors of a folder's *.safetensors files, each read from its file when asked for
+    (plain reads, not a memory map: pages of a map that was read once would stay counted in
+    the process's resident memory)."""
 
     def __init__(self, folder: Path) -> None:
-        from safetensors import safe_open
+        from eyas.models.int4_cache import read_header
 
-        files = sorted(glob.glob(str(folder / "*.safetensors")))
-        if not files:
+        self.paths = [Path(file) for file in sorted(glob.glob(str(folder / "*.safetensors")))]
+        if not self.paths:
             raise EyasError(f"no *.safetensors weights in {folder} (pickled .bin files are not loaded)")
-        self.handles = [safe_open(file, framework="pt") for file in files]
-        self.paths = [Path(file) for file in files]
-        self.where = {name: handle for handle in self.handles for name in handle.keys()}
+        self.where: dict[str, tuple[Path, int, dict]] = {}
+        for path in self.paths:
+            base, header = read_header(path)
+            for name, entry in header.items():
+                if name != "__metadata__":
+                    self.where[name] = (path, base, entry)
 
     def names(self) -> set[str]:
         return set(self.where)
 
     def get(self, name: str) -> Tensor:
+        from eyas.models.int4_cache import read_tensor
+
         if name not in self.where:
             raise EyasError(f"no tensor {name} in the safetensors files of {self.paths[0].parent}")
-        return self.where[name].get_tensor(name)
+        path, base, entry = self.where[name]
+        return read_tensor(path, base, entry)
 
     def files(self) -> list[Path]:
         return list(self.paths)
