@@ -67,6 +67,12 @@ def peer_systems(model: str, draft: str | None = None, with_llama_cpp: bool | No
 def _load_hf(folder: str | Path) -> Any:
     from transformers import AutoModelForCausalLM
 
+    from eyas.models.weight_source import gguf_file
+
+    gguf = gguf_file(Path(folder))
+    if gguf is not None:  # a resolved GGUF folder holds no weights: transformers reads the GGUF
+        return AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                                    dtype=torch.float32).eval()
     return AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
 
 
