@@ -41,6 +41,10 @@ def gguf_path(model: str) -> Path | None:
     from eyas.models.registry import ALIASES, package_dir
 
     entry = ALIASES.get(model)
+    if entry is not None and entry.parts:  # joined by `make qwen` into the cache
+        from eyas.models.parts import joined_path
+
+        return joined_path(entry.filename) if joined_path(entry.filename).is_file() else None
     if entry is not None:
         folder = package_dir(entry.package)
         return folder / entry.filename if folder is not None else None

