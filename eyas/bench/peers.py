@@ -41,6 +41,10 @@ def gguf_path(model: str) -> Path | None:
     from eyas.models.registry import ALIASES, package_dir
 
     entry = ALIASES.get(model)
+    if entry is not None and entry.parts:  # joined by `make qwen` into the cache
+        from eyas.models.parts import joined_path
+
+        return joined_path(entry.filename) if joined_path(entry.filename).is_file() else None
     if entry is not None:
         folder = package_dir(entry.package)
         return folder / entry.filename if folder is not None else None
@@ -67,6 +71,12 @@ def peer_systems(model: str, draft: str | None = None, with_llama_cpp: bool | No
 def _load_hf(folder: str | Path) -> Any:
     from transformers import AutoModelForCausalLM
 
+    from eyas.models.weight_source import gguf_file
+
+    gguf = gguf_file(Path(folder))
+    if gguf is not None:  # a resolved GGUF folder holds no weights: transformers reads the GGUF
+        return AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                                    dtype=torch.float32).eval()
     return AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
 
 

@@ -13,7 +13,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                         help="alias (smollm2-135m), Hugging Face folder, or .gguf file "
                              "(default: %(default)s)")
     parser.add_argument("--dtype", default="auto", choices=PRECISIONS,
-                        help="precision; auto = int4 for a 4-bit GGUF on CPU, else float32 on CPU, "
+                        help="precision; auto = int4 for a GGUF of <= 6 bits on CPU, else float32 on CPU, "
                              "bfloat16 on CUDA (default: %(default)s)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: %(default)s)")
 

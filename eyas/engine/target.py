@@ -8,22 +8,22 @@ Usage:
 
 from __future__ import annotations
 
-import glob
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 
 from eyas.errors import EyasError
 from eyas.models.config import ModelConfig
-from eyas.models.llama import Transformer
 from eyas.models.cpu_linear import transpose_linears
-from eyas.models.llama import rope_inverse_frequencies
+from eyas.models.layerwise import load_layerwise
+from eyas.models.llama import Transformer
 from eyas.models.output_layer import ScreenedOutputLayer
-from eyas.models.quant import int4_available, quantize_model
-from eyas.models.registry import resolve_model, source_weight_bits
+from eyas.models.quant import int4_available
+from eyas.models.registry import resolve_model, source_layer_types, source_weight_bits
+from eyas.models.weight_source import gguf_file, open_weights
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # "int4": decoder matrices held as 4-bit codes with a scale and minimum per 32 weights (the
@@ -58,11 +58,16 @@ class Target:
         return ids
 
 
-def resolve_precision(name: str, device: torch.device, folder: Path) -> str:
-    """Turn 'auto' into a concrete precision (see BENCHMARKS.md for the measurements).
+AUTO_INT4_MAX_BITS = 6  # a GGUF at <= 6 bits per weight loses little more in int4 (Q4_1 layout)
 
-    CPU: a model that came from a 4-bit GGUF runs in int4, which holds exactly the GGUF's codes
-    (2x the tokens/s of float32 here); any other model runs in float32 (bf16 matmuls are not
+
+def resolve_precision(name: str, device: torch.device, folder: Path) -> str:
+    """Turn 'auto' into a concrete precision (see BENCHMARKS.md for the measurements) and say
+    on stderr what was chosen and why.
+
+    CPU: a model that came from a GGUF quantized at <= 6 bits per weight (Q4_*, Q5_*, Q6_K)
+    runs in int4, ~2x the tokens/s of float32 (a 4-bit GGUF's codes are kept exactly; 5- and
+    6-bit ones are rounded to 4 bits); any other model runs in float32 (bf16 matmuls are not
     faster on CPUs without AVX512-BF16). CUDA: bfloat16.
     """
     if name not in PRECISIONS:
@@ -71,9 +76,27 @@ def resolve_precision(name: str, device: torch.device, folder: Path) -> str:
         if name == "int4" and device.type != "cpu":
             raise EyasError("precision int4 runs on the CPU only; use bfloat16 on CUDA")
         return name
+    chosen, reason = auto_precision(device, folder)
+    print(f"[eyas] --dtype auto: {chosen} ({reason})", file=sys.stderr, flush=True)
+    return chosen
+
+
+def auto_precision(device: torch.device, folder: Path) -> tuple[str, str]:
+    """(precision, why) for --dtype auto."""
     if device.type == "cuda":
-        return "bfloat16"
-    return "int4" if source_weight_bits(folder) == 4 and int4_available() else "float32"
+        return "bfloat16", "on CUDA"
+    bits = source_weight_bits(folder)
+    types = source_layer_types(folder) or {}
+    described = ", ".join(f"{count} {kind}" for kind, count in sorted(types.items(), key=lambda t: -t[1]))
+    if bits is None:
+        return "float32", "not a GGUF: the checkpoint's own weights, unquantized"
+    if bits > AUTO_INT4_MAX_BITS:
+        return "float32", f"GGUF decoder matrices at {bits} bits ({described}); int4 picks <= {AUTO_INT4_MAX_BITS}"
+    if not int4_available():
+        return "float32", "this PyTorch has no CPU int4 kernel"
+    how = "kept at 4 bits" if bits == 4 else f"rounded from {bits} to 4 bits"
+    return "int4", (f"GGUF decoder matrices at {bits} bits ({described}), {how}; "
+                    f"--dtype float32 runs the GGUF's values unrounded")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -84,27 +107,10 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def load_weights(folder: Path) -> dict[str, torch.Tensor]:
-    files = sorted(glob.glob(str(folder / "*.safetensors")))
-    if not files:
-        raise EyasError(f"no *.safetensors weights in {folder} (pickled .bin files are not loaded)")
-    state: dict[str, torch.Tensor] = {}
-    for file in files:
-        state.update(load_file(file))
-    return state
-
-
-def build_model(config: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.dtype,
-                device: torch.device) -> Transformer:
-    """Build the model without random init (meta tensors), then load the weights into it."""
-    with torch.device("meta"):
-        model = Transformer(config)
-    model.to_empty(device=device)
-    model.load_hf_state_dict({k: v.to(device=device, dtype=dtype) for k, v in state.items()})
-    model.inv_freq = rope_inverse_frequencies(config).to(device)
-    if config.tie_word_embeddings:
-        model.lm_head.weight = model.embed_tokens.weight
-    return model.to(dtype=dtype).eval().requires_grad_(False)
+def cache_name(folder: Path) -> str:
+    """How the int4 cache names a model: the GGUF's file name, else the folder's name."""
+    gguf = gguf_file(folder)
+    return gguf.stem if gguf is not None else folder.name
 
 
 def load_target(spec: str | Path, dtype: str = "auto", device: str = "cpu",
@@ -116,16 +122,17 @@ def load_target(spec: str | Path, dtype: str = "auto", device: str = "cpu",
     torch_device = resolve_device(device)
     precision = resolve_precision(dtype, torch_device, folder)
     config = ModelConfig.from_folder(folder)
-    float_dtype = DTYPES.get(precision, torch.float32)
-    model = build_model(config, load_weights(folder), float_dtype, torch_device)
-    if precision == "int4":
-        quantize_model(model, group_size=32, lm_head="keep")
+    source = open_weights(folder, heads=config.num_attention_heads, kv_heads=config.num_key_value_heads)
+    # int4: quantized as each layer is read (or mapped from the int4 cache); the output layer
+    # stays float32 (the screen below)
+    model = load_layerwise(config, source, precision, torch_device, name=cache_name(folder))
     if torch_device.type == "cpu":
+        rows = model.lm_head.weight  # [V, H]: the tied embedding, or the output layer's own
         transpose_linears(model, output_layer_only=precision == "int4")
         if precision in ("int4", "float32"):
-            # exact greedy argmax at int8 cost; a tied embedding doubles as its row-major weight
-            tied = model.embed_tokens.weight if config.tie_word_embeddings else None
-            model.lm_head = ScreenedOutputLayer(model.lm_head, rows=tied)
+            # exact greedy argmax at int8 cost; the row-major weight is kept, not copied again
+            model.lm_head = ScreenedOutputLayer(model.lm_head, rows=rows)
+        del rows
     tokenizer = AutoTokenizer.from_pretrained(folder)
     return Target(model=model, tokenizer=tokenizer, config=config, folder=folder,
                   device=torch_device, precision=precision)

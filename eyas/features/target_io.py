@@ -11,14 +11,12 @@ Usage:
 
 from __future__ import annotations
 
-import glob
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import torch
-from safetensors import safe_open
 from torch import Tensor
 
 from eyas.eagle3.config import default_target_layer_ids
@@ -26,6 +24,7 @@ from eyas.errors import EyasError
 from eyas.models.config import ModelConfig
 from eyas.models.llama import Transformer
 from eyas.models.registry import resolve_model
+from eyas.models.weight_source import open_weights
 
 EMBEDDING_KEYS = ("model.embed_tokens.weight", "embed_tokens.weight")
 LM_HEAD_KEYS = ("lm_head.weight",)
@@ -51,23 +50,24 @@ def describe_target(spec: str | Path) -> TargetInfo:
                       architectures=list(raw.get("architectures") or ["LlamaForCausalLM"]))
 
 
-def _read_first(folder: Path, keys: Sequence[str]) -> Tensor | None:
-    for file in sorted(glob.glob(str(folder / "*.safetensors"))):
-        with safe_open(file, framework="pt") as handle:
-            names = set(handle.keys())
-            for key in keys:
-                if key in names:
-                    return handle.get_tensor(key)
+def _read_first(names: set[str], read, keys: Sequence[str]) -> Tensor | None:
+    for key in keys:
+        if key in names:
+            return read(key)
     return None
 
 
 def load_output_weights(info: TargetInfo) -> tuple[Tensor, Tensor]:
-    """The target's token embedding and lm_head weights, [V, H] each, as float32."""
-    embedding = _read_first(info.folder, EMBEDDING_KEYS)
+    """The target's token embedding and lm_head weights, [V, H] each, as float32 (read from
+    the safetensors files, or the GGUF, one tensor each)."""
+    source = open_weights(info.folder, heads=info.config.num_attention_heads,
+                          kv_heads=info.config.num_key_value_heads)
+    names = source.names()
+    embedding = _read_first(names, source.get, EMBEDDING_KEYS)
     if embedding is None:
-        raise EyasError(f"no token embedding ({' or '.join(EMBEDDING_KEYS)}) in the safetensors "
-                        f"files of {info.folder}")
-    lm_head = None if info.config.tie_word_embeddings else _read_first(info.folder, LM_HEAD_KEYS)
+        raise EyasError(f"no token embedding ({' or '.join(EMBEDDING_KEYS)}) in the weights of "
+                        f"{info.folder}")
+    lm_head = None if info.config.tie_word_embeddings else _read_first(names, source.get, LM_HEAD_KEYS)
     if lm_head is None:
         lm_head = embedding
     return embedding.float(), lm_head.float()

@@ -1,0 +1,180 @@
+"""The int4 model cache: packed int4 weights, written once, memory-mapped on every later load.
+
+Quantizing a model costs a pass over its float weights (seconds for a 1.5B GGUF); the result
+depends only on the source file and on how Int4Linear packs (its layout, the extension's
+sources, PyTorch's version). So the decoder's tensors after quantization (int4 codes with their
+scales and minimums in the kernel's layout, norms, biases) are kept as one safetensors file:
+
+    <cache>/int4/<source name>-<key>/model.safetensors   the decoder layers + final norm
+                                    /manifest.json       its size and sha256 (utils/integrity.py)
+
+keyed by the source files (path, size, modification time) and the packing format. The token
+embedding and an untied output layer are not in it: they are used as the source holds them and
+read from the source (memory-mapped) on each load, so the cache is the int4 part alone. No float
+copy of a weight is written. The file is written tensor by tensor (no second copy in memory) and
+read back memory-mapped: loading maps it, checks its digest and builds no tensor of its own.
+
+A cache whose digest, size or header does not check out is rebuilt from the source, with one
+line on stderr saying why.
+
+Usage:
+    cache = Int4Cache.for_source(source.files(), name="qwen2.5-coder-1.5b", group_size=32)
+    tensors = cache.load()            # None: absent or damaged (said on stderr); else name -> tensor
+    cache.save(model_tensors, {"source": "..."})
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import mmap
+import struct
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from eyas.errors import EyasError
+from eyas.utils.integrity import verify_files, write_manifest
+from eyas.utils.io import atomic_dir, cache_dir
+
+CACHE_VERSION = 1  # bump when what the cache holds changes
+FILE = "model.safetensors"
+DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
+          torch.uint8: "U8", torch.int8: "I8", torch.int32: "I32", torch.int64: "I64"}
+SAFETENSORS_DTYPES = {code: dtype for dtype, code in DTYPES.items()}
+ALIGN = 64  # every tensor's data starts at a multiple of this (any dtype view is aligned)
+
+
+def packing_format(group_size: int) -> dict[str, str | int]:
+    """What decides the bytes Int4Linear holds: its layout, the extension's sources (they pack
+    the int8dot layout), PyTorch's version (it packs the torch layout)."""
+    from eyas.models import fused_cpu
+    from eyas.models.extension import source_tag
+
+    kernel = fused_cpu.int8dot_kernel()
+    layout = "int8dot" if kernel is not None else "torch"
+    return {"version": CACHE_VERSION, "group_size": group_size, "layout": layout,
+            "extension": source_tag() if kernel is not None else "", "torch": torch.__version__}
+
+
+def source_key(files: list[Path]) -> str:
+    parts = []
+    for path in files:
+        stat = path.stat()
+        parts.append(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}")
+    return "\n".join(parts)
+
+
+@dataclass(frozen=True)
+class Int4Cache:
+    folder: Path
+    source: str  # what the folder was made from, for messages
+
+    @classmethod
+    def for_source(cls, files: list[Path], name: str, group_size: int,
+                   root: Path | None = None) -> Int4Cache:
+        key_text = source_key(files) + "\n" + json.dumps(packing_format(group_size), sort_keys=True)
+        key = hashlib.sha256(key_text.encode()).hexdigest()[:16]
+        root = root if root is not None else cache_dir() / "int4"
+        return cls(folder=root / f"{name}-{key}", source=", ".join(str(f) for f in files))
+
+    def load(self) -> dict[str, Tensor] | None:
+        """The cached tensors, memory-mapped; None when there is no cache or it is damaged
+        (then said on stderr: the caller rebuilds it). A folder without its manifest is an
+        interrupted write, also rebuilt."""
+        if not (self.folder / "manifest.json").is_file():
+            return None
+        try:
+            verify_files(self.folder, [FILE])
+            return read_mapped(self.folder / FILE)
+        except EyasError as error:
+            print(f"[eyas] the int4 cache {self.folder} is damaged ({error}); rebuilding it from "
+                  f"{self.source}", file=sys.stderr, flush=True)
+            return None
+
+    def save(self, tensors: dict[str, Tensor], metadata: dict[str, str]) -> None:
+        """Write the tensors and their manifest; the folder appears whole (one rename)."""
+        import shutil
+
+        if self.folder.exists():
+            shutil.rmtree(self.folder)  # a damaged cache: replaced
+        with atomic_dir(self.folder) as tmp:
+            write_streaming(tmp / FILE, tensors, metadata)
+            write_manifest(tmp, [FILE])
+
+
+def write_streaming(path: Path, tensors: dict[str, Tensor], metadata: dict[str, str]) -> None:
+    """A safetensors file, written tensor by tensor (safetensors' save_file first copies every
+    tensor to bytes: a second model in memory). Offsets are padded to ALIGN bytes."""
+    header: dict[str, object] = {"__metadata__": metadata}
+    offset = 0
+    for name, tensor in tensors.items():
+        if tensor.dtype not in DTYPES:
+            raise ValueError(f"{name}: dtype {tensor.dtype} is not written to the int4 cache")
+        start = -(-offset // ALIGN) * ALIGN
+        size = tensor.numel() * tensor.element_size()
+        header[name] = {"dtype": DTYPES[tensor.dtype], "shape": list(tensor.shape),
+                        "data_offsets": [start, start + size]}
+        offset = start + size
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-(len(text) + 8) % ALIGN)  # data starts aligned in the file as well
+    with open(path, "wb") as handle:
+        handle.write(struct.pack("<Q", len(text)))
+        handle.write(text)
+        base = handle.tell()
+        for name, tensor in tensors.items():
+            start = header[name]["data_offsets"][0]
+            handle.write(b"\0" * (base + start - handle.tell()))
+            flat = tensor.detach().contiguous().cpu().reshape(-1)
+            handle.write(memoryview(flat.view(torch.uint8).numpy()))
+
+
+def read_header(path: Path) -> tuple[int, dict]:
+    """(where the data starts, the JSON header) of a safetensors file."""
+    with open(path, "rb") as handle:
+        try:
+            (length,) = struct.unpack("<Q", handle.read(8))
+            if length > path.stat().st_size:
+                raise ValueError(f"header length {length} exceeds the file")
+            return 8 + length, json.loads(handle.read(length))
+        except (struct.error, ValueError, UnicodeDecodeError) as error:
+            raise EyasError(f"{path} has no readable safetensors header ({error})") from None
+
+
+def read_tensor(path: Path, base: int, entry: dict) -> Tensor:
+    """One tensor of a safetensors file (header `entry`), read into memory of its own."""
+    start, end = entry["data_offsets"]
+    dtype = SAFETENSORS_DTYPES[entry["dtype"]]
+    out = torch.empty(end - start, dtype=torch.uint8)
+    with open(path, "rb") as handle:
+        handle.seek(base + start)
+        if handle.readinto(memoryview(out.numpy())) != end - start:
+            raise EyasError(f"{path} is truncated (tensor at bytes {base + start}..{base + end})")
+    return out.view(dtype).reshape(entry["shape"])
+
+
+def read_mapped(path: Path) -> dict[str, Tensor]:
+    """The tensors of a safetensors file as views of one private memory map of it (pages are
+    read on first touch and shared with the page cache; writes would stay private)."""
+    base, header = read_header(path)
+    with open(path, "rb") as handle:
+        mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
+    tensors: dict[str, Tensor] = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        start, end = entry["data_offsets"]
+        dtype = SAFETENSORS_DTYPES[entry["dtype"]]
+        if base + end > len(mapped):
+            raise EyasError(f"{path} is truncated ({name} ends past the end of the file)")
+        if end == start:
+            tensors[name] = torch.empty(entry["shape"], dtype=dtype)
+            continue
+        raw = torch.frombuffer(mapped, dtype=torch.uint8, count=end - start, offset=base + start)
+        tensors[name] = raw.view(dtype).reshape(entry["shape"])
+    return tensors
+
+
