@@ -13,12 +13,18 @@
 | vllm:spec_decode_num_accepted_tokens_total                 | counter   | draft tokens accepted |
 | vllm:spec_decode_num_accepted_tokens_per_pos_total{position} | counter | drafts accepted at depth position + 1 (0-based) |
 | eyas:spec_decode_draft_tokens_per_request                  | gauge     | k the policy chose for the last step (0 = plain) |
+| eyas:suffix_store_bytes / eyas:suffix_store_max_bytes      | gauge     | `--draft suffix`: the global store's estimated size / its bound |
+| eyas:suffix_store_documents / eyas:suffix_store_tokens     | gauge     | earlier requests' outputs held / their tokens |
+| eyas:suffix_store_evictions_total                          | counter   | documents evicted (least recently used first) |
+| eyas:suffix_store_lookups_total / eyas:suffix_store_hits_total | counter | proposals that searched the store / found a continuation there |
 
 Mean acceptance length = 1 + accepted / drafts (the bonus token counts).
 Every series carries model_name and engine="0" labels, as vLLM's do.
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -61,6 +67,8 @@ class ServerMetrics:
         self.draft_length = Gauge("eyas:spec_decode_draft_tokens_per_request",
                                   "Draft tokens per request chosen for the last step (0 = plain)",
                                   labels, registry=r)
+        self.store_stats: Callable[[], dict[str, int]] | None = None  # watch_suffix_store
+        self.store_gauges: dict[str, Gauge] = {}
         for reason in ("stop", "length", "abort", "error"):  # exported from the start, at 0
             self.success.labels(**self.label_values, finished_reason=reason)
         for metric in (self.drafts, self.draft_tokens, self.accepted_tokens, self.prompt_tokens,
@@ -100,5 +108,22 @@ class ServerMetrics:
         self._l(self.running).set(running)
         self._l(self.waiting).set(waiting)
 
+    def watch_suffix_store(self, stats: Callable[[], dict[str, int]]) -> None:
+        """Export the suffix-decoding store's size and hit counts (read at every scrape)."""
+        self.store_stats = stats
+        names = {"bytes": "estimated size in bytes", "max_bytes": "size bound in bytes",
+                 "documents": "earlier outputs held", "tokens": "tokens of the outputs held",
+                 "evictions_total": "documents evicted", "lookups_total": "proposals that "
+                 "searched the store", "hits_total": "proposals that found a continuation there"}
+        for name, text in names.items():
+            # the *_total series are counts the store keeps itself: exported as gauges named
+            # like counters, so that rate() reads them
+            self.store_gauges[name] = Gauge(f"eyas:suffix_store_{name}", f"Suffix store: {text}",
+                                            ["model_name", "engine"], registry=self.registry)
+
     def exposition(self) -> bytes:
+        if self.store_stats is not None:
+            stats = self.store_stats()
+            for name, gauge in self.store_gauges.items():
+                gauge.labels(**self.label_values).set(stats[name.removesuffix("_total")])
         return generate_latest(self.registry)

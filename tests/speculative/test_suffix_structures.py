@@ -173,14 +173,14 @@ def test_confidence_learns_from_verified_nodes():
     assert proposer.confidence["local"].factor(bucket) < before / 2
 
 
-def test_specs_parse_and_bad_ones_say_what_is_accepted(tiny_target):
+def test_specs_parse_and_bad_ones_say_what_is_accepted():
     assert split_suffix_graft("eagle3:x+suffix:32") == ("eagle3:x", "32")
     assert split_suffix_graft("suffix") == ("suffix", None)
-    proposer = build_proposer("suffix:8,16", tiny_target)
+    proposer = build_proposer("suffix:8,16", None)
     assert proposer.store.max_bytes == 8 << 20 and proposer.config.max_depth == 16
     with pytest.raises(EyasError, match="suffix\\[:CACHE_MB"):
-        build_proposer("suffix:a,b,c", tiny_target)
+        build_proposer("suffix:a,b,c", None)
     with pytest.raises(EyasError, match="MAX_DEPTH must be >= 4"):
-        build_proposer("suffix:8,2", tiny_target)
+        build_proposer("suffix:8,2", None)
     with pytest.raises(EyasError, match="cannot take it"):
-        build_proposer("ngram+suffix", tiny_target)
+        build_proposer("ngram+suffix", None)
