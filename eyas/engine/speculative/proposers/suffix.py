@@ -35,8 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from eyas.engine.speculative.draft import DraftTree
-from eyas.engine.speculative.proposers.suffix_candidates import (
-    Candidate, Confidence, grow, merge, ranked)
+from eyas.engine.speculative.proposers.suffix_candidates import Candidate, Confidence, grow, merge, ranked
 from eyas.engine.speculative.proposers.suffix_store import SuffixStore
 from eyas.engine.speculative.proposers.suffix_trie import SuffixTrie
 from eyas.engine.speculative.sizing import best_prefix, load_or_measure
@@ -94,7 +93,10 @@ class SuffixProposer:
         self.prompt_length = len(prompt_ids)
         self._extend(prompt_ids)
         self.finished = False
+        self.synced = False  # history ends with the root (after a propose): observe may extend it
         self._candidates: list[Candidate] | None = None  # for the current history
+        self._order: list[int] = []  # the candidates' indices, best first
+        self._sums: list[float] = [0.0]  # their running sums of probabilities
         self._last: list[Candidate] = []  # the verified tree's nodes, in node order
         self.counts = {"local_matches": 0, "global_matches": 0, "steps": 0,
                        "local_nodes": 0, "global_nodes": 0}
@@ -143,13 +145,24 @@ class SuffixProposer:
             self._candidates = None
 
     # -- drafting -----------------------------------------------------------------------
-    def propose(self, token_ids: list[int], max_nodes: int) -> DraftTree:
+    def sync(self, token_ids: list[int]) -> None:
+        """Catch the history up with the request's tokens (prompt + output, the root last)."""
         self._extend(token_ids[len(self.history) :])
+        self.synced = True
+
+    def follow(self, emitted: list[int]) -> None:
+        """Tokens a step emitted; ignored until the history holds the root (the first token
+        after the prefill reaches the proposer only through `sync`)."""
+        if self.synced:
+            self._extend(emitted)
+
+    def propose(self, token_ids: list[int], max_nodes: int) -> DraftTree:
+        self.sync(token_ids)
         if max_nodes <= 0:
             self._last = []
             return DraftTree.empty()
         candidates = self.candidates()
-        order = ranked(candidates)[:max_nodes]
+        order = self._order[:max_nodes]
         if self.cost is not None and self.config.priced:
             order = order[: best_prefix([candidates[i].probability for i in order], self.cost)]
         return self._tree(candidates, order)
@@ -159,7 +172,17 @@ class SuffixProposer:
         the history grows)."""
         if self._candidates is None:
             self._candidates = self._grow()
+            self._order = ranked(self._candidates)
+            self._sums = [0.0]
+            for index in self._order:
+                self._sums.append(self._sums[-1] + self._candidates[index].probability)
         return self._candidates
+
+    def best(self, max_nodes: int) -> tuple[list[int], float]:
+        """The indices of the best `max_nodes` candidates and the sum of their probabilities."""
+        self.candidates()
+        count = min(max_nodes, len(self._order))
+        return self._order[:count], self._sums[count]
 
     def _grow(self) -> list[Candidate]:
         config, context = self.config, self.history
@@ -200,10 +223,9 @@ class SuffixProposer:
     def expected_tokens(self, max_nodes: int) -> float | None:
         """Tokens per step, bonus included, of the best `max_nodes` candidates after the
         history so far; None before the first step (no context yet)."""
-        if not self.history or max_nodes < 1:
+        if not self.synced or max_nodes < 1:
             return None
-        candidates = self.candidates()
-        return 1.0 + sum(candidates[i].probability for i in ranked(candidates)[:max_nodes])
+        return 1.0 + self.best(max_nodes)[1]
 
     def draft_seconds(self, max_nodes: int) -> float:
         return 0.0  # trie lookups: microseconds, measured by the engine anyway
@@ -215,7 +237,7 @@ class SuffixProposer:
         if tree is not None and tree.size and len(self._last) == tree.size:
             self.learn(self._last, result.accepted_nodes)
         self._last = []
-        self._extend(result.emitted)
+        self.follow(result.emitted)
 
     def learn(self, nodes: list[Candidate | None], accepted_nodes: list[int]) -> None:
         """Confidence trials: each node (parent = a 1-based node id, 0 = root) whose parent was

@@ -34,7 +34,7 @@ import torch
 
 from eyas.engine.speculative.draft import DraftTree
 from eyas.engine.speculative.proposers.suffix import SuffixProposer
-from eyas.engine.speculative.proposers.suffix_candidates import Candidate, ranked
+from eyas.engine.speculative.proposers.suffix_candidates import Candidate
 from eyas.engine.speculative.sizing import best_prefix
 from eyas.errors import EyasError
 
@@ -87,12 +87,12 @@ class SuffixGraftProposer:
     # -- drafting -----------------------------------------------------------------------
     def propose(self, token_ids: list[int], max_nodes: int) -> DraftTree:
         tree = self.main.propose(token_ids, max_nodes).truncated(max(max_nodes, 0))
-        self.suffix._extend(token_ids[len(self.suffix.history) :])
+        self.suffix.sync(token_ids)
         self._nodes = []
         if tree.draft_probs is not None or max_nodes <= 0:
             return tree  # a sampled chain (its probabilities cover it alone), or no room
         candidates = self.suffix.candidates()
-        order = ranked(candidates)[:max_nodes]
+        order, _ = self.suffix.best(max_nodes)
         priced = self._can_price()
         tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
         on_path = self._head_on_path(parents) if priced else [1.0] * (len(tokens) + 1)
@@ -166,14 +166,12 @@ class SuffixGraftProposer:
     def expected_tokens(self, max_nodes: int) -> float | None:
         main = getattr(self.main, "expected_tokens", None)
         best = main(max_nodes) if main is not None else None
-        if best is None or not self.suffix.history:
+        if best is None or not self.suffix.synced:
             return best
-        candidates = self.suffix.candidates()
-        branch = 0.0
-        for b, index in enumerate(ranked(candidates)[:max_nodes], start=1):
-            branch += candidates[index].probability
+        order, _ = self.suffix.best(max_nodes)
+        for b in range(1, len(order) + 1):
             rest = main(max_nodes - b) if max_nodes > b else 1.0
-            best = max(best, rest + branch)
+            best = max(best, rest + self.suffix.best(b)[1])
         return best
 
     def draft_seconds(self, max_nodes: int) -> float:
@@ -185,7 +183,7 @@ class SuffixGraftProposer:
         if result is not None:
             if tree is not None and tree.size and len(self._nodes) == tree.size:
                 self.suffix.learn(self._nodes, result.accepted_nodes)
-            self.suffix._extend(result.emitted)
+            self.suffix.follow(result.emitted)
         self._nodes = []
         self.main.observe(tree, result, output)
 
