@@ -18,7 +18,7 @@ from eyas.models.tokenizer import chat_prompt_ids
 from spec_checks import assert_greedy_equals_plain
 from stat_checks import exact_joint, goodness_of_fit
 
-NEW_TOKENS = 48
+NEW_TOKENS = 32
 
 
 @pytest.fixture(scope="module")

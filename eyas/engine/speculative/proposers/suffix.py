@@ -64,7 +64,7 @@ class SuffixConfig:
     @classmethod
     def parse(cls, option: str) -> SuffixConfig:
         """'' | 'CACHE_MB' | 'CACHE_MB,MAX_DEPTH' (the text after 'suffix:')."""
-        parts = [p for p in option.split(",")] if option else []
+        parts = option.split(",") if option else []
         try:
             if len(parts) > 2:
                 raise ValueError(option)
