@@ -29,7 +29,7 @@ from typing import Any
 from eyas.errors import EyasError
 
 MAX_SHAREGPT_CHARS = 4096
-DATASET_NAMES = ("mtbench", "sharegpt", "random", "repeated", "jsonl:PATH")
+DATASET_NAMES = ("mtbench", "sharegpt", "random", "jsonl:PATH", "repeated")
 
 
 @dataclass(frozen=True)
