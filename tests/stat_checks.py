@@ -39,3 +39,27 @@ def goodness_of_fit(counts: dict[tuple, int], probs: dict[tuple, float]) -> tupl
     statistic = ((o - e) ** 2 / e).sum()
     dof = len(observed) - 1
     return float(torch.special.gammaincc(torch.tensor(dof / 2.0), statistic / 2.0)), dof
+
+
+@torch.inference_mode()
+def exact_joint(target, prompt: list[int], params, length: int) -> dict[tuple, float]:
+    """P(first `length` answer tokens = seq) for every seq the sampler (`params`: a
+    SamplingParams with top-k) can produce, by enumerating the prefixes on `target`."""
+    from eyas.engine.generate import new_cache
+    from eyas.engine.sampling import target_probs
+
+    def next_probs(prefix: list[int]) -> torch.Tensor:
+        ids = torch.tensor([prefix])
+        logits = target.model(ids, cache=new_cache(target, 1, len(prefix)), write_at=0,
+                              logits_at="last").logits[:, -1]
+        return target_probs(logits, params)[0].double()
+
+    joint = {(): 1.0}
+    for _ in range(length):
+        grown = {}
+        for seq, p in joint.items():
+            probs = next_probs(prompt + list(seq))
+            for token in torch.nonzero(probs).flatten().tolist():
+                grown[seq + (token,)] = p * float(probs[token])
+        joint = grown
+    return joint

@@ -1,4 +1,4 @@
-"""Prompt sets for the serving benchmark: mtbench, sharegpt, random and jsonl:PATH.
+"""Prompt sets for the serving benchmark: mtbench, sharegpt, random, repeated and jsonl:PATH.
 
 Usage:
     prompts = load_bench_prompts("mtbench", num_prompts=32)
@@ -12,6 +12,9 @@ Sets:
 - `random`: `input_len` token ids drawn uniformly from the tokenizer's vocabulary (special tokens
   excluded) and decoded to text; the same seed gives the same prompts. The server re-tokenizes
   the text, so its input length is close to, not exactly, `input_len`.
+- `repeated`: traffic that repeats itself (`eyas.bench.repeated`): MT-Bench questions asked
+  again, code prompts asked twice, conversations re-sent with their history and one more turn
+  (the history's answer is MT-Bench's reference answer); first asks, then second asks.
 - `jsonl:PATH`: one record a line with a `"prompt"` string or OpenAI `"messages"`.
 
 A set with fewer prompts than asked is repeated from its start.
@@ -26,7 +29,7 @@ from typing import Any
 from eyas.errors import EyasError
 
 MAX_SHAREGPT_CHARS = 4096
-DATASET_NAMES = ("mtbench", "sharegpt", "random", "jsonl:PATH")
+DATASET_NAMES = ("mtbench", "sharegpt", "random", "jsonl:PATH", "repeated")
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,7 @@ class BenchPrompt:
 
 def check_dataset_spec(spec: str) -> None:
     """Raise EyasError unless `spec` names a prompt set (files are checked when loaded)."""
-    if spec in ("mtbench", "sharegpt", "random"):
+    if spec in ("mtbench", "sharegpt", "random", "repeated"):
         return
     if spec.startswith("jsonl:") and len(spec) > len("jsonl:"):
         return
@@ -122,6 +125,13 @@ def jsonl_prompts(path: str, limit: int) -> list[BenchPrompt]:
     return prompts
 
 
+def repeated_bench_prompts(limit: int) -> list[BenchPrompt]:
+    from eyas.bench.repeated import repeated_prompts
+
+    return [BenchPrompt(messages, messages[0]["content"] if len(messages) == 1 else None)
+            for messages in repeated_prompts(limit)[:limit]]
+
+
 def load_bench_prompts(spec: str, num_prompts: int, tokenizer: Any = None, input_len: int = 128,
                        seed: int = 0) -> list[BenchPrompt]:
     """`num_prompts` prompts of the set `spec` (see the module docstring)."""
@@ -132,6 +142,8 @@ def load_bench_prompts(spec: str, num_prompts: int, tokenizer: Any = None, input
         prompts = sharegpt_prompts(num_prompts)
     elif spec == "random":
         prompts = random_prompts(num_prompts, tokenizer, input_len, seed)
+    elif spec == "repeated":
+        prompts = repeated_bench_prompts(num_prompts)
     else:
         prompts = jsonl_prompts(spec[len("jsonl:"):], num_prompts)
     if not prompts:

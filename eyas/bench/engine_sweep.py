@@ -129,6 +129,9 @@ def sweep(target: Target, prompts: list[list[int]], candidates: list[Candidate],
                 for candidate in candidates[shift:] + candidates[:shift]:
                     engine, counter = engines[candidate]
                     counter.reset()
+                    store = engine.proposers.suffix_store()
+                    if store is not None:  # suffix decoding: earlier rounds' answers must not help
+                        store.clear()
                     run = run_closed_loop(engine, level_prompts, params, level)
                     run.update(steps=counter.steps, accepted=counter.accepted)
                     runs[candidate].append(run)

@@ -77,7 +77,30 @@ def eyas_runner(model: str, option: str, max_tokens: int, num_draft_tokens: int,
         spec_stats.append(result.stats["speculative"])
         return result.token_ids
 
+    run.proposer = proposer  # type: ignore[attr-defined]
     return run, f"eyas {draft} k={num_draft_tokens} ({target.precision})"
+
+
+def repeated_prompt_ids(config: OfflineConfig, tokenizer) -> list[list[int]]:
+    """The `repeated` set (eyas.bench.repeated) as prompt ids; the history of its re-sent
+    conversations holds the target's own greedy answer (plain decoding, not timed)."""
+    from eyas.bench.repeated import repeated_prompts
+    from eyas.engine.generate import SamplingParams, generate
+    from eyas.engine.target import load_target
+    from eyas.models.tokenizer import chat_prompt_ids
+
+    key = (config.model, "auto")
+    if key not in _TARGETS:
+        _TARGETS[key] = load_target(config.model, dtype="auto")
+    target = _TARGETS[key]
+
+    def answer(messages) -> str:
+        ids = chat_prompt_ids(tokenizer, list(messages))
+        output = generate(target, ids, SamplingParams(max_tokens=config.max_tokens)).token_ids
+        return tokenizer.decode(output, skip_special_tokens=True)
+
+    conversations = repeated_prompts(config.num_prompts, answer)[: config.num_prompts]
+    return [chat_prompt_ids(tokenizer, list(messages)) for messages in conversations]
 
 
 def build_runners(config: OfflineConfig, folder: str) -> list[tuple[Runner, str, list[dict]]]:
@@ -110,13 +133,19 @@ def run_offline(config: OfflineConfig, progress: bool = True) -> dict[str, Any]:
 
     folder = str(resolve_model(config.model))
     tokenizer = load_tokenizer(folder)
-    questions = load_prompt_set(config.dataset, config.num_prompts)
-    prompts = [chat_prompt_ids(tokenizer, [{"role": "user", "content": q}]) for q in questions]
+    if config.dataset == "repeated":
+        prompts = repeated_prompt_ids(config, tokenizer)
+    else:
+        questions = load_prompt_set(config.dataset, config.num_prompts)
+        prompts = [chat_prompt_ids(tokenizer, [{"role": "user", "content": q}]) for q in questions]
     runners = build_runners(config, folder)
     for run, _, stats in runners:  # warm-up: first-call allocations and kernel selection
         for ids in prompts[: config.warmup]:
             run(ids)
         stats.clear()
+        forget = getattr(getattr(run, "proposer", None), "forget", None)
+        if forget is not None:  # suffix decoding: the warm-up's output must not help
+            forget()
     per_system: list[dict[str, Any]] = [{"system": name, "tokens": [], "seconds": [], "outputs": []}
                                         for _, name, _ in runners]
     for ids in tqdm(prompts, desc="prompts", disable=not progress):

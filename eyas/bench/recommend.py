@@ -31,11 +31,11 @@ SPECULATION_MODES = ("always", "auto")  # the engine's "never" is what method "n
 class RecommendConfig:
     model: str = "smollm2-135m"
     dtype: str = "auto"
-    dataset: str = "mtbench"  # mtbench, code, sharegpt, random or jsonl:PATH
+    dataset: str = "mtbench"  # mtbench, code, sharegpt, random, jsonl:PATH or repeated
     num_prompts: int = 8
     max_tokens: int = 128
     concurrency: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
-    methods: list[str] = field(default_factory=lambda: ["none", "ngram"])  # --draft specs
+    methods: list[str] = field(default_factory=lambda: ["none", "ngram", "suffix"])  # --draft specs
     num_draft_tokens: list[int] = field(default_factory=lambda: [4])  # settings tried per method
     speculation: str = "always"  # the engine's policy while measuring: always or auto
     rounds: int = 3
@@ -68,7 +68,7 @@ class RecommendConfig:
                 check_dataset_spec(self.dataset)
             except EyasError:
                 raise EyasError(f"unknown dataset '{self.dataset}'; accepted: mtbench, code, "
-                                "sharegpt, random, jsonl:PATH") from None
+                                "sharegpt, random, jsonl:PATH, repeated") from None
         if self.min_speedup < 1.0:
             raise EyasError(f"min_speedup must be >= 1.0, got {self.min_speedup}")
 

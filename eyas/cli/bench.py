@@ -81,7 +81,8 @@ def _register_offline(sub: argparse._SubParsersAction) -> None:
                              description=__doc__,
                              formatter_class=argparse.RawDescriptionHelpFormatter)
     offline.add_argument("--model", default="smollm2-135m", help="model spec (default: %(default)s)")
-    offline.add_argument("--dataset", default="mtbench", help="mtbench or code (default: %(default)s)")
+    offline.add_argument("--dataset", default="mtbench",
+                         help="mtbench, code or repeated (questions asked again, conversations re-sent; default: %(default)s)")
     offline.add_argument("--num-prompts", type=int, default=8, help="default: %(default)s")
     offline.add_argument("--max-tokens", type=int, default=128, help="default: %(default)s")
     offline.add_argument("--systems", default=None,
@@ -255,7 +256,7 @@ def _add_sweep_args(parser: argparse.ArgumentParser) -> None:
 
     d = SweepConfig()
     parser.add_argument("--dataset", default=d.dataset,
-                        help="mtbench, sharegpt, random or jsonl:PATH (default: %(default)s)")
+                        help="mtbench, sharegpt, random, repeated or jsonl:PATH (default: %(default)s)")
     parser.add_argument("--num-prompts", type=int, default=d.num_prompts,
                         help="requests per concurrency level (default: %(default)s)")
     parser.add_argument("--concurrency", type=_concurrency_list, default=d.concurrency,

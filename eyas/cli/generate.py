@@ -10,6 +10,7 @@ Examples:
     eyas generate --draft medusa:runs/medusa/head --num-draft-tokens 8 --prompt "..."
     eyas generate --draft layerskip:auto --prompt "..."          # calibrated once, then cached
     eyas generate --draft layerskip:10-19 --prompt "..."         # skip decoder layers 10..19
+    eyas generate --draft suffix --num-draft-tokens 16 --prompt "Repeat: a b c d a b c d"
 
 --draft picks the drafting method: none (plain decoding), ngram[:MAX_N[,MIN_N[,MATCHES]]]
 (prompt lookup), model:PATH_OR_ALIAS (a smaller model with the same tokenizer), self (the
@@ -17,7 +18,9 @@ target drafts for itself: a correctness check, never faster), eagle3:DIR (an EAG
 trained with `eyas train`; --tree sets its draft tree), medusa:DIR (Medusa heads trained with
 `eyas train --method medusa`; --tree sets their tree), layerskip[:auto|LAYERS[:MIN_CONFIDENCE]]
 (the target drafts with some decoder layers skipped: LAYERS lists the skipped ones, 0-based;
-auto calibrates them; docs/drafting-methods.md). After the answer, the
+auto calibrates them; docs/drafting-methods.md), suffix[:CACHE_MB[,MAX_DEPTH]] (suffix decoding:
+continuations seen earlier in this request or in earlier requests' outputs, a tree sized by how
+often each was seen), eagle3:DIR+suffix (both in one tree). After the answer, the
 acceptance length tau (1 + accepted / verification steps) and the draft/verify time split
 are printed. Speculation that does not pay falls back to plain decoding for a while
 (--no-fallback keeps it on).
@@ -44,7 +47,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--draft", default="none",
                         help="none | ngram[:MAX_N[,MIN_N[,MATCHES]]] | model:PATH_OR_ALIAS | self | "
                              "eagle3:DIR | eagle3:DIR+ngram[:MAX_N,MIN_N,GRAFT_TOKENS] (prompt lookup grafted "
-                             "onto the head's tree) | medusa:DIR | layerskip[:auto|LAYERS[:MIN_CONFIDENCE]] "
+                             "onto the head's tree) | suffix[:CACHE_MB[,MAX_DEPTH]] (suffix decoding: this request's "
+                             "text and a store of earlier outputs) | eagle3:DIR+suffix[:CACHE_MB[,MAX_DEPTH]] "
+                             "| medusa:DIR | layerskip[:auto|LAYERS[:MIN_CONFIDENCE]] "
                              "(LAYERS: decoder layers to skip, 0-based, e.g. 4,5,6 or 10-19) "
                              "(default: %(default)s)")
     parser.add_argument("--num-draft-tokens", type=int, default=4,

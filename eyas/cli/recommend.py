@@ -1,7 +1,8 @@
 """`eyas recommend`: measure, per concurrency level, which drafting method pays on your workload.
 
 Examples:
-    eyas recommend                                         # smollm2-135m, mtbench, none vs ngram
+    eyas recommend                                         # smollm2-135m, mtbench, none vs ngram vs suffix
+    eyas recommend --dataset repeated --num-draft-tokens 4,16  # traffic that repeats: suffix decoding
     eyas recommend --dataset code --concurrency 1,2,4,8 --rounds 3 --output runs/recommend.json
     eyas recommend --draft-dir runs/head                   # + eagle3:runs/head
     eyas recommend --methods "none;ngram;ngram:3,1,3" --num-draft-tokens 2,4
@@ -19,7 +20,7 @@ by at least --min-speedup, otherwise plain decoding; a paragraph explains why fr
 step costs relative to a plain one). Greedy decoding: every candidate writes the same answers.
 
 Methods are `eyas serve --draft` specs: none, ngram[:MAX_N[,MIN_N[,MATCHES]]],
-model:PATH_OR_ALIAS, self, eagle3:DIR (separate them with ';', or ',' where no option follows).
+suffix[:CACHE_MB[,MAX_DEPTH]], model:PATH_OR_ALIAS, self, eagle3:DIR (separate them with ';', or ',' where no option follows).
 The table goes to stdout, progress to stderr, and --output FILE.json keeps every measurement.
 """
 
@@ -58,7 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--concurrency", type=int_list, default=d.concurrency,
                         help=f"levels of requests in flight (default: {','.join(map(str, d.concurrency))})")
     parser.add_argument("--methods", default=None,
-                        help="candidate --draft specs (default: none,ngram, plus eagle3:DIR with "
+                        help="candidate --draft specs (default: none,ngram,suffix, plus eagle3:DIR with "
                              "--draft-dir); none is always measured")
     parser.add_argument("--draft-dir", default=None,
                         help="an EAGLE-3 head folder, added to the methods as eagle3:DIR")

@@ -12,7 +12,9 @@ Then, with any OpenAI client:
       -d '{"model": "smollm2-135m", "messages": [{"role": "user", "content": "Hi"}]}'
 
 --draft: none | ngram[:MAX_N[,MIN_N[,MATCHES]]] | model:PATH_OR_ALIAS | self | eagle3:DIR |
-medusa:DIR | layerskip[:auto|LAYERS[:MIN_CONFIDENCE]] (docs/drafting-methods.md).
+medusa:DIR | layerskip[:auto|LAYERS[:MIN_CONFIDENCE]] | suffix[:CACHE_MB[,MAX_DEPTH]] (suffix
+decoding; its store of earlier outputs is shared by every request, at most CACHE_MB, default
+64) | eagle3:DIR+suffix[:CACHE_MB[,MAX_DEPTH]] (docs/drafting-methods.md).
 With a draft, every running request's drafts are verified in one target pass per step; how
 many draft tokens each request gets is chosen per step from the target's measured step costs
 and each request's acceptance (--speculation auto), so speculation shrinks and switches off
@@ -47,7 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft", default="none",
                         help="none | ngram[:MAX_N[,MIN_N[,MATCHES]]] | model:PATH_OR_ALIAS | self | "
                              "eagle3:DIR | eagle3:DIR+ngram[:MAX_N,MIN_N,GRAFT_TOKENS] (prompt lookup grafted "
-                             "onto the head's tree) | medusa:DIR | layerskip[:auto|LAYERS[:MIN_CONFIDENCE]] "
+                             "onto the head's tree) | suffix[:CACHE_MB[,MAX_DEPTH]] (suffix decoding: this request's "
+                             "text and a store of earlier outputs) | eagle3:DIR+suffix[:CACHE_MB[,MAX_DEPTH]] "
+                             "| medusa:DIR | layerskip[:auto|LAYERS[:MIN_CONFIDENCE]] "
                              "(LAYERS: decoder layers to skip, e.g. 10-19) (default: %(default)s)")
     parser.add_argument("--num-draft-tokens", type=int, default=DEFAULTS.num_draft_tokens,
                         help="most draft tokens per request per step (default: %(default)s)")
@@ -113,6 +117,8 @@ def run(args: argparse.Namespace) -> int:
     target = load_target(args.model, dtype=args.dtype, device=args.device)
     metrics = ServerMetrics(settings.model_name, num_positions=args.num_draft_tokens)
     engine = Engine(target, config, draft=args.draft, observer=metrics)
+    if engine.proposers.suffix_store() is not None:
+        metrics.watch_suffix_store(engine.proposers.suffix_store().stats)
     log.info("model %s (%s), draft %s, %d rows x up to %d tokens, KV %.1f MiB per 1k slots, overlap %s",
              settings.model_name, target.precision, args.draft, config.max_running,
              engine.max_model_len, engine.pool.bytes_per_slot() * 1000 / 2**20,

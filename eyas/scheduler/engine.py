@@ -263,5 +263,8 @@ class Engine:
         self.loop.close()
 
     def _forget(self, request: Request) -> None:
+        finish = getattr(request.proposer, "finish", None)
+        if finish is not None:  # suffix decoding: the output joins the global store (once)
+            finish()
         with self._wakeup:
             self._requests.pop(request.request_id, None)

@@ -42,9 +42,9 @@ class RunConfig:
     @classmethod
     def parse(cls, text: str) -> RunConfig:
         spec, flag = (text[: -len("+overlap")], "overlap") if text.endswith("+overlap") else (text, "")
-        if "+" in spec.replace("+ngram", ""):
-            raise EyasError(f"bad configuration '{text}': the suffixes are +ngram (EAGLE-3) "
-                            "and +overlap")
+        if "+" in spec.replace("+ngram", "").replace("+suffix", ""):
+            raise EyasError(f"bad configuration '{text}': the suffixes are +ngram and +suffix "
+                            "(EAGLE-3) and +overlap")
         draft, speculation = spec, "auto"
         for mode in ("auto", "always", "never"):
             if spec.endswith(":" + mode):

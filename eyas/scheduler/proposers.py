@@ -55,5 +55,12 @@ class ProposerFactory:
         estimate = getattr(self.prototype, "draft_seconds_per_token", None)
         return float(estimate(target)) if estimate is not None else 0.0
 
+    def suffix_store(self):
+        """The global store of suffix decoding (`suffix`, `X+suffix`), shared by every
+        request; None for other methods."""
+        prototype = self.prototype
+        store = getattr(prototype, "store", None) or getattr(getattr(prototype, "suffix", None), "store", None)
+        return store
+
     def new(self) -> Proposer | None:
         return copy.copy(self.prototype) if self.prototype is not None else None

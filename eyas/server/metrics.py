@@ -19,12 +19,18 @@
 | eyas:kv_cache_slots                                        | gauge     | token slots per KV row (grows on demand, kept) |
 | eyas:kv_cache_bytes                                        | gauge     | bytes of the KV pool as allocated |
 | vllm:kv_cache_usage_perc                                   | gauge     | rows in use / rows (0..1) |
+| eyas:suffix_store_bytes / eyas:suffix_store_max_bytes      | gauge     | `--draft suffix`: the global store's estimated size / its bound |
+| eyas:suffix_store_documents / eyas:suffix_store_tokens     | gauge     | earlier requests' outputs held / their tokens |
+| eyas:suffix_store_evictions_total                          | counter   | documents evicted (least recently used first) |
+| eyas:suffix_store_lookups_total / eyas:suffix_store_hits_total | counter | proposals that searched the store / found a continuation there |
 
 Mean acceptance length = 1 + accepted / drafts (the bonus token counts).
 Every series carries model_name and engine="0" labels, as vLLM's do.
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -81,6 +87,8 @@ class ServerMetrics:
                               labels, registry=r)
         self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "KV cache rows in use / rows (0..1)",
                               labels, registry=r)
+        self.store_stats: Callable[[], dict[str, int]] | None = None  # watch_suffix_store
+        self.store_gauges: dict[str, Gauge] = {}
         for reason in ("stop", "length", "abort", "error"):  # exported from the start, at 0
             self.success.labels(**self.label_values, finished_reason=reason)
         for stage in FAILURE_LABELS:
@@ -137,6 +145,22 @@ class ServerMetrics:
     def request_rejected(self, reason: str) -> None:
         """A request refused before the engine took it (HTTP 503)."""
         self._l(self.rejected, reason=reason).inc()
+    def watch_suffix_store(self, stats: Callable[[], dict[str, int]]) -> None:
+        """Export the suffix-decoding store's size and hit counts (read at every scrape)."""
+        self.store_stats = stats
+        names = {"bytes": "estimated size in bytes", "max_bytes": "size bound in bytes",
+                 "documents": "earlier outputs held", "tokens": "tokens of the outputs held",
+                 "evictions_total": "documents evicted", "lookups_total": "proposals that "
+                 "searched the store", "hits_total": "proposals that found a continuation there"}
+        for name, text in names.items():
+            # the *_total series are counts the store keeps itself: exported as gauges named
+            # like counters, so that rate() reads them
+            self.store_gauges[name] = Gauge(f"eyas:suffix_store_{name}", f"Suffix store: {text}",
+                                            ["model_name", "engine"], registry=self.registry)
 
     def exposition(self) -> bytes:
+        if self.store_stats is not None:
+            stats = self.store_stats()
+            for name, gauge in self.store_gauges.items():
+                gauge.labels(**self.label_values).set(stats[name.removesuffix("_total")])
         return generate_latest(self.registry)

@@ -14,36 +14,15 @@ import itertools
 import pytest
 import torch
 
-from eyas.engine.generate import new_cache
-from eyas.engine.sampling import SamplingParams, target_probs
+from eyas.engine.sampling import SamplingParams
 from eyas.models.tokenizer import chat_prompt_ids
 from eyas.scheduler.config import EngineConfig
 from eyas.scheduler.engine import Engine
-from stat_checks import goodness_of_fit
+from stat_checks import exact_joint, goodness_of_fit
 
 TOP_K = 3  # 27 sequences of three tokens, each likely enough to be counted
 SAMPLES = 900
 P_VALUE = 1e-3
-
-
-@torch.inference_mode()
-def exact_joint(target, prompt: list[int], params: SamplingParams, length: int) -> dict[tuple, float]:
-    """P(first `length` answer tokens = seq) for every seq the sampler can produce."""
-    def next_probs(prefix: list[int]) -> torch.Tensor:
-        ids = torch.tensor([prefix])
-        logits = target.model(ids, cache=new_cache(target, 1, len(prefix)), write_at=0,
-                              logits_at="last").logits[:, -1]
-        return target_probs(logits, params)[0].double()
-
-    joint = {(): 1.0}
-    for _ in range(length):
-        grown = {}
-        for seq, p in joint.items():
-            probs = next_probs(prompt + list(seq))
-            for token in torch.nonzero(probs).flatten().tolist():
-                grown[seq + (token,)] = p * float(probs[token])
-        joint = grown
-    return joint
 
 
 @pytest.mark.slow  # 900 requests through the engine on the real model: about a minute on 2 cores

@@ -90,6 +90,8 @@ def speculative_generate(
             switch.record_plain(finished_at - step_started)
         emit(sequence, on_text)
     done = time.perf_counter()
+    if hasattr(proposer, "finish"):  # suffix decoding: the output joins the global store
+        proposer.finish()
     metrics.fallbacks = switch.fallbacks
     decode_tokens = max(len(sequence.output_ids) - 1, 0)
     stats = {

@@ -2,7 +2,9 @@
 
 Accepted: none | ngram[:MAX_N[,MIN_N[,MATCHES]]] | model:PATH_OR_ALIAS | self | eagle3:DIR
 | medusa:DIR | layerskip[:auto|LAYERS[:MIN_CONFIDENCE]]   (docs/drafting-methods.md)
-and eagle3:DIR+ngram[:MAX_N[,MIN_N[,GRAFT_TOKENS]]]: prompt lookup grafted onto the head's tree.
+| suffix[:CACHE_MB[,MAX_DEPTH]]
+and eagle3:DIR+ngram[:MAX_N[,MIN_N[,GRAFT_TOKENS]]]: prompt lookup grafted onto the head's tree,
+and eagle3:DIR+suffix[:CACHE_MB[,MAX_DEPTH]]: suffix decoding grafted onto the head's tree.
 """
 
 from __future__ import annotations
@@ -25,6 +27,12 @@ def _ngram(target: Target, option: str, tree: str | None) -> Proposer:
     # priced: in single-stream decoding the draft is cut where it pays (proposers/ngram.py);
     # the serving engine prices its steps itself and never hands the proposer costs
     return NgramProposer(NgramConfig(**dict(zip(keys, numbers)), priced=True))
+
+
+def _suffix(target: Target, option: str, tree: str | None) -> Proposer:
+    from eyas.engine.speculative.proposers.suffix import SuffixConfig, SuffixProposer
+
+    return SuffixProposer(SuffixConfig.parse(option))
 
 
 def _model(target: Target, option: str, tree: str | None) -> Proposer:
@@ -83,18 +91,28 @@ METHODS: dict[str, Callable[[Target, str, str | None], Proposer]] = {
     "medusa": _medusa,
     "layerskip": _layerskip,
     "ngram": _ngram,
+    "suffix": _suffix,
     "model": _model,
     "self": _self,
 }
 
 ACCEPTED = ("none, ngram[:MAX_N[,MIN_N[,MATCHES]]], model:PATH_OR_ALIAS, self, eagle3:DIR|NAME, "
-            "medusa:DIR, layerskip[:auto|LAYERS[:MIN_CONFIDENCE]], "
-            "eagle3:DIR|NAME+ngram[:MAX_N[,MIN_N[,GRAFT_TOKENS]]]")
+            "medusa:DIR, layerskip[:auto|LAYERS[:MIN_CONFIDENCE]], suffix[:CACHE_MB[,MAX_DEPTH]], "
+            "eagle3:DIR|NAME+ngram[:MAX_N[,MIN_N[,GRAFT_TOKENS]]], "
+            "eagle3:DIR|NAME+suffix[:CACHE_MB[,MAX_DEPTH]]")
 
 
 def split_graft(spec: str) -> tuple[str, str | None]:
     """'eagle3:DIR+ngram:3,2,4' -> ('eagle3:DIR', '3,2,4'); no '+ngram' -> (spec, None)."""
     main, plus, rest = spec.rpartition("+ngram")
+    if not plus or (rest and not rest.startswith(":")) or not main:
+        return spec, None
+    return main, rest[1:]
+
+
+def split_suffix_graft(spec: str) -> tuple[str, str | None]:
+    """'eagle3:DIR+suffix:256' -> ('eagle3:DIR', '256'); no '+suffix' -> (spec, None)."""
+    main, plus, rest = spec.rpartition("+suffix")
     if not plus or (rest and not rest.startswith(":")) or not main:
         return spec, None
     return main, rest[1:]
@@ -117,8 +135,19 @@ def build_proposer(spec: str, target: Target, tree: str | None = None) -> Propos
     """None for 'none'; otherwise the proposer named by `spec`.
 
     `tree` (EAGLE-3 and Medusa): 'auto', 'chain:K' or 'DEPTH,TOPK,TOTAL'.
-    A '+ngram[:MAX_N,MIN_N,GRAFT_TOKENS]' suffix grafts prompt lookup onto an EAGLE-3 tree.
+    A '+ngram[:MAX_N,MIN_N,GRAFT_TOKENS]' suffix grafts prompt lookup onto an EAGLE-3 tree,
+    a '+suffix[:CACHE_MB[,MAX_DEPTH]]' one suffix decoding.
     """
+    main_spec, suffix = split_suffix_graft(spec)
+    if suffix is not None:
+        from eyas.engine.speculative.proposers.suffix import SuffixConfig, SuffixProposer
+        from eyas.engine.speculative.proposers.suffix_graft import SuffixGraftProposer
+
+        main = build_proposer(main_spec, target, tree)
+        if main is None:
+            raise EyasError("'+suffix' needs a method to graft onto, e.g. eagle3:smollm2-135m+suffix "
+                            "(for suffix decoding alone: --draft suffix)")
+        return SuffixGraftProposer(main, SuffixProposer(SuffixConfig.parse(suffix)))
     main_spec, graft = split_graft(spec)
     if graft is not None:
         main = build_proposer(main_spec, target, tree)
