@@ -10,7 +10,7 @@ the usual random start, at the same training budget (docs/training.md, "What lim
     python scripts/ablate-head-init.py init $RUN             # $RUN/init-random, $RUN/init-target
     for arm in random target; do
       OMP_NUM_THREADS=1 eyas train --model smollm2-135m --features $RUN/features --out $RUN/train-$arm \
-          --init-from $RUN/init-$arm --ttt-steps 5 --max-steps 240 --lr 5e-4 --save-every 0 --eval-fraction 0
+          --init-from $RUN/init-$arm --ttt-steps 5 --max-steps 160 --lr 5e-4 --save-every 0 --eval-fraction 0
     done
     OMP_NUM_THREADS=1 python scripts/ablate-head-init.py eval $RUN $RUN/train-random/head $RUN/train-target/head
 
