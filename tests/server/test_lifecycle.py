@@ -76,7 +76,7 @@ def serve_process(tiny_model_dir, *flags: str) -> tuple[subprocess.Popen, str]:
 
 
 def test_sigterm_finishes_in_flight_requests_then_exits(tiny_model_dir):
-    process, url = serve_process(tiny_model_dir)
+    process, url = serve_process(tiny_model_dir, "--drain-timeout", "300")  # time to finish, at any load
     try:
         assert wait_until(lambda: _healthy(url), timeout=90), "the server did not start"
         body = {"model": "tiny", "prompt": "tick tock", "max_tokens": 120, "ignore_eos": True,
