@@ -296,7 +296,8 @@ def soak_one(config: SoakConfig, draft: str, prompts: list, run_dir: Path) -> di
         "rss_warmup_at_s": round(warmup, 1), "rss_mib_after_warmup": rss_warm, "rss_mib_end": rss_end,
         "rss_growth_pct": growth(rss_warm, rss_end), "kv_mib_after_warmup": kv_warm, "kv_mib_end": kv_end,
         "rss_less_kv_growth_pct": growth(*less_kv),
-        "rss_samples": sampler.samples,  # (s, RSS MiB, KV pool MiB) "server_exit_code": exit_code,
+        "rss_samples": sampler.samples,  # (s, RSS MiB, KV pool MiB)
+        "server_exit_code": exit_code,
         "lost_examples": tally.lost_examples,
     }
 

@@ -24,9 +24,8 @@ from eyas.scheduler.faults import STAGES
 
 
 def healthy_jobs(prompts: list[list[int]]) -> list[tuple[list[int], SamplingParams]]:
-    return [(prompts[0], SamplingParams(max_tokens=16, ignore_eos=True)),
-            (prompts[1], SamplingParams(max_tokens=16, temperature=0.9, seed=11, ignore_eos=True)),
-            (prompts[2], SamplingParams(max_tokens=16, ignore_eos=True))]
+    return [(prompts[0], SamplingParams(max_tokens=12, ignore_eos=True)),
+            (prompts[1], SamplingParams(max_tokens=12, temperature=0.9, seed=11, ignore_eos=True))]
 
 
 def faulted_jobs(prompts: list[list[int]]) -> list[tuple[str, list[int], SamplingParams]]:

@@ -76,9 +76,9 @@ def serve_process(tiny_model_dir, *flags: str) -> tuple[subprocess.Popen, str]:
 
 
 def test_sigterm_finishes_in_flight_requests_then_exits(tiny_model_dir):
-    process, url = serve_process(tiny_model_dir)
+    process, url = serve_process(tiny_model_dir, "--drain-timeout", "300")  # time to finish, at any load
     try:
-        assert wait_until(lambda: _healthy(url), timeout=90), "the server did not start"
+        assert wait_until(lambda: _healthy(url), timeout=240), "the server did not start"
         body = {"model": "tiny", "prompt": "tick tock", "max_tokens": 120, "ignore_eos": True,
                 "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
         events = []
@@ -118,7 +118,7 @@ def test_sigterm_with_open_streams_ends_each_with_a_final_event(tiny_model_dir):
                     started[index].set()
 
     try:
-        assert wait_until(lambda: _healthy(url), timeout=90), "the server did not start"
+        assert wait_until(lambda: _healthy(url), timeout=240), "the server did not start"
         before = httpx.post(url + "/v1/chat/completions", json={**body, "stream": False, "max_tokens": 5},
                             timeout=60)
         assert before.status_code == 200 and before.json()["usage"]["completion_tokens"] == 5
