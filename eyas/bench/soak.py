@@ -353,8 +353,10 @@ def run_soak(config: SoakConfig) -> dict[str, Any]:
         try:
             section = soak_one(config, draft, prompts, output.parent)
         except EyasError as error:
-            section = {"draft": draft, "error": str(error).splitlines()[0]}
-            progress(f"{draft}: not run: {section['error']}")
+            lines = [line for line in str(error).splitlines() if line.strip()]
+            # the table gets the reason and the server log's last line (its exception)
+            section = {"draft": draft, "error": " ".join(dict.fromkeys([lines[0], lines[-1].strip()]))}
+            progress(f"{draft}: not run: {error}")
         report["methods"].append(section)
         write_json_atomic(output, report)  # after each method: a partial report survives
     report["ok"] = all(passed(section) for section in report["methods"])
