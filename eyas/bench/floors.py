@@ -115,16 +115,17 @@ def floor_seconds(work: PassWork, limits: MachineLimits, threads: int | None = N
 def describe_limits(limits: MachineLimits | None, threads: int | None = None) -> list[str]:
     """Header lines: CPU, instruction set in use, measured bandwidth and integer peak."""
     threads = torch.get_num_threads() if threads is None else threads
+    using = f"{threads} thread{'s' if threads > 1 else ''}"
     if limits is None:
         from eyas.models.probe import cpu_model
 
-        return [f"CPU: {cpu_model()}, {threads} threads; no int8 dot-product kernel in use "
+        return [f"CPU: {cpu_model()}, {using}; no int8 dot-product kernel in use "
                 "(no C++ extension, EYAS_FUSED=0 or EYAS_INT4_KERNEL=torch): no floors"]
     by_threads = ", ".join(
         f"{count} thread{'s' if count > 1 else ''}: {limits.read_bytes_per_second[count] / 1e9:.1f} GB/s, "
         f"{limits.int8_multiply_adds_per_second[count] / 1e9:.0f} G multiply-adds/s"
         for count in sorted(limits.read_bytes_per_second))
-    return [f"CPU: {limits.cpu}, {threads} threads; int8 kernels: {limits.kernel} "
+    return [f"CPU: {limits.cpu}, {using}; int8 kernels: {limits.kernel} "
             f"({MULTIPLY_ADD_MIX.get(limits.kernel, limits.kernel)})",
             f"measured (models/probe.py, {limits.buffer_megabytes} MB read): {by_threads}"]
 

@@ -4,7 +4,8 @@ Every floor eyas prints (bench/floors.py) divides a pass's bytes by the read ban
 multiply-adds by the integer peak. Both are measured by a short probe in the C++ extension
 (csrc/probe.cpp), at 1 and 2 threads and at the thread count in use:
 - read bandwidth: a buffer much larger than the last-level cache (4x its size, 256 MB to 1 GB)
-  streamed by every thread at once, best of 8 passes;
+  streamed 3 times by every thread at once, in steps of 4 MB a thread (each well inside a
+  scheduler time slice), the 90th percentile of the steps' rates;
 - integer peak: the instruction mix the int8 dot products run (extension.int8dot_kernel():
   vpdpbusd on AVX512-VNNI, vpmaddubsw + vpmaddwd on AVX2) in independent chains, best of 16
   short runs. torch's `_int_mm` says nothing about it (on AVX2 it runs reference loops).
@@ -40,7 +41,7 @@ from eyas.models import extension
 from eyas.utils.io import cache_dir, write_json_atomic
 
 PROBE_VERSION = "1"  # part of the cache key: bumped when what the probe measures changes
-BANDWIDTH_RUNS, PEAK_RUNS = 8, 16
+BANDWIDTH_RUNS, PEAK_RUNS = 3, 16
 MIN_BUFFER_MB, MAX_BUFFER_MB = 256, 1024
 
 

@@ -7,7 +7,7 @@
 //   - "avx2": vpmaddubsw + vpmaddwd on 256-bit registers (Haswell and later, Zen 1-3, client
 //     cores without AVX-512).
 // A -march=native build compiles what the CPU has; set_int8dot_kernel picks among them at run
-// time (fused_cpu.py does it once, from EYAS_INT4_KERNEL).
+// time (models/extension.py does it once, from EYAS_INT4_KERNEL).
 #pragma once
 
 #include <cstdint>

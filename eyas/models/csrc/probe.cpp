@@ -1,7 +1,8 @@
 // The two limits of this machine that every floor of eyas's CPU forward is computed from
 // (models/probe.py caches them, bench/floors.py turns them into floors):
 //   - read bandwidth: a buffer much larger than the last-level cache, streamed by `threads`
-//     threads, each its own contiguous slice, best of `runs` passes (bytes per second);
+//     threads in short steps, `runs` times over, a high percentile of the steps' rates (bytes
+//     per second);
 //   - integer multiply-add peak of the instruction mix the int8 dot products run (int8dot.h):
 //     vpdpbusd on 512-bit registers ("avx512vnni"), or vpmaddubsw + vpmaddwd + vpaddd on
 //     256-bit ones ("avx2"), in independent chains, best of `runs` short runs (multiply-adds per
@@ -20,6 +21,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "int8dot.h"
 
@@ -75,29 +77,42 @@ int64_t read_slice(const Lanes* data, int64_t count) {
 
 volatile int64_t sink;  // keeps the sums (and so the loads) alive
 
+// Streams the buffer `runs` times in steps: at each step every thread reads its next 4 MB
+// (threads start together after a barrier, the clock stops after the last one), so a step runs
+// well inside one scheduler time slice. The rate of a step is threads x 4 MB over its time; the
+// result is the 90th percentile of the steps' rates: a step during which a thread waited for a
+// core is slow and falls below it, and no single step decides. The buffer is much larger than
+// the last-level cache and read in order, so every step reads memory, not cache.
 double read_bandwidth(int64_t threads, int64_t megabytes, int64_t runs) {
   TORCH_CHECK(threads >= 1 && megabytes >= 1 && runs >= 1, "threads, megabytes and runs must be >= 1");
-  const int64_t lines = megabytes * (int64_t(1) << 20) / 64;
+  constexpr int64_t kStepLines = (int64_t(4) << 20) / 64;  // 4 MB per thread and step
+  const int64_t steps = std::max<int64_t>(1, megabytes * (int64_t(1) << 20) / 64 / (kStepLines * threads));
+  const int64_t lines = steps * kStepLines * threads;
   Lanes* data = static_cast<Lanes*>(std::aligned_alloc(64, lines * 64));
   TORCH_CHECK(data != nullptr, "could not allocate ", megabytes, " MB for the bandwidth probe");
-  const int64_t per_thread = (lines + threads - 1) / threads;
-  auto slice = [&](int thread, int64_t& begin, int64_t& count) {
-    begin = std::min(lines, thread * per_thread);
-    count = std::min(lines, begin + per_thread) - begin;
-  };
+  std::vector<double> rates(steps * runs);
+  double started = 0.0;
 #pragma omp parallel num_threads(int(threads))
-  {  // first touch by the thread that reads the slice
-    int64_t begin, count;
-    slice(omp_get_thread_num(), begin, count);
-    std::memset(static_cast<void*>(data + begin), 1, count * 64);
+  {
+    const int64_t thread = omp_get_thread_num();
+    for (int64_t step = 0; step < steps; ++step)  // first touch by the thread that reads the lines
+      std::memset(static_cast<void*>(data + (step * threads + thread) * kStepLines), 1, kStepLines * 64);
+    for (int64_t run = 0; run < runs; ++run) {
+      for (int64_t step = 0; step < steps; ++step) {
+#pragma omp barrier
+#pragma omp master
+        started = now();
+#pragma omp barrier
+        sink = read_slice(data + (step * threads + thread) * kStepLines, kStepLines);
+#pragma omp barrier
+#pragma omp master
+        rates[run * steps + step] = double(threads * kStepLines * 64) / (now() - started);
+      }
+    }
   }
-  const double seconds = best_seconds(threads, runs, [&](int thread) {
-    int64_t begin, count;
-    slice(thread, begin, count);
-    sink = read_slice(data + begin, count);
-  });
   std::free(data);
-  return double(lines * 64) / seconds;
+  std::sort(rates.begin(), rates.end());
+  return rates[std::min<int64_t>(rates.size() - 1, int64_t(0.9 * rates.size()))];
 }
 
 constexpr int64_t kIterations = 20000;  // per run: 20,000 x 16 instructions, ~0.1-0.3 ms
