@@ -23,4 +23,4 @@ def test_the_conversion_notice_goes_to_stderr(tmp_path, monkeypatch, capsys):
         registry.gguf_to_folder(gguf, tmp_path / "cache")
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert "[eyas] converting model.gguf once to" in captured.err
+    assert "[eyas] reading the config and tokenizer of model.gguf once into" in captured.err
