@@ -51,10 +51,9 @@ ALIGN = 64  # every tensor's data starts at a multiple of this (any dtype view i
 def packing_format(group_size: int) -> dict[str, str | int]:
     """What decides the bytes Int4Linear holds: its layout, the extension's sources (they pack
     the int8dot layout), PyTorch's version (it packs the torch layout)."""
-    from eyas.models import fused_cpu
-    from eyas.models.extension import source_tag
+    from eyas.models.extension import int8dot_kernel, source_tag
 
-    kernel = fused_cpu.int8dot_kernel()
+    kernel = int8dot_kernel()
     layout = "int8dot" if kernel is not None else "torch"
     return {"version": CACHE_VERSION, "group_size": group_size, "layout": layout,
             "extension": source_tag() if kernel is not None else "", "torch": torch.__version__}

@@ -132,8 +132,8 @@ def gguf_to_folder(gguf_path: Path, cache: str | Path | None = None) -> Path:
     # Heavy imports only on the (rare) first use of a GGUF.
     from transformers import AutoConfig, AutoTokenizer
 
-    print(f"[eyas] reading the config and tokenizer of {gguf_path.name} once into {target}",
-          file=sys.stderr, flush=True)
+    print(f"[eyas] converting {gguf_path.name} once to {target} (config and tokenizer; the "
+          f"weights stay in the GGUF) ...", file=sys.stderr, flush=True)
     tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
     config = AutoConfig.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name).to_dict()
     config.pop("quantization_config", None)

@@ -30,12 +30,12 @@ from pathlib import Path
 def status(key):
     text = open("/proc/self/status").read()
     return int(text.split(key + ":")[1].split()[0]) * 1024
-from eyas.models import fused_cpu
+from eyas.models import extension
 from eyas.models.config import ModelConfig
 from eyas.models.layerwise import load_layerwise
 from eyas.models.quant import Int4Linear
 from eyas.models.weight_source import open_weights
-fused_cpu.int8dot_kernel()  # the extension loaded before the baseline
+extension.int8dot_kernel()  # the extension loaded before the baseline
 folder, cache = Path(sys.argv[1]), Path(sys.argv[2])
 config = ModelConfig.from_folder(folder)
 source = open_weights(folder)
