@@ -58,7 +58,7 @@ _LAYER = re.compile(r"blk\.(\d+)\.(.+)")
 # llama.cpp's converter interleaves the rotary halves of q and k rows for these architectures;
 # transformers (and so eyas) undoes it on load.
 PERMUTED_ARCHITECTURES = ("llama",)
-BLOCKS_PER_CHUNK = 1 << 16  # dequantize this many blocks per numpy call (bounded temporaries)
+BLOCKS_PER_CHUNK = 1 << 12  # blocks per numpy call: its temporaries (~8x the output) stay a few MB
 
 
 def hf_name(gguf_name: str) -> str | None:

@@ -30,12 +30,12 @@ from pathlib import Path
 def status(key):
     text = open("/proc/self/status").read()
     return int(text.split(key + ":")[1].split()[0]) * 1024
-from eyas.models import fused_cpu
+from eyas.models import extension
 from eyas.models.config import ModelConfig
 from eyas.models.layerwise import load_layerwise
 from eyas.models.quant import Int4Linear
 from eyas.models.weight_source import open_weights
-fused_cpu.int8dot_kernel()  # the extension loaded before the baseline
+extension.int8dot_kernel()  # the extension loaded before the baseline
 folder, cache = Path(sys.argv[1]), Path(sys.argv[2])
 config = ModelConfig.from_folder(folder)
 source = open_weights(folder)
@@ -63,8 +63,9 @@ def measure_peak(folder: Path, cache: Path) -> dict[str, int]:
 def test_int4_load_peaks_at_the_int4_model_plus_one_layer(tmp_path):
     """20 layers, 315 MB in float32: loading in int4 (first quantizing, then from the cache)
     stays within the int4 model + its float embedding and output layer + the temporaries of one
-    float32 layer (3x: read, fused, rounded) + 96 MB of allocator slack; a path that builds the
-    float32 model before quantizing it needs more than the float32 model."""
+    float32 layer (3x: read, fused, rounded) + 128 MB of allocator slack (freed temporaries that
+    glibc keeps); a path that builds the float32 model before quantizing it needs more than the
+    float32 model."""
     hidden, intermediate, layers = 512, 2048, 20
     folder = write_llama_folder(tmp_path / "model", layers=layers, hidden=hidden,
                                 intermediate=intermediate, heads=4, kv_heads=2, vocab=2048)
@@ -73,7 +74,7 @@ def test_int4_load_peaks_at_the_int4_model_plus_one_layer(tmp_path):
     for run in ("quantizing", "from the cache"):
         measured = measure_peak(folder, tmp_path / "cache")
         growth = measured["peak"] - measured["baseline"]
-        bound = measured["int4"] + measured["float"] + 3 * layer_bytes + (96 << 20)
+        bound = measured["int4"] + measured["float"] + 3 * layer_bytes + (128 << 20)
         assert bound < 0.8 * float32_model  # the bound tells the two paths apart
         assert growth <= bound, (run, growth / 2**20, bound / 2**20)
 

@@ -21,8 +21,17 @@ ARCHITECTURES = {
 
 
 def hf_model(folder):
+    """transformers' model of a folder; a resolved GGUF folder's weights are in its GGUF."""
+    from pathlib import Path
+
     from transformers import AutoModelForCausalLM
 
+    from eyas.models.weight_source import gguf_file
+
+    gguf = gguf_file(Path(folder))
+    if gguf is not None:
+        return AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                                    dtype=torch.float32).eval()
     return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
 
 
