@@ -4,10 +4,11 @@ A decode step of int4 SmolLM2-135M spent ~4.5 ms in its 120 int4 matmuls and ~8 
 them: ~25 small ops per layer (norms, RoPE, dtype conversions, cache writes, float64 attention)
 and the Python that issues them. `csrc/int4_decoder_layer.cpp` does everything between the
 matmuls in plain loops, and the model calls it once per pass for all its layers (FusedStack;
-an EAGLE-3 head calls its one layer, run_layer). The
-matmuls themselves run in `csrc/int4_gemm.cpp` (int4 x int8 integer dot products on
-AVX512-VNNI or AVX2, 2.6-3.3x PyTorch's int4 kernel on AVX512-VNNI) where Int4Linear took its
-layout (int8dot_kernel), else in PyTorch's int4 kernel.
+an EAGLE-3 head calls its one layer, eagle3/fused.py). The matmuls themselves run in
+`csrc/int4_gemm.cpp` (int4 x int8 integer dot products on AVX512-VNNI or AVX2, 2.6-3.3x
+PyTorch's int4 kernel on AVX512-VNNI; 14-bit activations, or 8-bit with
+EYAS_INT4_ACTIVATIONS=8) where Int4Linear took its layout (int8dot_kernel), else in PyTorch's
+int4 kernel.
 
 It is compiled on first use (models/extension.py: g++, ~25-45 s; `make setup` does it ahead of
 time) into ~/.cache/eyas/ext (EYAS_EXT_DIR overrides). Where it cannot be built, or
