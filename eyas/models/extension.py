@@ -335,6 +335,7 @@ def module(verbose: bool = False):
             _module = False
         else:
             int8dot_kernel()  # EYAS_INT4_KERNEL's choice, from the first use on
+            int4_activation_bits()  # and EYAS_INT4_ACTIVATIONS's
     return _module or None
 
 
@@ -379,3 +380,21 @@ def main() -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+INT4_ACTIVATIONS = ("14", "8")
+
+
+def int4_activation_bits() -> int:
+    """How the int4 kernel (csrc/int4_gemm.cpp) rounds activations: 14 bits (the default: two
+    int8 parts per input, top-1 agreement with float32 as PyTorch's kernel) or 8 bits (one
+    int8 part: half the integer work of each extra row, lower agreement), from
+    EYAS_INT4_ACTIVATIONS. Every pass of a process uses the same, so speculation stays lossless
+    with either."""
+    choice = os.environ.get("EYAS_INT4_ACTIVATIONS", "14").strip() or "14"
+    if choice not in INT4_ACTIVATIONS:
+        raise ValueError(f"EYAS_INT4_ACTIVATIONS={choice!r}: accepted values are {', '.join(INT4_ACTIVATIONS)}")
+    loaded = module() if enabled() else None
+    if loaded is not None and loaded.int4_activation_bits() != int(choice):
+        loaded.set_int4_activation_bits(int(choice))
+    return int(choice)

@@ -1,12 +1,14 @@
-"""The int4 decoder layer in one C++ call: the CPU decode step without its Python overhead.
+"""The int4 decoder stack in one C++ call: the CPU decode step without its Python overhead.
 
 A decode step of int4 SmolLM2-135M spent ~4.5 ms in its 120 int4 matmuls and ~8 ms around
 them: ~25 small ops per layer (norms, RoPE, dtype conversions, cache writes, float64 attention)
 and the Python that issues them. `csrc/int4_decoder_layer.cpp` does everything between the
-matmuls in plain loops, and the model calls it once per layer (old BENCHMARKS.md section 1). The
-matmuls themselves run in `csrc/int4_gemm.cpp` (int4 x int8 integer dot products on
-AVX512-VNNI or AVX2, 2.6-3.3x PyTorch's int4 kernel on AVX512-VNNI) where Int4Linear took its
-layout (extension.int8dot_kernel), else in PyTorch's int4 kernel.
+matmuls in plain loops, and the model calls it once per pass for all its layers (FusedStack;
+an EAGLE-3 head calls its one layer, eagle3/fused.py). The matmuls themselves run in
+`csrc/int4_gemm.cpp` (int4 x int8 integer dot products on AVX512-VNNI or AVX2, 2.6-3.3x
+PyTorch's int4 kernel on AVX512-VNNI; 14-bit activations, or 8-bit with
+EYAS_INT4_ACTIVATIONS=8, extension.int4_activation_bits) where Int4Linear took its layout (extension.int8dot_kernel), else in PyTorch's
+int4 kernel.
 
 It is compiled on first use (models/extension.py: g++, ~25-45 s; `make setup` does it ahead of
 time) into ~/.cache/eyas/ext (EYAS_EXT_DIR overrides). Where it cannot be built, or
@@ -16,7 +18,8 @@ plain output either way.
 
 Usage:
     from eyas.models.fused_cpu import fused_layers
-    layers = fused_layers(model)               # None unless every layer qualifies
+    stack = fused_layers(model)                # None unless every layer qualifies
+    x = stack.run(x, cos, sin, cache, list(range(len(stack))), slots, kv_len, mask)
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from eyas.models.extension import enabled, march, module, source_tag
+from eyas.models.extension import enabled, int4_activation_bits, march, module, source_tag
 
 
 KV_DTYPES = {"float32": torch.float32, "float16": torch.float16}
@@ -79,15 +82,49 @@ def _fused_layer(layer: nn.Module) -> FusedLayer | None:
     return FusedLayer(weights, groups.pop(), float(norms[0].eps), attn.num_heads, attn.num_kv_heads)
 
 
-def fused_layers(model: nn.Module) -> list[FusedLayer] | None:
-    """One FusedLayer per decoder layer of an int4 model on the CPU with float64 attention, or
-    None (another precision or device, qk-norm, EYAS_FUSED=0, or no extension)."""
+class FusedStack:
+    """Every decoder layer of an int4 model, run by the extension's Int4Stack: a pass through
+    any run of layers is one C++ call (csrc/int4_decoder_layer.cpp), with the bits of one
+    int4_decoder_layer call per layer."""
+
+    def __init__(self, layers: list[FusedLayer]) -> None:
+        first = layers[0]
+        if any((l.group, l.eps, l.heads, l.kv_heads) != (first.group, first.eps, first.heads, first.kv_heads)
+               for l in layers):
+            raise ValueError("the fused stack needs the same group, eps and heads in every layer")
+        self.layers = layers
+        empty = torch.empty(0)
+        weights = [w if w is not None else empty for layer in layers for w in layer.weights]
+        self.native = module().Int4Stack(weights, first.group, first.eps, first.heads, first.kv_heads)
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def __getitem__(self, index: int) -> FusedLayer:
+        return self.layers[index]
+
+    def run(self, x: Tensor, cos: Tensor, sin: Tensor, cache, layers: list[int], slots: Tensor,
+            kv_len: int, mask: Tensor | None) -> Tensor:
+        """x [N, H] float32 through `layers` (in order) -> [N, H]; cache a KVCache (float32,
+        float64 or float16), slots [B, T] int64 (N = B * T), cos/sin [N, D], mask
+        [B, T, kv_len] bool or None."""
+        if not layers:
+            return x
+        storage = getattr(cache, "storage_index", None)
+        where = layers if storage is None else [storage[index] for index in layers]
+        return self.native.run(x, cos, sin, cache.keys, cache.values, layers, where, slots, kv_len, mask)
+
+
+def fused_layers(model: nn.Module) -> FusedStack | None:
+    """The fused stack of an int4 model on the CPU with float64 attention (one FusedLayer per
+    decoder layer), or None (another precision or device, qk-norm, EYAS_FUSED=0, or no
+    extension)."""
     if not enabled() or model.embed_tokens.weight.device.type != "cpu":
         return None
     layers = [_fused_layer(layer) for layer in model.layers]
     if any(layer is None for layer in layers) or module() is None:
         return None
-    return layers
+    return FusedStack(layers)
 
 
 def kernel_tag(model: nn.Module) -> str:
@@ -103,7 +140,8 @@ def kernel_tag(model: nn.Module) -> str:
         layers += f".kv-{str(kv_dtype()).removeprefix('torch.')}"
     layouts = {m.layout for m in model.modules() if isinstance(m, Int4Linear)}
     if "int8dot" in layouts:
-        layouts = (layouts - {"int8dot"}) | {f"int8dot.{module().int8dot_kernel()}"}
+        bits = "" if int4_activation_bits() == 14 else f".a{int4_activation_bits()}"
+        layouts = (layouts - {"int8dot"}) | {f"int8dot.{module().int8dot_kernel()}{bits}"}
     return f"{layers}-{'+'.join(sorted(layouts)) or 'none'}-{source_tag()}"
 
 

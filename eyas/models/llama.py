@@ -160,7 +160,7 @@ class Transformer(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         self.register_buffer("inv_freq", rope_inverse_frequencies(config), persistent=False)
         self._rope_cache: tuple[Tensor, Tensor] | None = None
-        self.fused_plan: list | bool | None = None  # fused_cpu layers, False = none; None = not looked at
+        self.fused_plan: fused_cpu.FusedStack | bool | None = None  # False = none; None = not looked at
 
     @property
     def kv_dtype(self) -> torch.dtype:
@@ -228,25 +228,29 @@ class Transformer(nn.Module):
         taps: list[Tensor] = []
         wanted = set(tap_layers)
         plan = self._fused(cache, x)
-        if plan:  # int4 on a CPU: one C++ call per layer (models/fused_cpu.py), rows flattened
+        if plan:  # int4 on a CPU: the fused stack (models/fused_cpu.py), rows flattened
             x = x.reshape(batch * length, -1).contiguous()
             cos, sin = cos.reshape(batch * length, -1), sin.reshape(batch * length, -1)
             slots = (torch.arange(write_at, write_at + length).expand(batch, length).contiguous()
                      if isinstance(write_at, int) else write_at.long().contiguous())
             if attn_mask is not None:
                 attn_mask = attn_mask.expand(batch, length, kv_len)
-        for index, layer in enumerate(self.layers):
-            if index in wanted:
-                taps.append(x.view(batch, length, -1) if plan else x)
-            if index in skip_layers:
-                continue
-            if plan:
-                keys, values = cache.layer_tensors(index)
-                x = fused_cpu.run_layer(plan[index], x, cos, sin, keys, values, slots, kv_len, attn_mask)
-            else:
-                x = layer(x, cos, sin, cache, write_at, kv_len, mask)
-        if plan:
-            x = x.view(batch, length, -1)
+        if plan:  # one C++ call per run of layers between taps
+            run: list[int] = []
+            for index in range(len(self.layers)):
+                if index in wanted:
+                    x = plan.run(x, cos, sin, cache, run, slots, kv_len, attn_mask)
+                    run = []
+                    taps.append(x.view(batch, length, -1))
+                if index not in skip_layers:
+                    run.append(index)
+            x = plan.run(x, cos, sin, cache, run, slots, kv_len, attn_mask).view(batch, length, -1)
+        else:
+            for index, layer in enumerate(self.layers):
+                if index in wanted:
+                    taps.append(x)
+                if index not in skip_layers:
+                    x = layer(x, cos, sin, cache, write_at, kv_len, mask)
         if len(self.layers) in wanted:
             taps.append(x)
         hidden = self.norm(x)
@@ -268,7 +272,7 @@ class Transformer(nn.Module):
             tap_tensor = torch.cat([by_layer[k] for k in tap_layers], dim=-1)
         return ForwardOutput(logits=logits, hidden=hidden, taps=tap_tensor)
 
-    def fused_layers(self) -> list | None:
+    def fused_layers(self) -> fused_cpu.FusedStack | None:
         """The fused C++ layers of an int4 model on a CPU (models/fused_cpu.py), or None."""
         if self.fused_plan is None:
             self.fused_plan = fused_cpu.fused_layers(self) or False

@@ -45,15 +45,16 @@ def kernel(name):
         ext.set_int8dot_kernel(before)
 
 
-def reference(x, codes, scale, minimum):
+def reference(x, codes, scale, minimum, levels=8191):
     """The kernel's arithmetic in float64: 14-bit activations per group of 32 (x = d * xq,
-    d = max|x| / 8191), float16 scales and minimums, the minimum times the exact sum of x."""
+    d = max|x| / 8191; 8-bit: levels 127), float16 scales and minimums, the minimum times the
+    exact sum of x."""
     rows, out = x.shape[0], codes.shape[0]
     groups = x.float().reshape(rows, -1, 32)  # [N, G, 32]
     amax = groups.abs().amax(-1, keepdim=True)
-    inverse = torch.where(amax > 0, 8191.0 / amax, torch.zeros_like(amax))
-    xq = torch.round(groups * inverse).double()  # [N, G, 32] in -8191..8191
-    d = (amax / 8191).double().squeeze(-1)  # [N, G]
+    inverse = torch.where(amax > 0, levels / amax, torch.zeros_like(amax))
+    xq = torch.round(groups * inverse).double()  # [N, G, 32] in -levels..levels
+    d = (amax / levels).double().squeeze(-1)  # [N, G]
     dots = torch.einsum("ngk,ogk->nog", xq, codes.double().reshape(out, -1, 32))  # [N, O, G]
     s, m = scale.half().double(), minimum.half().double()  # [O, G]
     return (dots * d[:, None] * s[None]).sum(-1) + (groups.double().sum(-1)[:, None] * m[None]).sum(-1)
@@ -79,6 +80,36 @@ def test_the_kernel_computes_the_documented_integer_arithmetic(name):
     dequantized = (codes.float().reshape(96, 4, 32) * scale.half().float()[..., None]
                    + minimum.half().float()[..., None]).reshape(96, 128)
     assert (y - x @ dequantized.t()).abs().max() <= 1e-3 * (x @ dequantized.t()).abs().max()
+
+
+@IMPLEMENTATIONS
+def test_eight_bit_activations_compute_their_documented_arithmetic_and_bits_per_row(name):
+    """set_int4_activation_bits(8) (EYAS_INT4_ACTIVATIONS=8): one int8 operand per input; each
+    row still equals its one-row product, and both implementations give the same bits."""
+    torch.manual_seed(2)
+    codes, scale, minimum = quantize_groups(torch.randn(96, 128) * 0.05, 32)
+    x = torch.randn(11, 128) * torch.logspace(-2, 1, 128)
+    with kernel(name) as ext:
+        packed = ext.int4_pack(codes, scale, minimum)
+        ext.set_int4_activation_bits(8)
+        try:
+            y = ext.int4_linear(x, packed)
+            alone = [ext.int4_linear(x[row: row + 1], packed)[0] for row in range(11)]
+            others = {}
+            for other in ext.int8dot_kernels():
+                ext.set_int8dot_kernel(other)
+                others[other] = ext.int4_linear(x, packed)
+            ext.set_int8dot_kernel(name)
+        finally:
+            ext.set_int4_activation_bits(14)
+        fourteen = ext.int4_linear(x, packed)
+    expected = reference(x, codes, scale, minimum, levels=127)
+    assert (y.double() - expected).abs().max() <= 1e-4 * expected.abs().max()
+    assert not torch.equal(y, fourteen)  # the setting took effect, and was restored
+    assert all(torch.equal(y[row], alone[row]) for row in range(11))
+    assert all(torch.equal(y, other) for other in others.values())
+    with pytest.raises(RuntimeError, match="14 or 8 bits"):
+        ext.set_int4_activation_bits(4)
 
 
 @IMPLEMENTATIONS

@@ -1,8 +1,10 @@
-// Attention of the fused int4 layer over its KV cache (float32 or float64), on the CPU.
+// Attention of the fused int4 layer over its KV cache (float32, float16 or float64), on the CPU.
+// The floor it chases: the multiply-adds of q . k and p * v (2 * heads * head_dim per visible
+// key and row) at the float32 FMA peak, each key and value row read once per token's queries.
 //
 // Two implementations with the same contract (attention.h): `chunked_attention` for a float32
-// cache and head_dim 64 or 128 on AVX2 or AVX-512 (what the engine runs; the same bits on
-// both), and `generic_attention` for the rest. Which one runs depends only on the cache's
+// or float16 cache and head_dim 64 or 128 on AVX2 or AVX-512 (what the engine runs; the same
+// bits on both), and `generic_attention` for the rest. Which one runs depends only on the cache's
 // dtype, head_dim and the build, never on the pass, so every pass of a process computes a row
 // the same way.
 
@@ -27,9 +29,11 @@ namespace {
 // with the same instructions whatever T is: a row's output does not depend on the other rows
 // of the pass, so a one-token step and a verification pass agree bit for bit.
 template <typename T>
-void generic_attention(const T* q, const T* keys, const T* values, const bool* mask, int64_t batch,
-                       int64_t length, int64_t heads, int64_t kv_heads, int64_t head_dim,
-                       int64_t max_slots, int64_t kv_len, float* out) {
+void generic_attention(const T* q, const T* keys, const T* values, const Visibility& visible, int64_t batch,
+                       int64_t length, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t max_slots,
+                       float* out) {
+  const bool* mask = visible.mask;
+  const int64_t kv_len = visible.kv_len;
   using S = Simd<T>;
   const int64_t group = heads / kv_heads, queries = length * group;
   const T scale = T(1.0 / std::sqrt(double(head_dim)));
@@ -86,131 +90,155 @@ void generic_attention(const T* q, const T* keys, const T* values, const bool* m
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define EYAS_CHUNKED_ATTENTION 1
 
-// 16 floats: one AVX-512 register, or two AVX2 ones with the same fused multiply-adds lane by
-// lane, so that chunked_attention gives the same bits on either (int8dot.h does the same for
-// the int4 kernel).
-struct Floats16 {
-#ifdef __AVX512F__
-  __m512 v;
-  static Floats16 zero() { return {_mm512_setzero_ps()}; }
-  static Floats16 load(const float* p) { return {_mm512_loadu_ps(p)}; }
-  static Floats16 load(const at::Half* p) {
-    return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
-  }
-  void fma(float weight, const Floats16& x) { v = _mm512_fmadd_ps(_mm512_set1_ps(weight), x.v, v); }
-  void store_scaled(float* p, float factor) const { _mm512_storeu_ps(p, _mm512_mul_ps(v, _mm512_set1_ps(factor))); }
-  void store(float* p) const { _mm512_storeu_ps(p, v); }
-#else
-  __m256 lo, hi;
-  static Floats16 zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
-  static Floats16 load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
-  static Floats16 load(const at::Half* p) {
-    return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
-            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)))};
-  }
-  void fma(float weight, const Floats16& x) {
-    const __m256 w = _mm256_set1_ps(weight);
-    lo = _mm256_fmadd_ps(w, x.lo, lo);
-    hi = _mm256_fmadd_ps(w, x.hi, hi);
-  }
-  void store_scaled(float* p, float factor) const {
-    const __m256 f = _mm256_set1_ps(factor);
-    _mm256_storeu_ps(p, _mm256_mul_ps(lo, f));
-    _mm256_storeu_ps(p + 8, _mm256_mul_ps(hi, f));
-  }
-  void store(float* p) const {
-    _mm256_storeu_ps(p, lo);
-    _mm256_storeu_ps(p + 8, hi);
-  }
-#endif
-};
-
-// Attention over a float32 (or float16) cache in chunks of a query's visible keys, for head_dim = 16 * NV.
+// Attention over a float32 (or float16) cache in chunks of a query's visible keys, for
+// head_dim = 16 * NV: what the engine runs.
 //
-// Why: a one-token step has only B * KV work items in `attention` (3 for SmolLM2: one thread
-// does two of them), and its loops keep the weighted sum in memory. Here a work item is (row
-// of the batch, kv head, chunk j) and covers every query of that kv head: chunk j of a query
-// is its visible keys number 64j .. 64j + 63 in slot order, mostly the same slots for all the
-// queries of a pass, read from L1 by all of them. Each query keeps a partial softmax (max,
-// sum, weighted sum in registers) per chunk, and the partials are combined in chunk order.
+// Why: a work item (row of the batch, kv head, chunk j) covers every query of that kv head,
+// and chunk j of a query is its visible keys number 64j .. 64j + 63 in slot order: mostly the
+// same slots for all the queries of a pass, read from L1 by all of them, so a one-token step
+// spreads over the threads too. The queries of one token that share a kv head (the GQA group)
+// run together: each key and value row is loaded once for all of them, scores are 16-float
+// dot products reduced eight keys at a time, the exponentials run 16 lanes at a time
+// (exp16), and the weighted sums of up to 4 queries stay in registers. Each query keeps a
+// partial softmax (max, sum, weighted sum) per chunk, and the partials are combined in chunk
+// order.
 //
 // Numerics: a query's result depends only on the sequence of keys and values it may see, not
 // on the slots they sit in (a tree node's slot differs from its slot in sequential decoding),
-// the other rows of the pass, or kv_len: chunks count visible keys, every chunk runs over a
-// full 64-entry array (padding -inf, then 0) with the same instructions, and the chunks are
-// combined in order with a scalar exp.
+// the other rows of the pass, how queries are grouped, or kv_len: chunks count visible keys,
+// every chunk runs over a full 64-entry array (padding -inf, then 0) with the same
+// instructions, and the chunks are combined in order with a scalar exp. Floats16 gives the same
+// bits on AVX-512 and AVX2.
 constexpr int64_t kChunk = 64;
 
-template <int NV, typename K>
-void chunked_attention(const float* q, const K* keys, const K* values, const bool* mask,
-                       int64_t batch, int64_t length, int64_t heads, int64_t kv_heads, int64_t max_slots,
-                       int64_t kv_len, float* out) {
+// Partial softmaxes of `G` queries of one token over one chunk of its visible keys: n keys
+// (1..64) at chunk_slots; part[g] receives max, sum, then the head_dim weighted sums.
+template <int NV, int G, typename K>
+void chunk_partials(const float* const qv[G], const K* kb, const K* vb, const int32_t* chunk_slots, int64_t n,
+                    float scale, float* const part[G]) {
   constexpr int64_t head_dim = 16 * NV;
+  alignas(64) float scores[G][kChunk];
+  Floats16 query[G][NV];
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < NV; ++c) query[g][c] = Floats16::load(qv[g] + 16 * c);
+  // 1. Scores, eight keys at a time; a short block repeats its last key (ignored).
+  for (int64_t i = 0; i < kChunk; i += 8) {
+    const int64_t count = std::min<int64_t>(8, n - i);
+    if (count <= 0) {
+      for (int g = 0; g < G; ++g)
+        for (int j = 0; j < 8; ++j) scores[g][i + j] = -INFINITY;
+      continue;
+    }
+    __m256 halves[G][8];
+    for (int j = 0; j < 8; ++j) {
+      const K* k = kb + int64_t(chunk_slots[i + std::min<int64_t>(j, count - 1)]) * head_dim;
+      Floats16 key[NV];
+      for (int c = 0; c < NV; ++c) key[c] = Floats16::load(k + 16 * c);
+      for (int g = 0; g < G; ++g) {
+        Floats16 acc = Floats16::zero();
+        for (int c = 0; c < NV; ++c) acc.fma(query[g][c], key[c]);
+        halves[g][j] = acc.half_sum();
+      }
+    }
+    // keys count.. of the block are padding: -inf
+    const __m256 padding = _mm256_cmp_ps(_mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_ps(float(count)), _CMP_GE_OQ);
+    for (int g = 0; g < G; ++g) {
+      const __m256 dots = _mm256_mul_ps(reduce8(halves[g]), _mm256_set1_ps(scale));
+      _mm256_store_ps(scores[g] + i, _mm256_blendv_ps(dots, _mm256_set1_ps(-INFINITY), padding));
+    }
+  }
+  // 2. Softmax numerators: e^(score - max), 0 for padding; their sum in a fixed order.
+  Floats16 probs[G][kChunk / 16];
+  float best[G], total[G];
+  for (int g = 0; g < G; ++g) {
+    Floats16 top = Floats16::load(scores[g]);
+    for (int c = 1; c < kChunk / 16; ++c) top = max(top, Floats16::load(scores[g] + 16 * c));
+    alignas(64) float lanes[16];
+    top.store(lanes);
+    best[g] = *std::max_element(lanes, lanes + 16);  // a max is exact in any order
+    const Floats16 shift = Floats16::fill(best[g]);
+    for (int c = 0; c < kChunk / 16; ++c) probs[g][c] = exp16(Floats16::load(scores[g] + 16 * c) - shift);
+    const Floats16 sum = (probs[g][0] + probs[g][1]) + (probs[g][2] + probs[g][3]);
+    __m256 eight[8] = {sum.half_sum()};
+    for (int j = 1; j < 8; ++j) eight[j] = _mm256_setzero_ps();
+    total[g] = _mm256_cvtss_f32(reduce8(eight));
+    for (int c = 0; c < kChunk / 16; ++c) probs[g][c].store(scores[g] + 16 * c);  // scores -> probabilities
+  }
+  // 3. Weighted sums of the value rows (a zero weight adds exactly nothing).
+  Floats16 acc[G][NV];
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < NV; ++c) acc[g][c] = Floats16::zero();
+  for (int64_t i = 0; i < n; ++i) {
+    const K* vr = vb + int64_t(chunk_slots[i]) * head_dim;
+    for (int c = 0; c < NV; ++c) {
+      const Floats16 value = Floats16::load(vr + 16 * c);
+      for (int g = 0; g < G; ++g) acc[g][c].fma(scores[g][i], value);
+    }
+  }
+  for (int g = 0; g < G; ++g) {
+    part[g][0] = best[g];
+    part[g][1] = total[g];
+    for (int c = 0; c < NV; ++c) acc[g][c].store(part[g] + 2 + 16 * c);
+  }
+}
+
+// Float scratch that persists between the calls of one calling thread (no allocation or
+// zeroing per layer); written and read by the worker threads of one call.
+float* scratch(int64_t count) {
+  static thread_local std::vector<float> buffer;
+  if (int64_t(buffer.size()) < count) buffer.resize(count);
+  return buffer.data();
+}
+
+template <int NV, typename K>
+void chunked_attention(const float* q, const K* keys, const K* values, const Visibility& visible,
+                       int64_t batch, int64_t length, int64_t heads, int64_t kv_heads, int64_t max_slots,
+                       float* out) {
+  constexpr int64_t head_dim = 16 * NV;
+#ifdef __AVX512F__
+  constexpr int kTile = NV == 4 ? 4 : 2;  // queries whose weighted sums stay in registers
+#else
+  constexpr int kTile = 1;
+#endif
   const int64_t group = heads / kv_heads, queries = length * group;
   const float scale = float(1.0 / std::sqrt(double(head_dim)));
-  // visible[(b, t)]: the slots row t of batch row b may see, in increasing order
-  std::vector<std::vector<int32_t>> visible(batch * length);
-  int64_t chunks = 0;
-  for (int64_t bt = 0; bt < batch * length; ++bt) {
-    auto& slots = visible[bt];
-    slots.reserve(kv_len);
-    const bool* row = mask ? mask + bt * kv_len : nullptr;
-    for (int64_t s = 0; s < kv_len; ++s)
-      if (!row || row[s]) slots.push_back(int32_t(s));
-    chunks = std::max<int64_t>(chunks, (int64_t(slots.size()) + kChunk - 1) / kChunk);
-  }
+  const int64_t chunks = (visible.longest + kChunk - 1) / kChunk;
   // partials[(b, kvh, chunk), query]: max, sum, then head_dim weighted sums; max = -inf: empty
   constexpr int64_t stride = head_dim + 2;
-  std::vector<float> partials(batch * kv_heads * chunks * queries * stride);
+  float* partials = scratch(batch * kv_heads * chunks * queries * stride);
   const int64_t items = batch * kv_heads * chunks;
-  at::parallel_for(0, items, queries * kv_len * head_dim >= (1 << 14) ? 1 : items, [&](int64_t begin, int64_t end) {
-    alignas(64) float scores[kChunk];
-    alignas(64) float probs[kChunk];
+  const int64_t work = queries * visible.longest * head_dim;
+  at::parallel_for(0, items, work >= (1 << 14) ? 1 : items, [&](int64_t begin, int64_t end) {
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / (kv_heads * chunks), kvh = (item / chunks) % kv_heads, chunk = item % chunks;
       const K* kb = keys + (b * kv_heads + kvh) * max_slots * head_dim;
       const K* vb = values + (b * kv_heads + kvh) * max_slots * head_dim;
-      for (int64_t m = 0; m < queries; ++m) {
-        const int64_t t = m / group, h = kvh * group + m % group;
-        const auto& slots = visible[b * length + t];
-        const int64_t first = chunk * kChunk;
-        const int64_t n = std::min<int64_t>(kChunk, int64_t(slots.size()) - first);  // keys in this chunk
-        float* part = partials.data() + (item * queries + m) * stride;
-        part[0] = -INFINITY;
-        if (n <= 0) continue;  // fewer visible keys than this chunk starts at
-        const float* qv = q + ((b * length + t) * heads + h) * head_dim;
-        const int32_t* chunk_slots = slots.data() + first;
-        float best = -INFINITY;
-        for (int64_t i = 0; i < kChunk; i += 8) {
-          const int64_t count = std::min<int64_t>(8, n - i);
-          if (count <= 0) {
-            for (int j = 0; j < 8; ++j) scores[i + j] = -INFINITY;
+      for (int64_t t = 0; t < length; ++t) {
+        const int64_t row = b * length + t;
+        const int64_t first = visible.offsets[row] + chunk * kChunk;
+        const int64_t n = std::min<int64_t>(kChunk, visible.offsets[row + 1] - first);  // keys in this chunk
+        for (int64_t g0 = 0; g0 < group; g0 += kTile) {
+          const int tile = int(std::min<int64_t>(kTile, group - g0));
+          const float* qv[kTile];
+          float* part[kTile];
+          for (int g = 0; g < tile; ++g) {
+            qv[g] = q + (row * heads + kvh * group + g0 + g) * head_dim;
+            part[g] = partials + (item * queries + t * group + g0 + g) * stride;
+          }
+          if (n <= 0) {  // fewer visible keys than this chunk starts at
+            for (int g = 0; g < tile; ++g) part[g][0] = -INFINITY;
             continue;
           }
-          const K* k[8];
-          for (int j = 0; j < 8; ++j) k[j] = kb + int64_t(chunk_slots[i + std::min<int64_t>(j, count - 1)]) * head_dim;
-          float dots[8];
-          KeyBlock<float>::scores(qv, k, head_dim, dots);
-          for (int j = 0; j < 8; ++j) {
-            scores[i + j] = j < count ? dots[j] * scale : -INFINITY;
-            best = std::max(best, scores[i + j]);
+          const int32_t* chunk_slots = visible.slots.data() + first;
+          switch (tile) {  // the same arithmetic per query for any tile
+            case 1: chunk_partials<NV, 1>(qv, kb, vb, chunk_slots, n, scale, part); break;
+#ifdef __AVX512F__
+            case 2: chunk_partials<NV, 2>(qv, kb, vb, chunk_slots, n, scale, part); break;
+            case 3: chunk_partials<NV, 3>(qv, kb, vb, chunk_slots, n, scale, part); break;
+            case 4: chunk_partials<NV, 4>(qv, kb, vb, chunk_slots, n, scale, part); break;
+#endif
           }
         }
-#pragma omp simd
-        for (int64_t i = 0; i < kChunk; ++i)
-          probs[i] = scores[i] == -INFINITY ? 0.0f : exp_approx(scores[i] - best);
-        float total = 0.0f;
-        Floats16 acc[NV];
-        for (int c = 0; c < NV; ++c) acc[c] = Floats16::zero();
-        for (int64_t i = 0; i < n; ++i) {
-          if (probs[i] == 0.0f) continue;
-          total += probs[i];
-          const K* vr = vb + int64_t(chunk_slots[i]) * head_dim;
-          for (int c = 0; c < NV; ++c) acc[c].fma(probs[i], Floats16::load(vr + 16 * c));
-        }
-        part[0] = best;
-        part[1] = total;
-        for (int c = 0; c < NV; ++c) acc[c].store(part + 2 + 16 * c);
       }
     }
   });
@@ -219,7 +247,7 @@ void chunked_attention(const float* q, const K* keys, const K* values, const boo
     for (int64_t index = begin; index < end; ++index) {
       const int64_t b = index / (kv_heads * queries), kvh = (index / queries) % kv_heads, m = index % queries;
       const int64_t t = m / group, h = kvh * group + m % group;
-      const float* base = partials.data() + ((b * kv_heads + kvh) * chunks * queries + m) * stride;
+      const float* base = partials + ((b * kv_heads + kvh) * chunks * queries + m) * stride;
       float best = -INFINITY;
       for (int64_t c = 0; c < chunks; ++c) best = std::max(best, base[c * queries * stride]);
       float total = 0.0f;
@@ -242,38 +270,50 @@ void chunked_attention(const float* q, const K* keys, const K* values, const boo
 
 }  // namespace
 
-void attention(const float* q, const float* keys, const float* values, const bool* mask, int64_t batch,
-               int64_t length, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t max_slots,
-               int64_t kv_len, float* out) {
+Visibility::Visibility(const bool* mask_in, int64_t rows, int64_t kv_len_in) : mask(mask_in), kv_len(kv_len_in) {
+  offsets.reserve(rows + 1);
+  offsets.push_back(0);
+  slots.reserve(rows * kv_len);
+  for (int64_t r = 0; r < rows; ++r) {
+    const bool* row = mask ? mask + r * kv_len : nullptr;
+    for (int64_t s = 0; s < kv_len; ++s)
+      if (!row || row[s]) slots.push_back(int32_t(s));
+    offsets.push_back(int64_t(slots.size()));
+    longest = std::max(longest, offsets[r + 1] - offsets[r]);
+  }
+}
+
+void attention(const float* q, const float* keys, const float* values, const Visibility& visible, int64_t batch,
+               int64_t length, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t max_slots, float* out) {
 #ifdef EYAS_CHUNKED_ATTENTION
   if (head_dim == 64 || head_dim == 128) {
     (head_dim == 64 ? chunked_attention<4, float> : chunked_attention<8, float>)(
-        q, keys, values, mask, batch, length, heads, kv_heads, max_slots, kv_len, out);
+        q, keys, values, visible, batch, length, heads, kv_heads, max_slots, out);
     return;
   }
 #endif
-  generic_attention<float>(q, keys, values, mask, batch, length, heads, kv_heads, head_dim, max_slots, kv_len, out);
+  generic_attention<float>(q, keys, values, visible, batch, length, heads, kv_heads, head_dim, max_slots, out);
 }
 
-void attention(const float* q, const at::Half* keys, const at::Half* values, const bool* mask, int64_t batch,
-               int64_t length, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t max_slots,
-               int64_t kv_len, float* out) {
+void attention(const float* q, const at::Half* keys, const at::Half* values, const Visibility& visible,
+               int64_t batch, int64_t length, int64_t heads, int64_t kv_heads, int64_t head_dim,
+               int64_t max_slots, float* out) {
 #ifdef EYAS_CHUNKED_ATTENTION
   if (head_dim == 64 || head_dim == 128) {
     (head_dim == 64 ? chunked_attention<4, at::Half> : chunked_attention<8, at::Half>)(
-        q, keys, values, mask, batch, length, heads, kv_heads, max_slots, kv_len, out);
+        q, keys, values, visible, batch, length, heads, kv_heads, max_slots, out);
     return;
   }
 #endif
-  (void)q, (void)keys, (void)values, (void)mask, (void)batch, (void)length, (void)heads, (void)kv_heads,
-      (void)max_slots, (void)kv_len, (void)out;
+  (void)q, (void)keys, (void)values, (void)visible, (void)batch, (void)length, (void)heads, (void)kv_heads,
+      (void)max_slots, (void)out;
   throw std::invalid_argument("a float16 KV cache needs head_dim 64 or 128 and a CPU with AVX2, FMA and F16C");
 }
 
-void attention(const double* q, const double* keys, const double* values, const bool* mask, int64_t batch,
-               int64_t length, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t max_slots,
-               int64_t kv_len, float* out) {
-  generic_attention<double>(q, keys, values, mask, batch, length, heads, kv_heads, head_dim, max_slots, kv_len, out);
+void attention(const double* q, const double* keys, const double* values, const Visibility& visible,
+               int64_t batch, int64_t length, int64_t heads, int64_t kv_heads, int64_t head_dim,
+               int64_t max_slots, float* out) {
+  generic_attention<double>(q, keys, values, visible, batch, length, heads, kv_heads, head_dim, max_slots, out);
 }
 
 }  // namespace eyas

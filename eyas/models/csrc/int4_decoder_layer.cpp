@@ -1,8 +1,14 @@
-// One decoder layer of an int4 Llama-family model on the CPU, in a single call from Python.
+// The decoder layers of an int4 Llama-family model on the CPU: one layer per call
+// (int4_decoder_layer, what an EAGLE-3 head runs) or the whole stack in one call (Int4Stack,
+// what the target runs).
 //
 // Why: a decode step of SmolLM2-135M spends ~4.5 ms in its int4 matmuls and more than that in
 // the ~25 small ops per layer around them (norms, RoPE, dtype conversions, cache writes) and in
-// the Python that issues them. This file does that work in plain loops between the matmuls.
+// the Python that issues them. This file does that work in plain loops between the matmuls,
+// and Int4Stack runs every layer of a pass without returning to Python: the visible slots of
+// each row (attention.h's Visibility) are gathered once per pass, not once per layer. The
+// floor it chases: the int4 weights read once per pass (memory bandwidth) for one token, their
+// multiply-adds at the integer peak for many.
 // The matmuls run in eyas's int4 x int8 kernel (int4_gemm.cpp, AVX512-VNNI or AVX2) where the
 // weights are in its layout, else in PyTorch's int4 kernel on activations rounded to bf16.
 //
@@ -128,6 +134,195 @@ void rope_and_write(const QkvRows& in, Q* q, K* keys, K* values) {
   }
 }
 
+
+// The tensors and sizes of one decoder layer, in int4_decoder_layer's argument order.
+struct LayerWeights {
+  Tensor norm_in, qkv_packed, qkv_scales;
+  c10::optional<Tensor> qkv_bias;
+  Tensor o_packed, o_scales, norm_post, gate_up_packed, gate_up_scales, down_packed, down_scales;
+  int64_t group, heads, kv_heads;
+  double eps;
+};
+
+// What every layer of a pass shares: rows, rotary tables, cache slots, visible slots.
+struct Pass {
+  const Tensor& cos;  // [N, D] float32
+  const Tensor& sin;  // [N, D] float32, sign-folded
+  const Tensor& slots;  // [B, T] int64
+  int64_t kv_len;
+  const eyas::Visibility& visible;
+};
+
+void check_cache(const Tensor& cache_k, const Tensor& cache_v, int64_t batch, int64_t kv_heads, int64_t head_dim,
+                 int64_t kv_len) {
+  TORCH_CHECK(cache_k.scalar_type() == cache_v.scalar_type() &&
+              (cache_k.scalar_type() == at::kDouble || cache_k.scalar_type() == at::kFloat ||
+               cache_k.scalar_type() == at::kHalf),
+              "the KV cache must be float32, float64 or float16 (attention runs in its dtype, float32 for float16)");
+  TORCH_CHECK(cache_k.is_contiguous() && cache_v.is_contiguous(), "cache layers must be contiguous");
+  TORCH_CHECK(cache_k.dim() == 4 && cache_k.sizes() == cache_v.sizes() && cache_k.size(0) >= batch &&
+              cache_k.size(1) == kv_heads && cache_k.size(3) == head_dim,
+              "cache layers must be [B, KV, S, D] with this layer's kv heads and head dim");
+  TORCH_CHECK_INDEX(kv_len > 0 && kv_len <= cache_k.size(2), "KV cache overflow: ", kv_len, " visible slots of ",
+                    cache_k.size(2));
+}
+
+// x [N, H] float32 (N = B * T rows, row n = b * T + t) -> the layer's output [N, H] float32;
+// writes this layer's keys and values at the pass's slots of cache_k / cache_v [B', KV, S, D].
+// With `embeds` (and `norm_embeds`) it is an EAGLE-3 head's layer (see int4_decoder_layer).
+Tensor decoder_layer(const Tensor& x, const LayerWeights& w, const Pass& pass, const Tensor& cache_k,
+                     const Tensor& cache_v, const Tensor* embeds = nullptr, const Tensor* norm_embeds = nullptr) {
+  const int64_t rows = x.size(0), hidden = x.size(1);
+  const int64_t batch = pass.slots.size(0), length = pass.slots.size(1);
+  const int64_t heads = w.heads, kv_heads = w.kv_heads, head_dim = pass.cos.size(1);
+  const int64_t max_slots = cache_k.size(2);
+  const int64_t qkv_width = (heads + 2 * kv_heads) * head_dim;
+  check_cache(cache_k, cache_v, batch, kv_heads, head_dim, pass.kv_len);
+  // 1. Attention input: RMSNorm (of the token embeddings too, for a head) -> q/k/v projection.
+  Tensor normed = at::empty({rows, hidden}, x.options());
+  Tensor qkv;
+  if (embeds != nullptr) {
+    Tensor both = at::empty({rows, 2 * hidden}, x.options());  // [N, 2H] = cat(norm(e), norm(x))
+    rms_norm_rows(embeds->data_ptr<float>(), norm_embeds->data_ptr<float>(), rows, hidden, w.eps,
+                  both.data_ptr<float>(), 2 * hidden);
+    rms_norm_rows(x.data_ptr<float>(), w.norm_in.data_ptr<float>(), rows, hidden, w.eps,
+                  both.data_ptr<float>() + hidden, 2 * hidden);
+    qkv = linear(both, w.qkv_packed, w.group, w.qkv_scales);
+  } else {
+    rms_norm_rows(x.data_ptr<float>(), w.norm_in.data_ptr<float>(), rows, hidden, w.eps, normed.data_ptr<float>(),
+                  hidden);
+    qkv = linear(normed, w.qkv_packed, w.group, w.qkv_scales);  // [N, (Hq + 2 KV) * D]
+  }
+  TORCH_CHECK(qkv.size(1) == qkv_width, "qkv projection width does not match the heads");
+
+  // 2. RoPE on q and k (float32, as the Python path), then q in the cache's dtype (float32 for
+  // a float16 cache), k and v into the cache; 3. attention in that dtype (float32 for float16),
+  // rounded to float32 for o_proj.
+  Tensor attended = at::empty({rows, heads * head_dim}, x.options());
+  const float* bias = w.qkv_bias.has_value() ? w.qkv_bias->data_ptr<float>() : nullptr;
+  const QkvRows qkv_rows{qkv.data_ptr<float>(), bias, pass.cos.data_ptr<float>(), pass.sin.data_ptr<float>(),
+                         pass.slots.data_ptr<int64_t>(), rows, length, heads, kv_heads, head_dim, max_slots};
+  if (cache_k.scalar_type() == at::kHalf) {
+    Tensor q = at::empty({rows, heads, head_dim}, x.options());
+    at::Half* kc = cache_k.data_ptr<at::Half>();
+    at::Half* vc = cache_v.data_ptr<at::Half>();
+    rope_and_write(qkv_rows, q.data_ptr<float>(), kc, vc);
+    eyas::attention(q.data_ptr<float>(), kc, vc, pass.visible, batch, length, heads, kv_heads, head_dim, max_slots,
+                    attended.data_ptr<float>());  // attention.cpp
+  } else {
+    AT_DISPATCH_FLOATING_TYPES(cache_k.scalar_type(), "int4_decoder_layer", [&] {
+      Tensor q = at::empty({rows, heads, head_dim}, x.options().dtype(cache_k.scalar_type()));
+      scalar_t* kc = cache_k.data_ptr<scalar_t>();
+      scalar_t* vc = cache_v.data_ptr<scalar_t>();
+      rope_and_write(qkv_rows, q.data_ptr<scalar_t>(), kc, vc);
+      eyas::attention(q.data_ptr<scalar_t>(), kc, vc, pass.visible, batch, length, heads, kv_heads, head_dim,
+                      max_slots, attended.data_ptr<float>());  // attention.cpp
+    });
+  }
+  // 4. Output projection and residual.
+  Tensor projected = linear(attended, w.o_packed, w.group, w.o_scales);  // [N, H]
+  Tensor out = at::empty({rows, hidden}, x.options());
+  {
+    const float* xi = x.data_ptr<float>();
+    const float* p = projected.data_ptr<float>();
+    float* o = out.data_ptr<float>();
+    for (int64_t i = 0; i < rows * hidden; ++i) o[i] = xi[i] + p[i];
+  }
+
+  // 5. MLP: RMSNorm -> gate/up -> silu(gate) * up -> down; 6. residual.
+  rms_norm_rows(out.data_ptr<float>(), w.norm_post.data_ptr<float>(), rows, hidden, w.eps, normed.data_ptr<float>(),
+                hidden);
+  Tensor gate_up = linear(normed, w.gate_up_packed, w.group, w.gate_up_scales);  // [N, 2I]
+  const int64_t inner = gate_up.size(1) / 2;
+  Tensor act = at::empty({rows, inner}, x.options());
+  {
+    const float* g = gate_up.data_ptr<float>();
+    float* a = act.data_ptr<float>();
+    for (int64_t n = 0; n < rows; ++n) {
+      const float* gate = g + n * 2 * inner;
+      const float* up = gate + inner;
+      float* an = a + n * inner;
+      int64_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+      for (; i + 16 <= inner; i += 16) {  // exp16: the same operations as exp_approx, 16 lanes
+        const eyas::Floats16 gv = eyas::Floats16::load(gate + i);
+        const eyas::Floats16 e = eyas::exp16(eyas::Floats16::zero() - gv);
+        (gv / (eyas::Floats16::fill(1.0f) + e) * eyas::Floats16::load(up + i)).store(an + i);
+      }
+#endif
+      for (; i < inner; ++i) an[i] = gate[i] / (1.0f + eyas::exp_approx(-gate[i])) * up[i];
+    }
+  }
+  Tensor down = linear(act, w.down_packed, w.group, w.down_scales);  // [N, H]
+  {
+    const float* p = down.data_ptr<float>();
+    float* o = out.data_ptr<float>();
+    for (int64_t i = 0; i < rows * hidden; ++i) o[i] += p[i];
+  }
+  return out;
+}
+
+// The mask [B, T, kv_len] bool (or none: every slot visible), checked.
+Tensor checked_mask(const c10::optional<Tensor>& mask, int64_t rows, int64_t kv_len) {
+  if (!mask.has_value()) return Tensor();
+  Tensor contiguous = mask->contiguous();
+  TORCH_CHECK(contiguous.scalar_type() == at::kBool && contiguous.numel() == rows * kv_len,
+              "mask: [B, T, kv_len] bool");
+  return contiguous;
+}
+
+void check_pass(const Tensor& x, const Tensor& slots, const Tensor& cos) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x: [N, H] float32");
+  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.is_contiguous() && slots.dim() == 2, "slots: [B, T] int64");
+  TORCH_CHECK(slots.size(0) * slots.size(1) == x.size(0), "slots must hold one slot per row of x");
+  TORCH_CHECK(cos.size(1) % 8 == 0, "head_dim must be a multiple of 8");
+}
+
+// The decoder layers of an int4 model, run in one call per pass (no Python between layers):
+// the same code and the same bits as one int4_decoder_layer call per layer.
+class Int4Stack {
+ public:
+  // weights: 11 tensors per layer in int4_decoder_layer's order (an empty qkv bias: none).
+  Int4Stack(const std::vector<Tensor>& weights, int64_t group, double eps, int64_t heads, int64_t kv_heads) {
+    TORCH_CHECK(weights.size() % 11 == 0, "Int4Stack takes 11 tensors per layer");
+    for (size_t i = 0; i < weights.size(); i += 11) {
+      const Tensor* t = weights.data() + i;
+      c10::optional<Tensor> bias;
+      if (t[3].defined() && t[3].numel() > 0) bias = t[3];
+      layers_.push_back({t[0], t[1], t[2], bias, t[4], t[5], t[6], t[7], t[8], t[9], t[10], group, heads, kv_heads,
+                         eps});
+    }
+  }
+
+  int64_t size() const { return int64_t(layers_.size()); }
+
+  // x [N, H] float32 through layers[i] for i in `layers` (in order), layer i reading and
+  // writing keys[storage[i]] / values[storage[i]] of the cache [L', B', KV, S, D]; the rest as
+  // int4_decoder_layer.
+  Tensor run(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& keys, const Tensor& values,
+             const std::vector<int64_t>& layers, const std::vector<int64_t>& storage, const Tensor& slots,
+             int64_t kv_len, const c10::optional<Tensor>& mask) const {
+    check_pass(x, slots, cos);
+    TORCH_CHECK(layers.size() == storage.size(), "one storage index per layer");
+    TORCH_CHECK(keys.dim() == 5 && keys.sizes() == values.sizes(), "keys, values: [L, B, KV, S, D]");
+    const int64_t kv_len_checked = std::max<int64_t>(kv_len, 1);
+    const Tensor mask_c = checked_mask(mask, x.size(0), kv_len_checked);
+    const eyas::Visibility visible(mask_c.defined() ? mask_c.data_ptr<bool>() : nullptr, x.size(0), kv_len);
+    const Pass pass{cos, sin, slots, kv_len, visible};
+    Tensor hidden = x;
+    for (size_t i = 0; i < layers.size(); ++i) {
+      TORCH_CHECK_INDEX(layers[i] >= 0 && layers[i] < size(), "layer ", layers[i], " of ", size());
+      TORCH_CHECK_INDEX(storage[i] >= 0 && storage[i] < keys.size(0), "cache layer ", storage[i], " of ",
+                        keys.size(0));
+      hidden = decoder_layer(hidden, layers_[layers[i]], pass, keys[storage[i]], values[storage[i]]);
+    }
+    return hidden;
+  }
+
+ private:
+  std::vector<LayerWeights> layers_;
+};
+
 }  // namespace
 
 // x [N, H] float32 (N = B * T rows, row n = b * T + t) -> the layer's output [N, H] float32.
@@ -144,113 +339,31 @@ Tensor int4_decoder_layer(const Tensor& x, const Tensor& norm_in, const Tensor& 
                           const Tensor& cache_v, const Tensor& slots, int64_t kv_len,
                           const c10::optional<Tensor>& mask, int64_t heads, int64_t kv_heads,
                           const c10::optional<Tensor>& embeds, const c10::optional<Tensor>& norm_embeds) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x: [N, H] float32");
-  TORCH_CHECK(cache_k.scalar_type() == cache_v.scalar_type() &&
-              (cache_k.scalar_type() == at::kDouble || cache_k.scalar_type() == at::kFloat ||
-               cache_k.scalar_type() == at::kHalf),
-              "the KV cache must be float32, float64 or float16 (attention runs in its dtype, float32 for float16)");
-  TORCH_CHECK(cache_k.is_contiguous() && cache_v.is_contiguous(), "cache layers must be contiguous");
-  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.is_contiguous() && slots.dim() == 2, "slots: [B, T] int64");
-  const int64_t rows = x.size(0), hidden = x.size(1);
-  const int64_t batch = slots.size(0), length = slots.size(1);
-  TORCH_CHECK(batch * length == rows, "slots must hold one slot per row of x");
-  const int64_t head_dim = cos.size(1), max_slots = cache_k.size(2);
-  const int64_t qkv_width = (heads + 2 * kv_heads) * head_dim;
-  TORCH_CHECK_INDEX(kv_len > 0 && kv_len <= max_slots, "KV cache overflow: ", kv_len, " visible slots of ",
-                    max_slots);
-  TORCH_CHECK(head_dim % 8 == 0, "head_dim must be a multiple of 8");
-  TORCH_CHECK(cache_k.dim() == 4 && cache_k.sizes() == cache_v.sizes() && cache_k.size(0) >= batch &&
-              cache_k.size(1) == kv_heads && cache_k.size(3) == head_dim,
-              "cache layers must be [B, KV, S, D] with this layer's kv heads and head dim");
-  const bool* mask_ptr = nullptr;
-  Tensor mask_c;
-  if (mask.has_value()) {
-    mask_c = mask->contiguous();
-    TORCH_CHECK(mask_c.scalar_type() == at::kBool && mask_c.numel() == rows * kv_len, "mask: [B, T, kv_len] bool");
-    mask_ptr = mask_c.data_ptr<bool>();
-  }
-  // 1. Attention input: RMSNorm (of the token embeddings too, for a head) -> q/k/v projection.
-  Tensor normed = at::empty({rows, hidden}, x.options());
-  Tensor qkv;
+  check_pass(x, slots, cos);
+  const Tensor mask_c = checked_mask(mask, x.size(0), std::max<int64_t>(kv_len, 1));
+  const eyas::Visibility visible(mask_c.defined() ? mask_c.data_ptr<bool>() : nullptr, x.size(0), kv_len);
+  const LayerWeights weights{norm_in, qkv_packed, qkv_scales, qkv_bias, o_packed, o_scales, norm_post,
+                             gate_up_packed, gate_up_scales, down_packed, down_scales, group, heads, kv_heads, eps};
+  const Pass pass{cos, sin, slots, kv_len, visible};
   if (embeds.has_value()) {
     TORCH_CHECK(norm_embeds.has_value() && embeds->scalar_type() == at::kFloat && embeds->is_contiguous() &&
                 embeds->sizes() == x.sizes(), "embeds: [N, H] float32 like x, with norm_embeds [H]");
-    Tensor both = at::empty({rows, 2 * hidden}, x.options());  // [N, 2H] = cat(norm(e), norm(x))
-    rms_norm_rows(embeds->data_ptr<float>(), norm_embeds->data_ptr<float>(), rows, hidden, eps,
-                  both.data_ptr<float>(), 2 * hidden);
-    rms_norm_rows(x.data_ptr<float>(), norm_in.data_ptr<float>(), rows, hidden, eps, both.data_ptr<float>() + hidden,
-                  2 * hidden);
-    qkv = linear(both, qkv_packed, group, qkv_scales);
-  } else {
-    rms_norm_rows(x.data_ptr<float>(), norm_in.data_ptr<float>(), rows, hidden, eps, normed.data_ptr<float>(), hidden);
-    qkv = linear(normed, qkv_packed, group, qkv_scales);  // [N, (Hq + 2 KV) * D]
+    return decoder_layer(x, weights, pass, cache_k, cache_v, &*embeds, &*norm_embeds);
   }
-  TORCH_CHECK(qkv.size(1) == qkv_width, "qkv projection width does not match the heads");
-
-  // 2. RoPE on q and k (float32, as the Python path), then q in the cache's dtype (float32 for
-  // a float16 cache), k and v into the cache; 3. attention in that dtype (float32 for float16),
-  // rounded to float32 for o_proj.
-  Tensor attended = at::empty({rows, heads * head_dim}, x.options());
-  const float* bias = qkv_bias.has_value() ? qkv_bias->data_ptr<float>() : nullptr;
-  const QkvRows qkv_rows{qkv.data_ptr<float>(), bias, cos.data_ptr<float>(), sin.data_ptr<float>(),
-                         slots.data_ptr<int64_t>(), rows, length, heads, kv_heads, head_dim, max_slots};
-  if (cache_k.scalar_type() == at::kHalf) {
-    Tensor q = at::empty({rows, heads, head_dim}, x.options());
-    at::Half* kc = cache_k.data_ptr<at::Half>();
-    at::Half* vc = cache_v.data_ptr<at::Half>();
-    rope_and_write(qkv_rows, q.data_ptr<float>(), kc, vc);
-    eyas::attention(q.data_ptr<float>(), kc, vc, mask_ptr, batch, length, heads, kv_heads, head_dim, max_slots,
-                    kv_len, attended.data_ptr<float>());  // attention.cpp
-  } else {
-    AT_DISPATCH_FLOATING_TYPES(cache_k.scalar_type(), "int4_decoder_layer", [&] {
-      Tensor q = at::empty({rows, heads, head_dim}, x.options().dtype(cache_k.scalar_type()));
-      scalar_t* kc = cache_k.data_ptr<scalar_t>();
-      scalar_t* vc = cache_v.data_ptr<scalar_t>();
-      rope_and_write(qkv_rows, q.data_ptr<scalar_t>(), kc, vc);
-      eyas::attention(q.data_ptr<scalar_t>(), kc, vc, mask_ptr, batch, length, heads, kv_heads, head_dim,
-                      max_slots, kv_len, attended.data_ptr<float>());  // attention.cpp
-    });
-  }
-  Tensor projected = linear(attended, o_packed, group, o_scales);  // [N, H]
-  Tensor out = at::empty({rows, hidden}, x.options());
-  {
-    const float* xi = x.data_ptr<float>();
-    const float* p = projected.data_ptr<float>();
-    float* o = out.data_ptr<float>();
-    for (int64_t i = 0; i < rows * hidden; ++i) o[i] = xi[i] + p[i];
-  }
-
-  // 5. MLP: RMSNorm -> gate/up -> silu(gate) * up -> down; 6. residual.
-  rms_norm_rows(out.data_ptr<float>(), norm_post.data_ptr<float>(), rows, hidden, eps, normed.data_ptr<float>(),
-                hidden);
-  Tensor gate_up = linear(normed, gate_up_packed, group, gate_up_scales);  // [N, 2I]
-  const int64_t inner = gate_up.size(1) / 2;
-  Tensor act = at::empty({rows, inner}, x.options());
-  {
-    const float* g = gate_up.data_ptr<float>();
-    float* a = act.data_ptr<float>();
-    for (int64_t n = 0; n < rows; ++n) {
-      const float* gate = g + n * 2 * inner;
-      const float* up = gate + inner;
-      float* an = a + n * inner;
-#pragma omp simd
-      for (int64_t i = 0; i < inner; ++i) an[i] = gate[i] / (1.0f + eyas::exp_approx(-gate[i])) * up[i];
-    }
-  }
-  Tensor down = linear(act, down_packed, group, down_scales);  // [N, H]
-  {
-    const float* p = down.data_ptr<float>();
-    float* o = out.data_ptr<float>();
-    for (int64_t i = 0; i < rows * hidden; ++i) o[i] += p[i];
-  }
-  return out;
+  return decoder_layer(x, weights, pass, cache_k, cache_v);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int4_decoder_layer", &int4_decoder_layer, "One int4 decoder layer (see the file's header)");
+  pybind11::class_<Int4Stack>(m, "Int4Stack", "The decoder layers of an int4 model, one call per pass")
+      .def(pybind11::init<const std::vector<Tensor>&, int64_t, double, int64_t, int64_t>())
+      .def("__len__", &Int4Stack::size)
+      .def("run", &Int4Stack::run, "x [N, H] through the given layers (see Int4Stack::run)");
   m.def("int8dot_kernels", &eyas::int8dot_kernels, "The int8 dot-product implementations built, best first (int8dot.h)");
   m.def("int8dot_kernel", &eyas::int8dot_kernel_name, "The one in use ('none' where none is built)");
   m.def("set_int8dot_kernel", &eyas::set_int8dot_kernel, "Selects a built implementation by name");
+  m.def("int4_activation_bits", &eyas::int4_activation_bits, "The int4 kernel's activation bits: 14 or 8");
+  m.def("set_int4_activation_bits", &eyas::set_int4_activation_bits, "Sets them (int4_gemm.cpp)");
   m.def("int4_pack", &eyas::int4_pack, "codes [O, I], scale, minimum [O, I/32] -> packed (int4_gemm.cpp)");
   m.def("int4_linear", &eyas::int4_linear, "x [N, I] float32 -> [N, O] float32 (int4_gemm.cpp)");
   m.def("int8_screen_pack", &eyas::int8_screen_pack, "codes [V, H] int8 -> packed (int8_screen.cpp)");

@@ -14,7 +14,14 @@
 // two int8 operands of the same unpacked weights (twice the dot products of 8 bits). Rounding to int8 alone
 // (llama.cpp's Q8) cost SmolLM2-135M too much, in any one of its projections: top-1 agreement
 // with float32 fell from 99.0% (PyTorch's kernel on bf16 activations) to 94.9%, where 14 bits
-// give 99.9% (BENCHMARKS.md, "Kernels and precisions").
+// give 99.9% (BENCHMARKS.md, "Kernels and precisions"). 8 bits stay selectable
+// (set_int4_activation_bits(8), EYAS_INT4_ACTIVATIONS=8 in fused_cpu.py): xq = round(x / d) in
+// -127..127 with d = max|x| / 127, one int8 operand, half the dot products of each row.
+//
+// The floor it chases: at one row, the packed weights read once (memory bandwidth); at many,
+// the integer multiply-adds at the instruction's peak (16 vpdpbusd per row, 16 columns and 32
+// inputs at 14 bits, 8 at 8 bits), with the float epilogue of a group (~8 instructions per row)
+// and the unpacking of a block (16 instructions per 8 rows) kept small next to them.
 //
 // Numerics: y[n, o] = sum over groups g of d[n,g] * s[o,g] * (codes[o,g] . xq[n,g])
 //                                          + m[o,g] * sum(x[n,g]),
@@ -70,12 +77,16 @@ const std::vector<std::pair<Int8Dot, std::string>>& built() {
 
 Int8Dot selected = built().empty() ? Int8Dot::none : built().front().first;
 
-// Per row and group of x [rows, in]: hi[32] then lo[32] int8 (codes [rows, in / 32, 2, 32]),
-// the scale d and the sum of the group's 32 inputs, [rows, in / 32].
+// Per row and group of x [rows, in]: the activation codes (14 bits: hi[32] then lo[32], codes
+// [rows, in / 32, 2, 32]; 8 bits: codes [rows, in / 32, 32]), the scale d and the sum of the
+// group's 32 inputs, [rows, in / 32].
 struct Quantized {
   std::vector<int8_t> codes;
   std::vector<float> scales, sums;
 };
+
+// Which activation arithmetic runs (int8dot.h): 14 bits (two int8 parts) unless set to 8.
+int activation_bits = 14;
 
 #ifdef EYAS_VNNI
 namespace vnni {
@@ -87,25 +98,32 @@ inline void store_bytes(int8_t* out, __m512i v) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtsepi32_epi8(v));
 }
 
+template <int Parts>
 void quantize_group(const float* xg, int8_t* out, float* scale, float* sum) {
+  constexpr float levels = Parts == 2 ? kActivationLevels : kActivationLevels8;
   const __m512 sign = _mm512_set1_ps(-0.0f);
   const __m512 a = _mm512_loadu_ps(xg), b = _mm512_loadu_ps(xg + 16);
   const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, a), _mm512_andnot_ps(sign, b)));
-  const float inverse = amax > 0.0f ? kActivationLevels / amax : 0.0f;
+  const float inverse = amax > 0.0f ? levels / amax : 0.0f;
   const __m512 scaled = _mm512_set1_ps(inverse);
-  for (int i = 0; i < 2; ++i) {  // xq = round(x / d); hi = round(xq / 128); lo = xq - 128 hi
+  for (int i = 0; i < 2; ++i) {  // xq = round(x / d); 14 bits: hi = round(xq / 128), lo = xq - 128 hi
     const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(i ? b : a, scaled));
+    if (Parts == 1) {
+      store_bytes(out + 16 * i, q);
+      continue;
+    }
     const __m512i hi = activation_high(q);
     store_bytes(out + 16 * i, hi);
     store_bytes(out + kGroup + 16 * i, _mm512_sub_epi32(q, _mm512_slli_epi32(hi, 7)));
   }
-  *scale = amax / kActivationLevels;
+  *scale = amax / levels;
   const __m512 both = _mm512_add_ps(a, b);
   *sum = sum8(_mm256_add_ps(_mm512_castps512_ps256(both), _mm512_extractf32x8_ps(both, 1)));
 }
 
-// One block of 16 columns for `R` rows: y[r, col0 .. col0 + 15] for r < R.
-template <int R>
+// One block of 16 columns for `R` rows: y[r, col0 .. col0 + 15] for r < R, activations in
+// `Parts` int8 parts (2: 14 bits, 1: 8 bits).
+template <int R, int Parts>
 void tile(const uint8_t* block, int64_t groups, const int8_t* codes, int64_t in, const float* scales,
           const float* sums, float* y, int64_t out) {
   const __m512i low = _mm512_set1_epi8(0x0F);
@@ -121,12 +139,12 @@ void tile(const uint8_t* block, int64_t groups, const int8_t* codes, int64_t in,
     const __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 256)));
     const __m512 minimum = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 288)));
     for (int r = 0; r < R; ++r) {
-      const int8_t* xg = codes + (r * in + g * kGroup) * 2;  // hi[32] then lo[32]
-      // codes . xq = 128 (codes . hi) + codes . lo, exact; four independent chains of
-      // vpdpbusd (5 cycles of latency each) instead of one chain of 16.
+      const int8_t* xg = codes + (r * in + g * kGroup) * Parts;  // 14 bits: hi[32] then lo[32]
+      // codes . xq = 128 (codes . hi) + codes . lo, exact; independent chains of vpdpbusd (5
+      // cycles of latency each) instead of one chain of 16.
       __m512i dots[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
                          _mm512_setzero_si512()};
-      for (int part = 0; part < 2; ++part) {
+      for (int part = 0; part < Parts; ++part) {
         for (int j = 0; j < 8; ++j) {
           int32_t quad;
           std::memcpy(&quad, xg + part * kGroup + 4 * j, sizeof(quad));
@@ -134,8 +152,9 @@ void tile(const uint8_t* block, int64_t groups, const int8_t* codes, int64_t in,
           dot = _mm512_dpbusd_epi32(dot, w[j], _mm512_set1_epi32(quad));
         }
       }
-      const __m512i dot = _mm512_add_epi32(_mm512_slli_epi32(_mm512_add_epi32(dots[0], dots[1]), 7),
-                                           _mm512_add_epi32(dots[2], dots[3]));
+      const __m512i dot = Parts == 1 ? _mm512_add_epi32(dots[0], dots[1])
+                                     : _mm512_add_epi32(_mm512_slli_epi32(_mm512_add_epi32(dots[0], dots[1]), 7),
+                                                        _mm512_add_epi32(dots[2], dots[3]));
       const __m512 d = _mm512_mul_ps(scale, _mm512_set1_ps(scales[r * groups + g]));
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), d, acc[r]);
       acc[r] = _mm512_fmadd_ps(minimum, _mm512_set1_ps(sums[r * groups + g]), acc[r]);
@@ -145,15 +164,18 @@ void tile(const uint8_t* block, int64_t groups, const int8_t* codes, int64_t in,
 }
 
 using TileFn = void (*)(const uint8_t*, int64_t, const int8_t*, int64_t, const float*, const float*, float*, int64_t);
-constexpr TileFn kTiles[kTileRows + 1] = {nullptr, tile<1>, tile<2>, tile<3>, tile<4>, tile<5>, tile<6>, tile<7>, tile<8>};
+template <int Parts>
+constexpr TileFn kTiles[kTileRows + 1] = {nullptr, tile<1, Parts>, tile<2, Parts>, tile<3, Parts>, tile<4, Parts>,
+                                          tile<5, Parts>, tile<6, Parts>, tile<7, Parts>, tile<8, Parts>};
 
 // Columns [block * 16, block * 16 + 16) of y for every row.
+template <int Parts>
 void block_columns(const uint8_t* block, int64_t groups, const Quantized& xq, int64_t rows, int64_t in, float* y,
                    int64_t out) {
   for (int64_t r = 0; r < rows; r += kTileRows) {
     const int64_t n = std::min(kTileRows, rows - r);
-    kTiles[n](block, groups, xq.codes.data() + r * in * 2, in, xq.scales.data() + r * groups,
-              xq.sums.data() + r * groups, y + r * out, out);
+    kTiles<Parts>[n](block, groups, xq.codes.data() + r * in * Parts, in, xq.scales.data() + r * groups,
+                     xq.sums.data() + r * groups, y + r * out, out);
   }
 }
 
@@ -165,7 +187,9 @@ namespace avx2 {
 
 constexpr int64_t kTileRows = 4;
 
+template <int Parts>
 void quantize_group(const float* xg, int8_t* out, float* scale, float* sum) {
+  constexpr float levels = Parts == 2 ? kActivationLevels : kActivationLevels8;
   const __m256 sign = _mm256_set1_ps(-0.0f);
   __m256 v[4];
   for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(xg + 8 * i);
@@ -174,26 +198,28 @@ void quantize_group(const float* xg, int8_t* out, float* scale, float* sum) {
   __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
   m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
   const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));  // max: exact in any order
-  const float inverse = amax > 0.0f ? kActivationLevels / amax : 0.0f;
+  const float inverse = amax > 0.0f ? levels / amax : 0.0f;
   const __m256 scaled = _mm256_set1_ps(inverse);
   __m256i hi[4], lo[4];
-  for (int i = 0; i < 4; ++i) {  // xq = round(x / d); hi = round(xq / 128); lo = xq - 128 hi
+  for (int i = 0; i < 4; ++i) {  // xq = round(x / d); 14 bits: hi = round(xq / 128), lo = xq - 128 hi
     const __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], scaled));
-    hi[i] = activation_high(q);
+    hi[i] = Parts == 1 ? q : activation_high(q);
     lo[i] = _mm256_sub_epi32(q, _mm256_slli_epi32(hi[i], 7));
   }
   // 32 int32 -> 32 int8 in order: the packs interleave 128-bit lanes, the permutation undoes it
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   const __m256i high = _mm256_packs_epi16(_mm256_packs_epi32(hi[0], hi[1]), _mm256_packs_epi32(hi[2], hi[3]));
-  const __m256i rest = _mm256_packs_epi16(_mm256_packs_epi32(lo[0], lo[1]), _mm256_packs_epi32(lo[2], lo[3]));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_permutevar8x32_epi32(high, order));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + kGroup), _mm256_permutevar8x32_epi32(rest, order));
-  *scale = amax / kActivationLevels;
+  if (Parts == 2) {
+    const __m256i rest = _mm256_packs_epi16(_mm256_packs_epi32(lo[0], lo[1]), _mm256_packs_epi32(lo[2], lo[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + kGroup), _mm256_permutevar8x32_epi32(rest, order));
+  }
+  *scale = amax / levels;
   *sum = sum8(_mm256_add_ps(_mm256_add_ps(v[0], v[2]), _mm256_add_ps(v[1], v[3])));  // as vnni's
 }
 
-// Columns half * 8 .. half * 8 + 7 of one block for `R` rows.
-template <int R>
+// Columns half * 8 .. half * 8 + 7 of one block for `R` rows, activations in `Parts` parts.
+template <int R, int Parts>
 void tile(const uint8_t* block, int half, int64_t groups, const int8_t* codes, int64_t in, const float* scales,
           const float* sums, float* y, int64_t out) {
   const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
@@ -209,9 +235,11 @@ void tile(const uint8_t* block, int half, int64_t groups, const int8_t* codes, i
     const __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 256 + 16 * half)));
     const __m256 minimum = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 288 + 16 * half)));
     for (int r = 0; r < R; ++r) {
-      const int8_t* xg = codes + (r * in + g * kGroup) * 2;  // hi[32] then lo[32]
-      __m256i part_sums[2];  // int16 lanes: |sum of 8 pairs| <= 8 * 2 * 15 * 64 < 2^15, exact
-      for (int part = 0; part < 2; ++part) {
+      const int8_t* xg = codes + (r * in + g * kGroup) * Parts;  // 14 bits: hi[32] then lo[32]
+      // int16 lanes: |sum of 8 pairs| <= 8 * 2 * 15 * 64 (14 bits) or 8 * 2 * 15 * 127 (8 bits)
+      // < 2^15, exact
+      __m256i part_sums[2];
+      for (int part = 0; part < Parts; ++part) {
         __m256i s[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
         for (int j = 0; j < 8; ++j) {
           int32_t quad;
@@ -220,7 +248,7 @@ void tile(const uint8_t* block, int half, int64_t groups, const int8_t* codes, i
         }
         part_sums[part] = _mm256_madd_epi16(_mm256_add_epi16(s[0], s[1]), ones);  // int32 per column
       }
-      const __m256i dot = _mm256_add_epi32(_mm256_slli_epi32(part_sums[0], 7), part_sums[1]);
+      const __m256i dot = Parts == 1 ? part_sums[0] : _mm256_add_epi32(_mm256_slli_epi32(part_sums[0], 7), part_sums[1]);
       const __m256 d = _mm256_mul_ps(scale, _mm256_set1_ps(scales[r * groups + g]));
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), d, acc[r]);
       acc[r] = _mm256_fmadd_ps(minimum, _mm256_set1_ps(sums[r * groups + g]), acc[r]);
@@ -231,15 +259,17 @@ void tile(const uint8_t* block, int half, int64_t groups, const int8_t* codes, i
 
 using TileFn = void (*)(const uint8_t*, int, int64_t, const int8_t*, int64_t, const float*, const float*, float*,
                         int64_t);
-constexpr TileFn kTiles[kTileRows + 1] = {nullptr, tile<1>, tile<2>, tile<3>, tile<4>};
+template <int Parts>
+constexpr TileFn kTiles[kTileRows + 1] = {nullptr, tile<1, Parts>, tile<2, Parts>, tile<3, Parts>, tile<4, Parts>};
 
+template <int Parts>
 void block_columns(const uint8_t* block, int64_t groups, const Quantized& xq, int64_t rows, int64_t in, float* y,
                    int64_t out) {
   for (int half = 0; half < 2; ++half) {
     for (int64_t r = 0; r < rows; r += kTileRows) {
       const int64_t n = std::min(kTileRows, rows - r);
-      kTiles[n](block, half, groups, xq.codes.data() + r * in * 2, in, xq.scales.data() + r * groups,
-                xq.sums.data() + r * groups, y + r * out, out);
+      kTiles<Parts>[n](block, half, groups, xq.codes.data() + r * in * Parts, in, xq.scales.data() + r * groups,
+                       xq.sums.data() + r * groups, y + r * out, out);
     }
   }
 }
@@ -255,26 +285,34 @@ using BlockFn = void (*)(const uint8_t*, int64_t, const Quantized&, int64_t, int
 struct Implementation {
   GroupFn quantize_group = nullptr;
   BlockFn block_columns = nullptr;
+  int parts = 2;  // int8 parts per activation: 2 (14 bits) or 1 (8 bits)
 };
 
 Implementation implementation() {
+  const bool eight = activation_bits == 8;
 #ifdef EYAS_VNNI
-  if (selected == Int8Dot::avx512vnni) return {vnni::quantize_group, vnni::block_columns};
+  if (selected == Int8Dot::avx512vnni)
+    return eight ? Implementation{vnni::quantize_group<1>, vnni::block_columns<1>, 1}
+                 : Implementation{vnni::quantize_group<2>, vnni::block_columns<2>, 2};
 #endif
 #ifdef EYAS_AVX2
-  if (selected == Int8Dot::avx2) return {avx2::quantize_group, avx2::block_columns};
+  if (selected == Int8Dot::avx2)
+    return eight ? Implementation{avx2::quantize_group<1>, avx2::block_columns<1>, 1}
+                 : Implementation{avx2::quantize_group<2>, avx2::block_columns<2>, 2};
 #endif
+  (void)eight;
   return {};
 }
 
-// Rows of x [rows, in] in the 14-bit form.
-Quantized quantize_rows(GroupFn group, const float* x, int64_t rows, int64_t in) {
+// Rows of x [rows, in] in the form the kernel multiplies (`parts` int8 parts per input).
+Quantized quantize_rows(GroupFn group, int parts, const float* x, int64_t rows, int64_t in) {
   const int64_t groups = in / kGroup;
-  Quantized xq{std::vector<int8_t>(rows * in * 2), std::vector<float>(rows * groups), std::vector<float>(rows * groups)};
+  Quantized xq{std::vector<int8_t>(rows * in * parts), std::vector<float>(rows * groups),
+               std::vector<float>(rows * groups)};
   at::parallel_for(0, rows, rows * in >= (1 << 16) ? 16 : rows, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r)
       for (int64_t g = 0; g < groups; ++g)
-        group(x + r * in + g * kGroup, xq.codes.data() + (r * in + g * kGroup) * 2, &xq.scales[r * groups + g],
+        group(x + r * in + g * kGroup, xq.codes.data() + (r * in + g * kGroup) * parts, &xq.scales[r * groups + g],
               &xq.sums[r * groups + g]);
   });
   return xq;
@@ -312,6 +350,13 @@ void set_int8dot_kernel(const std::string& name) {
   }
   TORCH_CHECK(false, "int8 dot-product kernel '", name, "' is not in this build; it has: ",
               accepted.empty() ? "none (no AVX2 on this CPU)" : accepted);
+}
+
+int int4_activation_bits() { return activation_bits; }
+
+void set_int4_activation_bits(int64_t bits) {
+  TORCH_CHECK(bits == 14 || bits == 8, "int4 kernel activations: 14 or 8 bits, not ", bits);
+  activation_bits = int(bits);
 }
 
 at::Tensor int4_pack(const at::Tensor& codes_in, const at::Tensor& scale_in, const at::Tensor& minimum_in) {
@@ -352,7 +397,7 @@ void int4_gemm(const float* x, int64_t rows, int64_t in, const at::Tensor& packe
   TORCH_CHECK(kernel.block_columns != nullptr, "this build of the eyas extension has no int8 dot-product kernel (no AVX2)");
   const int64_t blocks = packed.size(0), groups = packed.size(1), out = blocks * kColumns;
   TORCH_CHECK(groups * kGroup == in, "input width ", in, " does not match the packed weights' ", groups * kGroup);
-  const Quantized xq = quantize_rows(kernel.quantize_group, x, rows, in);
+  const Quantized xq = quantize_rows(kernel.quantize_group, kernel.parts, x, rows, in);
   const uint8_t* weights = packed.data_ptr<uint8_t>();
   // Threads split the columns; each streams its blocks' weights once per tile of rows (a
   // block of 16 columns is 320 bytes per 32 inputs: it stays in L1/L2 between tiles).

@@ -31,6 +31,9 @@ namespace eyas {
 // with hi = round(xq / 128) in -64..64 and lo in -64..63: two int8 operands of the integer dot
 // products, whose sum 128 (w . hi) + w . lo is exact in int32.
 constexpr float kActivationLevels = 8191.0f;
+// With 8-bit activations (set_int4_activation_bits(8), the int4 kernel only): xq = round(x / d)
+// in -127..127 with d = max|x| / 127, one int8 operand: half the dot products of 14 bits.
+constexpr float kActivationLevels8 = 127.0f;
 
 inline int32_t activation_high(int32_t q) { return (q + 64) >> 7; }
 
@@ -43,6 +46,9 @@ Int8Dot int8dot_kernel();
 std::string int8dot_kernel_name();
 // Selects a compiled implementation by name; an error names the accepted ones.
 void set_int8dot_kernel(const std::string& name);
+// The int4 kernel's activation arithmetic: 14 bits (the default) or 8 bits (int4_gemm.cpp).
+int int4_activation_bits();
+void set_int4_activation_bits(int64_t bits);
 
 #ifdef EYAS_VNNI
 inline __m512i activation_high(__m512i q) { return _mm512_srai_epi32(_mm512_add_epi32(q, _mm512_set1_epi32(64)), 7); }

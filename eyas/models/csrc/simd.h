@@ -1,6 +1,6 @@
 // SIMD helpers shared by the fused layer (int4_decoder_layer.cpp) and its attention
-// (attention.cpp): a vectorizable exp, AVX-width vectors, and the score of a query against a
-// block of keys.
+// (attention.cpp): a vectorizable exp, AVX-width vectors, the score of a query against a block
+// of keys, and Floats16, sixteen floats that compute the same bits on AVX-512 and on AVX2.
 #pragma once
 
 #include <cmath>
@@ -100,6 +100,116 @@ struct KeyBlock<float> {
                                         _mm256_permute2f128_ps(a, b, 0x31)));
   }
 };
+
+#ifdef __F16C__
+// 16 floats: one AVX-512 register, or two AVX2 ones with the same operations lane by lane, so
+// that code written with it gives the same bits on either (int8dot.h does the same for the int4
+// kernel). Sums across lanes run in one fixed order on both (half_sum, then the tree of
+// reduce8).
+struct Floats16 {
+#ifdef __AVX512F__
+  __m512 v;
+  static Floats16 zero() { return {_mm512_setzero_ps()}; }
+  static Floats16 fill(float x) { return {_mm512_set1_ps(x)}; }
+  static Floats16 load(const float* p) { return {_mm512_loadu_ps(p)}; }
+  static Floats16 load(const c10::Half* p) {
+    return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
+  }
+  void fma(float weight, const Floats16& x) { v = _mm512_fmadd_ps(_mm512_set1_ps(weight), x.v, v); }
+  void fma(const Floats16& a, const Floats16& b) { v = _mm512_fmadd_ps(a.v, b.v, v); }
+  void store(float* p) const { _mm512_storeu_ps(p, v); }
+  void store_scaled(float* p, float factor) const { _mm512_storeu_ps(p, _mm512_mul_ps(v, _mm512_set1_ps(factor))); }
+  friend Floats16 operator+(Floats16 a, Floats16 b) { return {_mm512_add_ps(a.v, b.v)}; }
+  friend Floats16 operator-(Floats16 a, Floats16 b) { return {_mm512_sub_ps(a.v, b.v)}; }
+  friend Floats16 operator*(Floats16 a, Floats16 b) { return {_mm512_mul_ps(a.v, b.v)}; }
+  friend Floats16 operator/(Floats16 a, Floats16 b) { return {_mm512_div_ps(a.v, b.v)}; }
+  friend Floats16 max(Floats16 a, Floats16 b) { return {_mm512_max_ps(a.v, b.v)}; }
+  friend Floats16 min(Floats16 a, Floats16 b) { return {_mm512_min_ps(a.v, b.v)}; }
+  friend Floats16 floor(Floats16 a) { return {_mm512_roundscale_ps(a.v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC)}; }
+  // 2^k for integral k in -127..128 (as float lanes)
+  friend Floats16 exp2_integer(Floats16 k) {
+    const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(k.v), _mm512_set1_epi32(127)), 23);
+    return {_mm512_castsi512_ps(bits)};
+  }
+  // a where keep(lane) (x > -inf), else 0
+  friend Floats16 zero_where_minus_infinity(Floats16 a, Floats16 x) {
+    const __mmask16 keep = _mm512_cmp_ps_mask(x.v, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+    return {_mm512_maskz_mov_ps(keep, a.v)};
+  }
+  // lanes i + lanes i + 8, for i < 8
+  __m256 half_sum() const { return _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)); }
+#else
+  __m256 lo, hi;
+  static Floats16 zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+  static Floats16 fill(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
+  static Floats16 load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+  static Floats16 load(const c10::Half* p) {
+    return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
+            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)))};
+  }
+  void fma(float weight, const Floats16& x) {
+    const __m256 w = _mm256_set1_ps(weight);
+    lo = _mm256_fmadd_ps(w, x.lo, lo);
+    hi = _mm256_fmadd_ps(w, x.hi, hi);
+  }
+  void fma(const Floats16& a, const Floats16& b) {
+    lo = _mm256_fmadd_ps(a.lo, b.lo, lo);
+    hi = _mm256_fmadd_ps(a.hi, b.hi, hi);
+  }
+  void store(float* p) const {
+    _mm256_storeu_ps(p, lo);
+    _mm256_storeu_ps(p + 8, hi);
+  }
+  void store_scaled(float* p, float factor) const {
+    const __m256 f = _mm256_set1_ps(factor);
+    _mm256_storeu_ps(p, _mm256_mul_ps(lo, f));
+    _mm256_storeu_ps(p + 8, _mm256_mul_ps(hi, f));
+  }
+  friend Floats16 operator+(Floats16 a, Floats16 b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
+  friend Floats16 operator-(Floats16 a, Floats16 b) { return {_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
+  friend Floats16 operator*(Floats16 a, Floats16 b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
+  friend Floats16 operator/(Floats16 a, Floats16 b) { return {_mm256_div_ps(a.lo, b.lo), _mm256_div_ps(a.hi, b.hi)}; }
+  friend Floats16 max(Floats16 a, Floats16 b) { return {_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)}; }
+  friend Floats16 min(Floats16 a, Floats16 b) { return {_mm256_min_ps(a.lo, b.lo), _mm256_min_ps(a.hi, b.hi)}; }
+  friend Floats16 floor(Floats16 a) { return {_mm256_floor_ps(a.lo), _mm256_floor_ps(a.hi)}; }
+  friend Floats16 exp2_integer(Floats16 k) {
+    const __m256i bias = _mm256_set1_epi32(127);
+    return {_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(k.lo), bias), 23)),
+            _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(k.hi), bias), 23))};
+  }
+  friend Floats16 zero_where_minus_infinity(Floats16 a, Floats16 x) {
+    const __m256 minus = _mm256_set1_ps(-INFINITY);
+    return {_mm256_and_ps(a.lo, _mm256_cmp_ps(x.lo, minus, _CMP_NEQ_OQ)),
+            _mm256_and_ps(a.hi, _mm256_cmp_ps(x.hi, minus, _CMP_NEQ_OQ))};
+  }
+  __m256 half_sum() const { return _mm256_add_ps(lo, hi); }
+#endif
+};
+
+// exp_approx on 16 lanes, operation by operation (the same bits as the scalar form), with
+// e^-inf = 0 exactly: the softmax's exponentials.
+inline Floats16 exp16(Floats16 x) {
+  const Floats16 clamped = max(min(x, Floats16::fill(88.0f)), Floats16::fill(-87.0f));
+  const Floats16 k = floor(clamped * Floats16::fill(1.44269504088896341f) + Floats16::fill(0.5f));
+  const Floats16 r = (clamped - k * Floats16::fill(0.693359375f)) + k * Floats16::fill(2.12194440e-4f);
+  Floats16 p = Floats16::fill(1.9875691500e-4f);
+  p = p * r + Floats16::fill(1.3981999507e-3f);
+  p = p * r + Floats16::fill(8.3334519073e-3f);
+  p = p * r + Floats16::fill(4.1665795894e-2f);
+  p = p * r + Floats16::fill(1.6666665459e-1f);
+  p = p * r + Floats16::fill(5.0000001201e-1f);
+  p = (p * r * r + r) + Floats16::fill(1.0f);
+  return zero_where_minus_infinity(p * exp2_integer(k), x);
+}
+
+// The sums of eight 8-lane vectors: lane i = the sum of in[i]'s lanes, each in the order
+// ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)).
+inline __m256 reduce8(const __m256 in[8]) {
+  const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(in[0], in[1]), _mm256_hadd_ps(in[2], in[3]));
+  const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(in[4], in[5]), _mm256_hadd_ps(in[6], in[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
+#endif  // __F16C__
 #endif
 
 }  // namespace eyas
