@@ -25,7 +25,12 @@ from torch import nn
 
 from eyas.models.probe import MachineLimits
 
-ACTIVATION_PASSES = 2  # int8 passes per row of the int8dot kernels: 14-bit activations (int8dot.h)
+def activation_passes() -> int:
+    """int8 passes per row of the int8dot kernels: two for 14-bit activations (the default),
+    one for 8-bit (EYAS_INT4_ACTIVATIONS=8; int8dot.h)."""
+    from eyas.models.extension import int4_activation_bits
+
+    return 2 if int4_activation_bits() == 14 else 1
 MULTIPLY_ADD_MIX = {"avx512vnni": "vpdpbusd", "avx2": "vpmaddubsw + vpmaddwd"}
 
 
@@ -93,7 +98,7 @@ def model_work(model: nn.Module) -> ModelWork:
     config = model.config
     cache_bytes = (2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim
                    * torch.empty(0, dtype=model.kv_dtype).element_size())
-    return ModelWork(decoder_bytes, output_bytes, decoder_macs, output_macs, cache_bytes, ACTIVATION_PASSES)
+    return ModelWork(decoder_bytes, output_bytes, decoder_macs, output_macs, cache_bytes, activation_passes())
 
 
 def pass_work(model: nn.Module | ModelWork, rows: int, context: int) -> PassWork:
