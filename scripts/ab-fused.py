@@ -31,7 +31,7 @@ from eyas.engine.speculative.decode import speculative_generate
 from eyas.engine.speculative.methods import build_proposer
 from eyas.engine.speculative.policy import PolicyConfig
 from eyas.engine.target import load_target
-from eyas.models import fused_cpu
+from eyas.models import extension
 from eyas.scheduler.measure import load_prompts
 
 
@@ -48,7 +48,7 @@ def load_pair(pair: str) -> dict:
         os.environ.pop("EYAS_INT4_KERNEL")
         if choice:
             os.environ["EYAS_INT4_KERNEL"] = choice
-        kernel = fused_cpu.int8dot_kernel()
+        kernel = extension.int8dot_kernel()
         targets[f"int8dot-{kernel}"] = load_target("smollm2-135m")
         layouts = [t.model.layers[0].mlp.down_proj.layout for t in targets.values()]
         assert layouts == ["torch", "int8dot"], f"no int8dot kernel on this machine: {layouts}"

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from eyas.engine.generate import generate
 from eyas.engine.sampling import SamplingParams
 from eyas.engine.target import load_target
-from eyas.models import fused_cpu
+from eyas.models import extension
 from eyas.models.kv_cache import KVCache
 from eyas.scheduler.measure import load_prompts
 
@@ -34,8 +34,8 @@ def main(num_prompts: int = 40) -> None:
     paths = {"python layers": load_target("smollm2-135m"), "fused layers": load_target("smollm2-135m")}
     paths["python layers"].model.fused_plan = False
     os.environ.pop("EYAS_INT4_KERNEL")
-    if fused_cpu.int8dot_kernel():
-        paths[f"fused layers, int8dot kernel ({fused_cpu.int8dot_kernel()})"] = load_target("smollm2-135m")
+    if extension.int8dot_kernel():
+        paths[f"fused layers, int8dot kernel ({extension.int8dot_kernel()})"] = load_target("smollm2-135m")
     prompts = load_prompts(reference, "mtbench", num_prompts)
     agree = {name: 0 for name in paths}
     divergence: dict[str, list[float]] = {name: [] for name in paths}

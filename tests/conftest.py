@@ -17,20 +17,22 @@ torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 @pytest.fixture(autouse=True, scope="session")
 def measurements_in_a_temporary_cache(tmp_path_factory):
-    """Cost models and layer-skip calibrations that tests measure (mostly of tiny models in
-    temporary folders) go to a temporary cache, not the user's ~/.cache/eyas (unless EYAS_CACHE
-    is set); converted models keep using the user's cache (converting SmolLM2 takes ~20 s)."""
+    """Cost models, layer-skip calibrations and machine limits that tests measure (mostly of
+    tiny models in temporary folders) go to a temporary cache, not the user's ~/.cache/eyas
+    (unless EYAS_CACHE is set); converted models keep using the user's cache (converting
+    SmolLM2 takes ~20 s)."""
     from eyas.engine.speculative import layerskip_calibrate, sizing
+    from eyas.models import probe
 
     folder = tmp_path_factory.mktemp("eyas-cache")
-    saved = sizing.cache_dir, layerskip_calibrate.cache_dir
+    saved = sizing.cache_dir, layerskip_calibrate.cache_dir, probe.cache_dir
 
     def measurement_cache() -> Path:  # a test that sets EYAS_CACHE itself gets that folder
         return saved[0]() if "EYAS_CACHE" in os.environ else folder
 
-    sizing.cache_dir = layerskip_calibrate.cache_dir = measurement_cache
+    sizing.cache_dir = layerskip_calibrate.cache_dir = probe.cache_dir = measurement_cache
     yield folder
-    sizing.cache_dir, layerskip_calibrate.cache_dir = saved
+    sizing.cache_dir, layerskip_calibrate.cache_dir, probe.cache_dir = saved
 
 
 @pytest.fixture

@@ -61,6 +61,9 @@ class AcceptanceCounter:
     def queue_changed(self, running: int, waiting: int) -> None:
         pass
 
+    def kv_changed(self, rows_in_use: int, rows: int, slots: int, cache_bytes: int) -> None:
+        pass
+
 
 def workload_prompts(spec: str, num_prompts: int, tokenizer: Any) -> list[list[int]]:
     """Chat-templated prompt ids of a workload: code (eyas.bench.prompts) or any set of

@@ -9,10 +9,15 @@ Examples:
     eyas bench offline --systems "eyas:float32;hf-assisted:smollm2-135m;hf" --num-prompts 4
     eyas bench offline --systems "eyas:float32;eyas:float32+ngram:3,1,3" --num-draft-tokens 6
 
+    eyas bench costs --model smollm2-135m --dtype int4   # cost of a pass over T tokens, and its floor
+    eyas bench profile --model smollm2-135m --tokens 1,8,32   # where a pass's time goes
+
     eyas bench serve --url http://127.0.0.1:8000 --label eagle3 --concurrency 1,2,4,8,16
     eyas bench serve --url http://127.0.0.1:8000 --dataset random --input-len 512 --ignore-eos
     eyas bench plot runs/bench/plain/result.json runs/bench/eagle3/result.json --output-dir runs/bench/both
     eyas bench compare --model smollm2-135m --draft none --draft ngram --draft eagle3=eagle3:runs/head
+    eyas bench soak --model smollm2-135m --minutes 30 --concurrency 32   # every drafting method in turn
+    eyas bench soak --model smollm2-135m --minutes 2 --drafts none
 
 `offline` runs MT-Bench first turns (or the code set) single-stream through each system in one
 run, interleaved prompt by prompt, and prints tokens/s and the ratio to transformers `generate`.
@@ -26,10 +31,18 @@ hf-lookup, hf-assisted (the draft of --draft model:M, else the target itself) an
 the row the others' outputs are compared with.
 Speculative rows show tau, the acceptance length (1 + accepted / verification steps).
 
+`costs` and `profile` print this machine's CPU, the int8 instruction set in use, and its read
+bandwidth and integer multiply-add peak (measured by a short probe, cached per machine); from
+them, each pass's floor (bench/floors.py) and, for `profile`, each part's. `offline` prints the
+same machine lines above its table.
+
 `serve` sweeps concurrency levels against any OpenAI-compatible server (eyas, vLLM, SGLang):
 TTFT, TPOT, ITL, end-to-end latency, throughput, and acceptance from /metrics; it writes
 result.json, report.md and two PNG plots. `plot` merges runs into one report; `compare` starts
-`eyas serve` once per --draft configuration and sweeps each. See docs/benchmarks.md.
+`eyas serve` once per --draft configuration and sweeps each. `soak` runs a long mixed load
+(half streamed, a tenth of the streams cancelled) against a server per drafting method and
+reports lost requests, 5xx, KV rows left in use and resident memory growth. See
+docs/benchmarks.md and docs/serving.md.
 """
 
 from __future__ import annotations
@@ -42,6 +55,8 @@ from eyas.engine.target import PRECISIONS
 from eyas.errors import EyasError
 from eyas.utils.io import write_json_atomic
 
+COST_CONTEXT = 256  # cached tokens before the timed passes of `eyas bench costs`
+
 if TYPE_CHECKING:
     from eyas.bench.serve_client import SweepConfig
 
@@ -53,9 +68,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub = parser.add_subparsers(dest="bench_command", metavar="BENCH")
     _register_offline(sub)
     _register_costs(sub)
+    _register_profile(sub)
     _register_serve(sub)
     _register_plot(sub)
     _register_compare(sub)
+    _register_soak(sub)
     parser.set_defaults(func=lambda args: parser.print_help() or 2)
 
 
@@ -86,27 +103,75 @@ def _register_costs(sub: argparse._SubParsersAction) -> None:
         "costs", help="measure the target's verification cost for 1..64 tokens in one pass",
         description="Measure one target pass over T new tokens (after 256 cached ones) for "
                     "T = 1..64, relative to a single-token step: the curve that sizes draft trees "
-                    "(cached per machine, model and precision).\n\nExample:\n"
+                    "(cached per machine, model and precision). With the int8 kernels, also this "
+                    "machine's measured read bandwidth and integer peak (a probe, cached per "
+                    "machine) and each T's floor: max(bytes / bandwidth, multiply-adds / peak), "
+                    "and the % of it reached.\n\nExample:\n"
                     "    eyas bench costs --model smollm2-135m --dtype float32",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     costs.add_argument("--model", default="smollm2-135m", help="model spec (default: %(default)s)")
     costs.add_argument("--dtype", default="auto", choices=PRECISIONS, help="precision (default: %(default)s)")
     costs.add_argument("--repeats", type=int, default=7, help="timed passes per size (median)")
+    costs.add_argument("--probe-again", action="store_true",
+                       help="measure this machine's bandwidth and integer peak again (they are cached)")
     costs.set_defaults(func=run_costs_cli)
 
 
 def run_costs_cli(args: argparse.Namespace) -> int:
-    from eyas.engine.speculative.sizing import CostModel, measure_verify_costs
+    from eyas.bench.floors import costs_table, describe_limits, describe_work, model_work
+    from eyas.engine.speculative.sizing import measure_verify_costs
     from eyas.engine.target import load_target
+    from eyas.models.probe import machine_limits
 
     target = load_target(args.model, dtype=args.dtype)
-    model = CostModel(measure_verify_costs(target, repeats=args.repeats))
-    relative = model.relative()
-    print(f"verification cost of {args.model} ({target.precision}), one pass over T tokens:")
-    print("| T | ms | x single-token step |")
-    print("|---|---|---|")
-    for tokens, seconds in sorted(model.verify_seconds.items()):
-        print(f"| {tokens} | {seconds * 1000:.1f} | {relative[tokens]:.2f} |")
+    limits = machine_limits(refresh=args.probe_again)  # probed once per machine, then cached
+    for line in describe_limits(limits):
+        print(line)
+    work = model_work(target.model) if limits is not None else None
+    if work is not None:
+        print(describe_work(work))
+    costs = measure_verify_costs(target, context=COST_CONTEXT, repeats=args.repeats)
+    print(f"verification cost of {args.model} ({target.precision}), one greedy pass over T tokens "
+          f"after {COST_CONTEXT} cached:")
+    for line in costs_table(costs, work, limits, COST_CONTEXT):
+        print(line)
+    return 0
+
+
+def _register_profile(sub: argparse._SubParsersAction) -> None:
+    from eyas.bench.profile import ProfileConfig
+
+    d = ProfileConfig()
+    profile = sub.add_parser(
+        "profile", help="where the time of a target pass goes, part by part, beside each part's floor",
+        description="Time one greedy target pass over T new tokens (after --context cached ones) "
+                    "and its parts: decoder matmuls, attention with the tree mask + norms + rotary "
+                    "(the rest of the C++ layers), the output screen and its exact re-check, "
+                    "Python; each in ms, % of the pass and its own floor (bytes / measured "
+                    "bandwidth, multiply-adds / measured integer peak).\n\nExample:\n"
+                    "    eyas bench profile --model smollm2-135m --tokens 1,8,32",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    profile.add_argument("--model", default=d.model, help="model spec (default: %(default)s)")
+    profile.add_argument("--dtype", default=d.dtype, choices=PRECISIONS, help="precision (default: %(default)s)")
+    profile.add_argument("--tokens", type=_concurrency_list, default=d.tokens,
+                         help="new tokens per pass, comma-separated (default: 1,8,32)")
+    profile.add_argument("--context", type=int, default=d.context, help="cached tokens (default: %(default)s)")
+    profile.add_argument("--repeats", type=int, default=d.repeats, help="timed passes per T (median)")
+    profile.add_argument("--probe-again", action="store_true",
+                         help="measure this machine's bandwidth and integer peak again (they are cached)")
+    profile.set_defaults(func=run_profile_cli)
+
+
+def run_profile_cli(args: argparse.Namespace) -> int:
+    from eyas.bench.profile import ProfileConfig, format_profile, run_profile
+
+    try:
+        config = ProfileConfig(args.model, args.dtype, tuple(args.tokens), args.context, args.repeats)
+    except ValueError as error:
+        raise EyasError(str(error)) from None
+    profiles, header = run_profile(config, refresh_limits=args.probe_again)
+    for line in header + format_profile(profiles):
+        print(line)
     return 0
 
 
@@ -155,11 +220,24 @@ def run_offline_cli(args: argparse.Namespace) -> int:
                            max_tokens=args.max_tokens, systems=systems,
                            num_draft_tokens=args.num_draft_tokens)
     report = run_offline(config)
+    for line in _limits_lines():
+        print(line)
     print(format_report(report))
     if args.output:
         write_json_atomic(args.output, report)
         print(f"report written to {args.output}")
     return 0
+
+
+def _limits_lines() -> list[str]:
+    """This machine's CPU, instruction set and measured limits (the header of offline and costs)."""
+    from eyas.bench.floors import describe_limits
+    from eyas.models.probe import machine_limits
+
+    try:
+        return describe_limits(machine_limits())
+    except RuntimeError as error:  # the probe could not run: say so, the benchmark stands
+        return [f"limits not measured: {error}"]
 
 
 # ----- serving sweeps: serve, plot, compare -----
@@ -305,4 +383,63 @@ def run_compare_cli(args: argparse.Namespace) -> int:
     print(f"report and plots written to {config.output_dir}")
     if outcome["failures"]:
         raise EyasError(f"not measured: {', '.join(outcome['failures'])} (see the report)")
+    return 0
+
+
+def _register_soak(sub: argparse._SubParsersAction) -> None:
+    from eyas.bench import soak as soak_module
+
+    d = soak_module.SoakConfig()
+    soak = sub.add_parser("soak", help="a long mixed load against eyas serve, per drafting method: "
+                                       "lost requests, 5xx, KV rows, memory growth",
+                          description=soak_module.__doc__,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    soak.add_argument("--model", default=d.model, help="target model spec (default: %(default)s)")
+    soak.add_argument("--minutes", type=float, default=d.minutes,
+                      help="in all, split evenly between the drafting methods (default: %(default)s)")
+    soak.add_argument("--concurrency", type=int, default=d.concurrency,
+                      help="clients, one request in flight each (default: %(default)s)")
+    soak.add_argument("--drafts", default=None,
+                      help="drafting methods in turn, ';'- or ','-separated `eyas serve --draft` "
+                           "values (default: none, ngram, eagle3:MODEL where a head is shipped for "
+                           "the model, self, layerskip:auto)")
+    soak.add_argument("--dataset", default=d.dataset,
+                      help="'+'-joined prompt sets: mtbench, sharegpt, jsonl:PATH (default: %(default)s)")
+    soak.add_argument("--min-tokens", type=int, default=d.min_tokens, help="default: %(default)s")
+    soak.add_argument("--max-tokens", type=int, default=d.max_tokens, help="default: %(default)s")
+    soak.add_argument("--stream-share", type=float, default=d.stream_share, help="default: %(default)s")
+    soak.add_argument("--cancel-share", type=float, default=d.cancel_share,
+                      help="share of streams the client closes mid-way (default: %(default)s)")
+    soak.add_argument("--sample-seconds", type=float, default=d.sample_seconds,
+                      help="resident memory sampling period (default: %(default)s)")
+    soak.add_argument("--warmup-seconds", type=float, default=d.warmup_seconds,
+                      help="memory baseline after this long, at most 40%% of a method's time "
+                           "(default: %(default)s)")
+    soak.add_argument("--server-flags", default=d.server_flags,
+                      help="more `eyas serve` flags, e.g. '--max-running 16 --dtype int4'")
+    soak.add_argument("--request-timeout", type=float, default=d.request_timeout,
+                      help="seconds without a byte before a client gives up (counted as timed "
+                           "out) (default: %(default)s)")
+    soak.add_argument("--seed", type=int, default=d.seed, help="default: %(default)s")
+    soak.add_argument("--output", default=d.output, help="JSON report (default: %(default)s)")
+    soak.set_defaults(func=run_soak_cli)
+
+
+def run_soak_cli(args: argparse.Namespace) -> int:
+    from eyas.bench.soak import SoakConfig, default_drafts, format_table, run_soak
+
+    drafts = split_systems(args.drafts) if args.drafts else default_drafts(args.model)
+    config = SoakConfig(model=args.model, minutes=args.minutes, concurrency=args.concurrency,
+                        drafts=drafts, dataset=args.dataset,
+                        min_tokens=args.min_tokens, max_tokens=args.max_tokens,
+                        stream_share=args.stream_share, cancel_share=args.cancel_share,
+                        sample_seconds=args.sample_seconds, warmup_seconds=args.warmup_seconds,
+                        server_flags=args.server_flags, request_timeout=args.request_timeout,
+                        seed=args.seed, output=args.output)
+    report = run_soak(config)
+    print(format_table(report))
+    print(f"report written to {config.output}")
+    if not report["ok"]:
+        raise EyasError("the soak found lost requests, 5xx answers, KV rows left in use or a "
+                        "method that did not run (see the table)")
     return 0

@@ -19,7 +19,8 @@ With a draft, every running request's drafts are verified in one target pass per
 many draft tokens each request gets is chosen per step from the target's measured step costs
 and each request's acceptance (--speculation auto), so speculation shrinks and switches off
 as the batch grows. The server binds 127.0.0.1 unless --host says otherwise; SIGTERM lets
-in-flight requests finish, then exits. See docs/serving.md for endpoints, metrics and errors.
+in-flight requests finish (for at most --drain-timeout seconds, then they end with
+finish_reason "abort"), then exits. See docs/serving.md for endpoints, metrics and errors.
 """
 
 from __future__ import annotations
@@ -85,11 +86,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          help=f"one step at a time (default: {'overlap' if DEFAULTS.overlap else 'no overlap'})")
     parser.add_argument("--max-body-bytes", type=int, default=1 << 20,
                         help="larger request bodies get 413 (default: %(default)s)")
+    parser.add_argument("--drain-timeout", type=float, default=30.0,
+                        help="seconds that running requests get to finish after SIGTERM/Ctrl-C; then "
+                             "they end with finish_reason 'abort' (streams: a final chunk and [DONE]); "
+                             "keep it below your orchestrator's grace period (default: %(default)s)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
 def run(args: argparse.Namespace) -> int:
     from eyas.engine.target import load_target
+    from eyas.errors import EyasError
     from eyas.scheduler.engine import Engine
     from eyas.scheduler.proposers import check_spec
     from eyas.server.app import ServerSettings, create_app
@@ -105,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
         tree=args.tree)
     settings = ServerSettings(model_name=args.served_model_name or args.model, api_key=args.api_key,
                               max_body_bytes=args.max_body_bytes)
+    if args.drain_timeout < 0:
+        raise EyasError(f"--drain-timeout must be >= 0 seconds, got {args.drain_timeout}")
     check_spec(args.draft)  # before the (slow) model load
     target = load_target(args.model, dtype=args.dtype, device=args.device)
     metrics = ServerMetrics(settings.model_name, num_positions=args.num_draft_tokens)
@@ -118,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
     if engine.costs is not None:
         log.info("measured step costs (ms): %s", engine.costs.as_dict())
     app = create_app(engine, settings, metrics, start_engine=False)
-    serve_with_engine(app, engine, args.host, args.port, args.log_level)
+    serve_with_engine(app, engine, args.host, args.port, args.log_level, args.drain_timeout)
     return 0
 
 

@@ -20,8 +20,15 @@ NUM_TAPS = 3  # EAGLE-3 fuses exactly three target hidden states (engines assume
 
 
 def default_target_layer_ids(num_layers: int) -> list[int]:
-    """EAGLE-3's default taps: entering layers {2, L//2, L-3} (boundary ids)."""
-    return [2, num_layers // 2, num_layers - 3]
+    """EAGLE-3's default taps: entering layers {2, L//2, L-3} (boundary ids).
+
+    A target too shallow for those to be three distinct ids in 1..L-1 (fewer than 8 layers, as
+    the tiny test models) gets {1, L//2, L-1} instead, which is valid from 4 layers up.
+    """
+    ids = [2, num_layers // 2, num_layers - 3]
+    if ids[0] < ids[1] < ids[2]:
+        return ids
+    return [1, num_layers // 2, num_layers - 1]
 
 
 def check_target_layer_ids(layer_ids: list[int], num_layers: int | None,

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from eyas.eagle3.head import Eagle3Head
-from eyas.models import fused_cpu
+from eyas.models import extension
 from eyas.models.quant import Int4Linear
 
 
@@ -69,7 +69,7 @@ class FusedHead:
         layer = head.midlayer
         attn, mlp = layer.self_attn, layer.mlp
         linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
-        if not fused_cpu.enabled() or fused_cpu.extension() is None or head.device.type != "cpu":
+        if not extension.enabled() or extension.module() is None or head.device.type != "cpu":
             return False
         if not all(isinstance(lin, Int4Linear) and lin.layout == "int8dot" and lin.bias is None for lin in linears):
             return False
@@ -126,6 +126,6 @@ class FusedHead:
         embeds = head.embed_tokens(input_ids).float().contiguous()  # [T, H]
         cos, sin = self.rope(positions)
         attn = head.midlayer.self_attn
-        return fused_cpu.extension().int4_decoder_layer(
+        return extension.module().int4_decoder_layer(
             hidden, *self.weights, 32, self.eps, cos, sin, cache.keys, cache.values, slots, kv_len,
             None if mask is None else mask[None], attn.num_heads, attn.num_kv_heads, embeds, self.norm_embeds)

@@ -15,6 +15,8 @@ from torch import Tensor
 
 from eyas.errors import EyasError
 
+MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes no more (a signed 64-bit integer)
+
 
 @dataclass
 class SamplingParams:
@@ -35,6 +37,8 @@ class SamplingParams:
             raise EyasError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise EyasError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        if self.seed is not None and not 0 <= self.seed <= MAX_SEED:
+            raise EyasError(f"seed must be in [0, 2^63 - 1], got {self.seed}")
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if any(not isinstance(s, str) or not s for s in self.stop):

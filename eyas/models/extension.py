@@ -19,10 +19,14 @@ A build can never leave the cache in a state that stops a later run:
   on its own in its private folder.
 - Starting a build and its duration are said on stderr.
 
+Every other module reaches the extension through this one (`module()`, `int8dot_kernel()`);
+nothing here imports another eyas module, so the imports run one way: models -> extension.
+
 Usage:
     python -m eyas.models.extension          # build now (or say why it cannot be built)
-    from eyas.models.extension import module
+    from eyas.models.extension import int8dot_kernel, module
     ext = module()                           # the loaded extension, or None where it cannot be built
+    int8dot_kernel()                         # "avx512vnni", "avx2" or None (PyTorch's kernels)
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ import torch
 
 CSRC = Path(__file__).parent / "csrc"
 NAME = "eyas_int4_decoder_layer"  # the Python module name the sources declare (TORCH_EXTENSION_NAME)
-SOURCES = ("int4_decoder_layer.cpp", "attention.cpp", "int4_gemm.cpp", "int8_screen.cpp")  # + headers
+SOURCES = ("int4_decoder_layer.cpp", "attention.cpp", "int4_gemm.cpp", "int8_screen.cpp", "probe.cpp")  # + headers
 CFLAGS = ("-O3", "-fopenmp", "-fno-math-errno", "-ffp-contract=off")
 STALE_BUILD_SECONDS = 3600  # a private build folder whose owner is gone, or older than this, is removed
 
@@ -319,7 +323,8 @@ _module = None  # the loaded module, False after a failed build, None before try
 
 
 def module(verbose: bool = False):
-    """The compiled extension, building it on first use; None where it cannot be built."""
+    """The compiled extension, building it on first use; None where it cannot be built. The
+    first load also applies EYAS_INT4_KERNEL's choice of int8 dot-product kernel."""
     global _module
     if _module is None:
         try:
@@ -328,7 +333,38 @@ def module(verbose: bool = False):
             warnings.warn(f"eyas: the C++ extension could not be built ({error}); decoding uses "
                           "the Python layers (slower)", RuntimeWarning, stacklevel=2)
             _module = False
+        else:
+            int8dot_kernel()  # EYAS_INT4_KERNEL's choice, from the first use on
     return _module or None
+
+
+INT4_KERNELS = ("auto", "avx512vnni", "avx2", "torch")
+
+
+def int8dot_kernel() -> str | None:
+    """Which implementation of the extension's integer dot products runs int4 weights
+    (csrc/int4_gemm.cpp) and the output layer's screen (csrc/int8_screen.cpp): "avx512vnni",
+    "avx2", or None for PyTorch's kernels (no extension, EYAS_FUSED=0, a CPU without AVX2).
+
+    EYAS_INT4_KERNEL chooses: auto (the default: the best this CPU has), avx512vnni, avx2 (the
+    same bits, slower; what a CPU without AVX-512 runs), or torch (PyTorch's int4 kernel, for
+    comparisons). It is read when int4 weights are packed, so set it before loading a model.
+    """
+    choice = os.environ.get("EYAS_INT4_KERNEL", "auto").strip().lower() or "auto"
+    if choice not in INT4_KERNELS:
+        raise ValueError(f"EYAS_INT4_KERNEL={choice!r}: accepted values are {', '.join(INT4_KERNELS)}")
+    loaded = module() if enabled() and choice != "torch" else None
+    if loaded is None or not loaded.int8dot_kernels():
+        return None
+    built = list(loaded.int8dot_kernels())
+    if choice == "auto":
+        choice = built[0]
+    elif choice not in built:
+        raise ValueError(f"EYAS_INT4_KERNEL={choice}: this CPU's build of the extension has "
+                         f"{', '.join(built)}; use one of those, auto or torch")
+    if loaded.int8dot_kernel() != choice:
+        loaded.set_int8dot_kernel(choice)
+    return choice
 
 
 def main() -> int:

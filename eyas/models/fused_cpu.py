@@ -6,7 +6,7 @@ and the Python that issues them. `csrc/int4_decoder_layer.cpp` does everything b
 matmuls in plain loops, and the model calls it once per layer (old BENCHMARKS.md section 1). The
 matmuls themselves run in `csrc/int4_gemm.cpp` (int4 x int8 integer dot products on
 AVX512-VNNI or AVX2, 2.6-3.3x PyTorch's int4 kernel on AVX512-VNNI) where Int4Linear took its
-layout (int8dot_kernel), else in PyTorch's int4 kernel.
+layout (extension.int8dot_kernel), else in PyTorch's int4 kernel.
 
 It is compiled on first use (models/extension.py: g++, ~25-45 s; `make setup` does it ahead of
 time) into ~/.cache/eyas/ext (EYAS_EXT_DIR overrides). Where it cannot be built, or
@@ -15,7 +15,6 @@ since a process uses one or the other for every pass, speculative output stays i
 plain output either way.
 
 Usage:
-    python -m eyas.models.fused_cpu            # build now (or report why it cannot be built)
     from eyas.models.fused_cpu import fused_layers
     layers = fused_layers(model)               # None unless every layer qualifies
 """
@@ -23,28 +22,12 @@ Usage:
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
-from eyas.models.extension import build_directory, enabled, march, source_tag
-
-# The extension's build and loading live in models/extension.py (its one owner).
-_kernel_chosen = False
-
-
-def extension(verbose: bool = False):
-    """The compiled module, building it on first use; None where it cannot be built."""
-    from eyas.models import extension as native
-
-    global _kernel_chosen
-    loaded = native.module(verbose=verbose)
-    if loaded is not None and not _kernel_chosen:
-        _kernel_chosen = True
-        int8dot_kernel()  # EYAS_INT4_KERNEL's choice, from the first use on
-    return loaded
+from eyas.models.extension import enabled, march, module, source_tag
 
 
 KV_DTYPES = {"float32": torch.float32, "float16": torch.float16}
@@ -59,35 +42,6 @@ def kv_dtype() -> torch.dtype:
     if name not in KV_DTYPES:
         raise ValueError(f"EYAS_KV_DTYPE={name!r}: accepted values are {', '.join(KV_DTYPES)}")
     return KV_DTYPES[name]
-
-
-INT4_KERNELS = ("auto", "avx512vnni", "avx2", "torch")
-
-
-def int8dot_kernel() -> str | None:
-    """Which implementation of the extension's integer dot products runs int4 weights
-    (csrc/int4_gemm.cpp) and the output layer's screen (csrc/int8_screen.cpp): "avx512vnni",
-    "avx2", or None for PyTorch's kernels (no extension, EYAS_FUSED=0, a CPU without AVX2).
-
-    EYAS_INT4_KERNEL chooses: auto (the default: the best this CPU has), avx512vnni, avx2 (the
-    same bits, slower; what a CPU without AVX-512 runs), or torch (PyTorch's int4 kernel, for
-    comparisons). It is read when int4 weights are packed, so set it before loading a model.
-    """
-    choice = os.environ.get("EYAS_INT4_KERNEL", "auto").strip().lower() or "auto"
-    if choice not in INT4_KERNELS:
-        raise ValueError(f"EYAS_INT4_KERNEL={choice!r}: accepted values are {', '.join(INT4_KERNELS)}")
-    module = extension() if enabled() and choice != "torch" else None
-    if module is None or not module.int8dot_kernels():
-        return None
-    built = list(module.int8dot_kernels())
-    if choice == "auto":
-        choice = built[0]
-    elif choice not in built:
-        raise ValueError(f"EYAS_INT4_KERNEL={choice}: this CPU's build of the extension has "
-                         f"{', '.join(built)}; use one of those, auto or torch")
-    if module.int8dot_kernel() != choice:
-        module.set_int8dot_kernel(choice)
-    return choice
 
 
 @dataclass(frozen=True)
@@ -131,7 +85,7 @@ def fused_layers(model: nn.Module) -> list[FusedLayer] | None:
     if not enabled() or model.embed_tokens.weight.device.type != "cpu":
         return None
     layers = [_fused_layer(layer) for layer in model.layers]
-    if any(layer is None for layer in layers) or extension() is None:
+    if any(layer is None for layer in layers) or module() is None:
         return None
     return layers
 
@@ -149,7 +103,7 @@ def kernel_tag(model: nn.Module) -> str:
         layers += f".kv-{str(kv_dtype()).removeprefix('torch.')}"
     layouts = {m.layout for m in model.modules() if isinstance(m, Int4Linear)}
     if "int8dot" in layouts:
-        layouts = (layouts - {"int8dot"}) | {f"int8dot.{extension().int8dot_kernel()}"}
+        layouts = (layouts - {"int8dot"}) | {f"int8dot.{module().int8dot_kernel()}"}
     return f"{layers}-{'+'.join(sorted(layouts)) or 'none'}-{source_tag()}"
 
 
@@ -157,20 +111,6 @@ def run_layer(layer: FusedLayer, x: Tensor, cos: Tensor, sin: Tensor, keys: Tens
               slots: Tensor, kv_len: int, mask: Tensor | None) -> Tensor:
     """x [N, H] float32 -> [N, H]; keys/values [B, KV, S, D] float64 (one layer of the cache),
     slots [B, T] int64 (N = B * T), cos/sin [N, D], mask [B, T, kv_len] bool or None."""
-    return extension().int4_decoder_layer(x, *layer.weights, layer.group, layer.eps, cos, sin, keys,
+    return module().int4_decoder_layer(x, *layer.weights, layer.group, layer.eps, cos, sin, keys,
                                           values, slots, kv_len, mask, layer.heads, layer.kv_heads,
                                           None, None)
-
-
-def main() -> int:
-    """Build the extension now (make setup runs this) and say where it is, or why not."""
-    module = extension(verbose="-v" in sys.argv[1:])
-    if module is None:
-        print("eyas: fused int4 layer not built; decoding will use the Python layers", file=sys.stderr)
-        return 0  # not an install failure: the fallback works
-    print(f"eyas: fused int4 layer ready in {build_directory()}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -23,11 +23,12 @@ within ~1e-6.
 Each row's candidates and their exact values depend on that row alone, so a row's argmax is
 the same whichever rows share its pass (a float32 matmul's rounding depends on the row count).
 
-Two screens compute step 1 and 2: where the extension has integer dot products (AVX512-VNNI
-or AVX2, models/fused_cpu.py int8dot_kernel), the extension's (csrc/int8_screen.cpp: 14-bit integer activations, integer
-dot products, the bound computed beside each logit in the same pass); elsewhere PyTorch's int8
-kernel on bf16 activations, with the bound below. Both bounds are rigorous, so the argmax is
-the same either way; only the number of candidates differs.
+Two screens compute steps 1 and 2: where the extension has integer dot products (AVX512-VNNI
+or AVX2, models/extension.py int8dot_kernel), the extension's (csrc/int8_screen.cpp: 14-bit
+integer activations, integer dot products, the bound computed beside each logit in the same
+pass, and step 3 in the same call: no pass over [R, V] in PyTorch); elsewhere PyTorch's int8
+kernel on bf16 activations, with the bound below and step 3 in PyTorch. Both bounds are
+rigorous, so the argmax is the same either way; only the number of candidates differs.
 
 Usage:
     layer = ScreenedOutputLayer(TransposedLinear(model.lm_head), rows=model.embed_tokens.weight)
@@ -40,6 +41,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from eyas.models import extension
 from eyas.models.quant import row_chunks
 
 BF16_UNIT = 2.0 ** -8  # unit roundoff of bfloat16 (8 significant bits)
@@ -71,9 +73,7 @@ class ScreenedOutputLayer(nn.Module):
         self.accumulation = weight_t.shape[0] * F32_UNIT / (1 - weight_t.shape[0] * F32_UNIT)
         self.int8dot = _int8dot_screen(weight.shape)
         if self.int8dot:
-            from eyas.models import fused_cpu
-
-            self.register_buffer("packed", fused_cpu.extension().int8_screen_pack(codes))
+            self.register_buffer("packed", extension.module().int8_screen_pack(codes))
             self.register_buffer("code_sums", codes.sum(dim=1, dtype=torch.int32))  # [V]
             self.register_buffer("scale_float", scale.float())  # [V]
             del self.codes  # the packed copy replaces it
@@ -86,6 +86,10 @@ class ScreenedOutputLayer(nn.Module):
         flat = x.reshape(-1, shape[-1]).float()  # [R, H]
         if flat.shape[0] == 0:
             return flat.new_zeros(*shape[:-1], self.out_features)
+        if self.int8dot:  # steps 1-3 in one C++ call (csrc/int8_screen.cpp int8_screen_greedy)
+            approx = torch.ops.eyas.int8_screen_greedy(flat, self.packed, self.scale_float, self.code_sums,
+                                                       self.weight_error, self.approx_norm, self.weight)
+            return approx.reshape(*shape[:-1], self.out_features)
         approx, bound = self.screen(flat)  # [R, V] each
         best_lower = (approx - bound).amax(dim=1, keepdim=True)  # [R, 1]
         rows, columns = (approx + bound >= best_lower).nonzero(as_tuple=True)  # the candidates
@@ -96,9 +100,7 @@ class ScreenedOutputLayer(nn.Module):
     def screen(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """x [R, H] float32 -> (approximate logits, bound on their error) [R, V] each."""
         if self.int8dot:
-            from eyas.models import fused_cpu
-
-            return fused_cpu.extension().int8_screen(x, self.packed, self.scale_float, self.code_sums,
+            return extension.module().int8_screen(x, self.packed, self.scale_float, self.code_sums,
                                                      self.weight_error, self.approx_norm)
         rounded = x.to(torch.bfloat16)
         approx = torch.cat([torch._weight_int8pack_mm(part, self.codes, self.scale)
@@ -123,7 +125,5 @@ class ScreenedOutputLayer(nn.Module):
 
 def _int8dot_screen(shape: torch.Size) -> bool:
     """Whether the extension's screen can take a [V, H] output layer here."""
-    from eyas.models import fused_cpu
-
     vocab, hidden = shape
-    return vocab % 16 == 0 and hidden % 4 == 0 and hidden <= 2048 and fused_cpu.int8dot_kernel() is not None
+    return vocab % 16 == 0 and hidden % 4 == 0 and hidden <= 2048 and extension.int8dot_kernel() is not None

@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from eyas.models import extension
+
 GROUP_SIZES = (32, 64, 128, 256)
 
 
@@ -62,7 +64,7 @@ class Int4Linear(nn.Module):
     """y = x @ dequant(W)^T (+ bias) with W held as int4 codes, in one of two layouts:
 
     - "int8dot": the extension's int4 x int8 kernel (models/csrc/int4_gemm.cpp), where the
-      fused extension is built with AVX512-VNNI or AVX2 (fused_cpu.int8dot_kernel): float16
+      extension is built with AVX512-VNNI or AVX2 (extension.int8dot_kernel): float16
       scales and minimums, activations rounded to 14-bit integers per 32 inputs. `packed` is
       uint8 [O/16, I/32, 320].
     - "torch": PyTorch's packed int4 kernel: bf16 scales and zero points, bf16 activations.
@@ -70,16 +72,14 @@ class Int4Linear(nn.Module):
 
     def __init__(self, linear: nn.Linear, group_size: int = 32) -> None:
         super().__init__()
-        from eyas.models import fused_cpu
-
         out_features, in_features = linear.weight.shape
         if in_features % group_size:
             raise ValueError(f"in_features {in_features} is not a multiple of group {group_size}")
         codes, scale, low = quantize_groups(linear.weight.detach(), group_size)
-        int8dot = group_size == 32 and out_features % 16 == 0 and fused_cpu.int8dot_kernel() is not None
+        int8dot = group_size == 32 and out_features % 16 == 0 and extension.int8dot_kernel() is not None
         self.layout = "int8dot" if int8dot else "torch"
         if int8dot:
-            self.register_buffer("packed", fused_cpu.extension().int4_pack(codes, scale, low))
+            self.register_buffer("packed", extension.module().int4_pack(codes, scale, low))
             self.register_buffer("scales_and_zeros", torch.empty(0))  # inside `packed`
         else:
             # The kernel computes (code - 8) * scale + zero, so zero = minimum + 8 * scale.
@@ -95,10 +95,8 @@ class Int4Linear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:  # [..., I] -> [..., O]
         shape = x.shape
         if self.layout == "int8dot":
-            from eyas.models import fused_cpu
-
             flat = x.reshape(-1, shape[-1]).float()
-            y = fused_cpu.extension().int4_linear(flat, self.packed).to(x.dtype)
+            y = extension.module().int4_linear(flat, self.packed).to(x.dtype)
             if self.bias is not None:
                 y = y + self.bias
             return y.reshape(*shape[:-1], self.out_features)

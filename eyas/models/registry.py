@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,7 +95,7 @@ def gguf_to_folder(gguf_path: Path, cache: str | Path | None = None) -> Path:
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    print(f"[eyas] converting {gguf_path.name} once to {target} ...", flush=True)
+    print(f"[eyas] converting {gguf_path.name} once to {target} ...", file=sys.stderr, flush=True)
     tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
     model = AutoModelForCausalLM.from_pretrained(
         gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32

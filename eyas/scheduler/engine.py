@@ -7,6 +7,7 @@ Usage:
     result = engine.generate(prompt_ids, SamplingParams(max_tokens=64))    # blocking
     request = engine.submit(prompt_ids, params, on_output=callback)        # streaming
     engine.abort(request.request_id)                                       # client went away
+    engine.abort_all()                                                     # drain timed out
     engine.shutdown()                                                      # drains first
 
     engine.run()   # instead of start(): the loop on this thread (eyas serve: the main thread,
@@ -45,7 +46,12 @@ log = logging.getLogger("eyas.engine")
 
 
 class QueueFull(EyasError):
-    """The waiting queue is at `max_waiting` (HTTP 503, retry later)."""
+    """The waiting queue is at `max_waiting`, or the engine is shutting down (HTTP 503, retry
+    later); `reason` is queue_full or shutting_down."""
+
+    def __init__(self, message: str, reason: str = "queue_full") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class RequestRejected(EyasError):
@@ -75,7 +81,8 @@ class Engine:
             pooled.draft_seconds_per_token = self.proposers.draft_seconds_per_token(target)
         self.scheduler = Scheduler(config, self.pool, self.proposers.enabled, self.costs, pooled)
         self.executor = StepExecutor(target, self.pool, self.proposers.tap_layers, self.costs, pooled)
-        self.outputs = OutputProcessor(self.proposers.method, observer)
+        self.faults = self.executor.faults  # per-request fault injection for tests (faults.py)
+        self.outputs = OutputProcessor(self.proposers.method, observer, self.faults)
         self.observer = observer
         self._wakeup = threading.Condition()
         self._incoming: deque[Request] = deque()
@@ -86,6 +93,8 @@ class Engine:
         self._running = threading.Event()  # the loop is running (on some thread)
         self._exited = threading.Event()  # the loop has returned
         self._stopping = False
+        if observer is not None:
+            observer.kv_changed(0, self.pool.rows, self.pool.slots, self.kv_cache_bytes)
 
     # ---- client side (any thread) ----------------------------------------------------
     def submit(self, prompt_ids: list[int], params: SamplingParams,
@@ -101,7 +110,7 @@ class Engine:
             request.request_id = request_id
         with self._wakeup:
             if self._stopping:
-                raise QueueFull("the server is shutting down")
+                raise QueueFull("the server is shutting down", "shutting_down")
             if len(self._incoming) + len(self.scheduler.waiting) >= self.config.max_waiting:
                 raise QueueFull(f"the queue is full ({self.config.max_waiting} waiting requests)")
             self._incoming.append(request)
@@ -128,6 +137,15 @@ class Engine:
             if request is not None:
                 request.cancel_event.set()
                 self._wakeup.notify()
+
+    def abort_all(self) -> int:
+        """Cancel every admitted request (a drain that ran out of time); each ends with a
+        final output saying 'abort'. Returns how many were cancelled."""
+        with self._wakeup:
+            for request in self._requests.values():
+                request.cancel_event.set()
+            self._wakeup.notify()
+            return len(self._requests)
 
     def generate(self, prompt_ids: list[int], params: SamplingParams,
                  timeout: float | None = None) -> GenerationResult:
@@ -178,6 +196,11 @@ class Engine:
         return len(self.scheduler.waiting) + len(self._incoming)
 
     @property
+    def kv_cache_bytes(self) -> int:
+        """Bytes of the KV pool as allocated now (it grows on demand and is kept)."""
+        return self.pool.bytes_per_slot() * self.pool.slots
+
+    @property
     def alive(self) -> bool:
         return self._running.is_set()
 
@@ -213,11 +236,13 @@ class Engine:
                         continue
                 try:
                     self.loop.step()
-                except Exception:  # a bug in the loop itself: fail everything, keep serving
+                except Exception as error:  # a bug in the loop itself: fail everything, keep serving
                     log.exception("engine loop failed; failing every request in it")
-                    self.loop.fail_everything()
+                    self.loop.fail_everything(error)
                 if self.observer is not None:
                     self.observer.queue_changed(self.num_running, self.num_waiting)
+                    self.observer.kv_changed(self.pool.rows - self.pool.num_free, self.pool.rows,
+                                             self.pool.slots, self.kv_cache_bytes)
         finally:
             self._running.clear()
             self._exited.set()

@@ -9,10 +9,16 @@ A step:
 3. Per row: lossless acceptance (greedy or sampling, eyas.engine.speculative.acceptance),
    compaction of the accepted path in that row's KV, token-level append, proposer.observe.
 4. Prefill chunks, one single-row pass each; a prompt's last chunk yields its first token.
+
+Each request's share of the step runs in a named stage (faults.py): an exception there fails
+that request alone (`Request.fail`, listed in `StepResult.failed`); the rest of the batch goes
+on. A failure of the shared pass itself is retried one row at a time, so that only the row
+that breaks it fails.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -27,10 +33,13 @@ from eyas.engine.speculative.tree import node_depths
 from eyas.engine.target import Target
 from eyas.models.llama import ForwardOutput
 from eyas.scheduler.batch import RowInput, build_decode_batch
+from eyas.scheduler.faults import FaultInjector, InjectedFault, describe
 from eyas.scheduler.kv_pool import KVPool
 from eyas.scheduler.request import Request, RequestStatus
 from eyas.scheduler.scheduler import PrefillChunk, StepPlan
 from eyas.scheduler.speculation import SHADOW_SHARE, AcceptanceEstimate, StepCostModel
+
+log = logging.getLogger("eyas.engine")
 
 NEAR_TIE = 1e-3  # logit gap under which a greedy row's logits are recomputed alone
 
@@ -54,6 +63,7 @@ class StepStats:
 @dataclass
 class StepResult:
     emitted: list[tuple[Request, list[int]]] = field(default_factory=list)  # in step order
+    failed: list[Request] = field(default_factory=list)  # their work raised (Request.failure)
     stats: StepStats = field(default_factory=StepStats)
 
 
@@ -65,6 +75,7 @@ class StepExecutor:
         self.tap_layers = tuple(tap_layers)
         self.costs = costs
         self.pooled = pooled or AcceptanceEstimate()  # server-wide acceptance (priors of new requests)
+        self.faults = FaultInjector()  # tests inject per-request faults here (faults.py)
 
     @torch.inference_mode()
     def run(self, plan: StepPlan) -> StepResult:
@@ -82,29 +93,58 @@ class StepExecutor:
 
     # ---- decode: one pass over every running request --------------------------------
     def _decode(self, decode: list[Request], plan: StepPlan, result: StepResult) -> None:
-        stats = result.stats
-        by_row = {request.row: request for request in decode}
-        span = max(by_row) + 1
         # 1. Drafts (bounded by what max_tokens still allows); shadow drafts on plain steps.
+        trees, asked = self._draft(decode, plan, result)
+        decode = [request for request in decode if request.failure is None]
+        if not decode:
+            return
+        # 2-3. One pass over every row, then acceptance row by row. Should the shared pass
+        # itself fail (one row's input breaking it), each row is redone alone: only the row
+        # that breaks it fails, the others get what they would have got in the batch.
+        try:
+            self._verify(decode, trees, asked, result)
+        except Exception as error:
+            log.warning("the batched pass failed (%s); redoing its %d rows one at a time",
+                        describe(error), len(decode))
+            for request in decode:
+                try:
+                    self._verify([request], trees, asked, result)
+                except Exception as row_error:
+                    self._failed(request, "verify", row_error, result)
+
+    def _draft(self, decode: list[Request], plan: StepPlan,
+               result: StepResult) -> tuple[dict[int, DraftTree], set[int]]:
+        """Each request's draft tree by row, and the rows whose proposer was asked for one."""
         drafting_started = time.perf_counter()
         trees: dict[int, DraftTree] = {}
-        asked: set[int] = set()  # rows whose proposer was asked for drafts
+        asked: set[int] = set()
         steady = plan.max_draft_tokens + 1  # the most tokens one step emits per request
+        span = max(request.row for request in decode) + 1
         for request in decode:
             remaining = request.max_new_tokens - request.num_output - 1
             budget = min(plan.num_draft_tokens, remaining)
             trees[request.row] = DraftTree.empty()
-            if budget > 0 and request.proposer is not None:
-                asked.add(request.row)
-                request.shadow.clear()
-                trees[request.row] = self._propose(request, budget, steady)
-            elif self._shadow_allowed(request, plan, span) and remaining > 0:
-                shadow = self._propose(request, min(plan.max_draft_tokens, remaining), steady)
-                if shadow.size:
-                    request.shadow.start(shadow)
-                else:
-                    self._observe_acceptance(request, 0, 0)  # nothing to draft here
-        stats.draft_seconds = time.perf_counter() - drafting_started
+            try:
+                if budget > 0 and request.proposer is not None:
+                    asked.add(request.row)
+                    request.shadow.clear()
+                    trees[request.row] = self._propose(request, budget, steady)
+                elif self._shadow_allowed(request, plan, span) and remaining > 0:
+                    shadow = self._propose(request, min(plan.max_draft_tokens, remaining), steady)
+                    if shadow.size:
+                        request.shadow.start(shadow)
+                    else:
+                        self._observe_acceptance(request, 0, 0)  # nothing to draft here
+            except Exception as error:
+                self._failed(request, "draft", error, result)
+        result.stats.draft_seconds += time.perf_counter() - drafting_started
+        return trees, asked
+
+    def _verify(self, decode: list[Request], trees: dict[int, DraftTree], asked: set[int],
+                result: StepResult) -> None:
+        stats = result.stats
+        by_row = {request.row: request for request in decode}
+        span = max(by_row) + 1
         # 2. The pass over rows [0, span); rows without a decoding request are idle.
         inputs = []
         for row in range(span):
@@ -129,32 +169,62 @@ class StepExecutor:
         logits = model.output_logits(hidden, greedy=screened)  # [N, V]
         if not screened:
             self._settle_near_ties(decode, inputs, batch.offsets, hidden, logits)
-        stats.forward_seconds = time.perf_counter() - forward_started
-        stats.decode_rows, stats.span, stats.tokens_per_row = len(decode), span, batch.tokens_per_row
+        forward_seconds = time.perf_counter() - forward_started
+        stats.forward_seconds += forward_seconds
+        stats.decode_rows += len(decode)
+        stats.span, stats.tokens_per_row = max(stats.span, span), batch.tokens_per_row
         if self.costs is not None:
-            self.costs.observe(span, batch.tokens_per_row, stats.forward_seconds)
+            self.costs.observe(span, batch.tokens_per_row, forward_seconds)
         # 3. Acceptance, KV compaction and token-level state, row by row.
         for request in decode:
-            row, tree = request.row, trees[request.row]
+            row = request.row
             size = inputs[row].size
             row_logits = logits[batch.offsets[row] : batch.offsets[row] + size]  # [N_row, V]
-            if request.params.greedy:
+            taps = output.taps[row : row + 1, :size] if output.taps is not None else None
+            row_output = ForwardOutput(logits=row_logits[None], hidden=output.hidden[row : row + 1, :size],
+                                       taps=taps)
+            self._accept(request, trees[row], row_output, row in asked, result)
+
+    def _accept(self, request: Request, tree: DraftTree, row_output: ForwardOutput, asked: bool,
+                result: StepResult) -> None:
+        """One row after the pass: verify its draft, draw its next token, compact its KV row,
+        append at token level, let its proposer read the pass."""
+        row_logits = row_output.logits[0]  # [N_row, V]
+        stage = "verify"
+        try:
+            self.faults.check(request, "verify")
+            probs = None if request.params.greedy else target_probs(row_logits, request.params)
+            stage = "sample"
+            self.faults.check(request, "sample")
+            if probs is None:
                 verdict = accept_greedy(tree, row_logits)
             else:
-                verdict = accept_sampling(tree, target_probs(row_logits, request.params),
-                                          request.generator)
+                verdict = accept_sampling(tree, probs, request.generator)
+            stage = "verify"
             context = request.context_length
-            self.pool.cache.compact(row, [context + node for node in verdict.accepted_nodes],
+            self.pool.cache.compact(request.row, [context + node for node in verdict.accepted_nodes],
                                     start=context + 1)
             request.context_length = context + 1 + len(verdict.accepted_nodes)
             request.root = verdict.next_token
             request.append_tokens(verdict.emitted, request.sequence.eos_token_ids)
             if request.proposer is not None:
-                taps = output.taps[row : row + 1, :size] if output.taps is not None else None
-                request.proposer.observe(tree, verdict, ForwardOutput(
-                    logits=row_logits[None], hidden=output.hidden[row : row + 1, :size], taps=taps))
-            self._record(request, tree, verdict, row in asked, stats)
-            result.emitted.append((request, verdict.emitted))
+                stage = "draft"
+                self.faults.check(request, "draft")
+                request.proposer.observe(tree, verdict, row_output)
+            self._record(request, tree, verdict, asked, result.stats)
+        except Exception as error:
+            self._failed(request, stage, error, result)
+            return
+        result.emitted.append((request, verdict.emitted))
+
+    def _failed(self, request: Request, stage: str, error: Exception, result: StepResult) -> None:
+        """This request's work raised at `stage`: it alone ends (finish_reason 'error')."""
+        if isinstance(error, InjectedFault):
+            log.error("%s failed at %s: %s", request.request_id, stage, error)
+        else:
+            log.exception("%s failed at %s; it alone ends", request.request_id, stage)
+        request.fail(stage, describe(error))
+        result.failed.append(request)
 
     def _settle_near_ties(self, decode: list[Request], inputs: list[RowInput], offsets: list[int],
                           hidden: Tensor, logits: Tensor) -> None:
@@ -185,6 +255,7 @@ class StepExecutor:
         since it was last asked: the whole prompt on the first call, several steps' worth
         after plain steps. Such a call is not a sample of what drafting costs per step, so its
         time is recorded only when the backlog is what one step can emit (`steady_backlog`)."""
+        self.faults.check(request, "draft")
         backlog = len(request.token_ids) - request.proposed_through
         asked_at = time.perf_counter()
         tree = request.proposer.propose(request.token_ids, budget).truncated(budget)
@@ -242,24 +313,34 @@ class StepExecutor:
     def _prefill(self, chunk: PrefillChunk, result: StepResult) -> None:
         request, start, end = chunk.request, chunk.start, chunk.end
         target = self.target
-        if start == 0:
-            request.generator = request.params.generator(target.device)
+        stage = "prefill"
+        try:
+            self.faults.check(request, "prefill")
+            if start == 0:
+                request.generator = request.params.generator(target.device)
+                if request.proposer is not None:
+                    request.proposer.begin(target, request.prompt_ids, request.params)
+            self.pool.ensure_slots(end)
+            row = request.row
+            ids = torch.tensor([request.prompt_ids[start:end]], device=target.device)  # [1, C]
+            output = target.model(ids, cache=self.pool.view(row, row + 1), write_at=start,
+                                  kv_len=end, logits_at="last" if chunk.final else None,
+                                  tap_layers=self.tap_layers, greedy=request.params.greedy)
+            request.context_length = end
+            result.stats.prefill_tokens += end - start
             if request.proposer is not None:
-                request.proposer.begin(target, request.prompt_ids, request.params)
-        self.pool.ensure_slots(end)
-        row = request.row
-        ids = torch.tensor([request.prompt_ids[start:end]], device=target.device)  # [1, C]
-        output = target.model(ids, cache=self.pool.view(row, row + 1), write_at=start, kv_len=end,
-                              logits_at="last" if chunk.final else None,
-                              tap_layers=self.tap_layers, greedy=request.params.greedy)
-        request.context_length = end
-        result.stats.prefill_tokens += end - start
-        if request.proposer is not None:
-            request.proposer.observe(DraftTree.empty(), None, output)
-        if chunk.final:
+                stage = "draft"
+                request.proposer.observe(DraftTree.empty(), None, output)
+            if not chunk.final:
+                return
+            stage = "sample"
+            self.faults.check(request, "sample")
             token = int(next_tokens(output.logits[:, -1], request.params, request.generator)[0])
-            request.root = token
-            request.append_tokens([token], request.sequence.eos_token_ids)
-            if request.status == RequestStatus.PREFILLING:
-                request.status = RequestStatus.DECODING
-            result.emitted.append((request, [token]))
+        except Exception as error:
+            self._failed(request, stage, error, result)
+            return
+        request.root = token
+        request.append_tokens([token], request.sequence.eos_token_ids)
+        if request.status == RequestStatus.PREFILLING:
+            request.status = RequestStatus.DECODING
+        result.emitted.append((request, [token]))

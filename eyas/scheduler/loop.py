@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 from eyas.scheduler.executor import StepExecutor, StepResult
+from eyas.scheduler.faults import describe
 from eyas.scheduler.output import OutputProcessor
 from eyas.scheduler.request import Request, RequestStatus
 from eyas.scheduler.scheduler import Scheduler, StepPlan
@@ -94,13 +95,17 @@ class StepLoop:
 
     # ---- pieces ----------------------------------------------------------------------
     def _run(self, plan: StepPlan) -> tuple[StepResult | None, list[Request]]:
+        """The step's result and the requests to finish with 'error': those whose own work
+        raised (the executor isolates them), or, should the step's shared work fail (a bug,
+        an out-of-memory), every request in it."""
         try:
-            return self.executor.run(plan), []
-        except Exception:  # a bug or an out-of-memory: fail this step's requests, keep serving
+            result = self.executor.run(plan)
+            return result, result.failed
+        except Exception as error:
             log.exception("step failed; its requests end with finish_reason 'error'")
             failed = plan.decode + [chunk.request for chunk in plan.prefill]
             for request in failed:
-                request.token_done = True
+                request.fail("step", describe(error))
             return None, failed
 
     def _fail(self, failed: list[Request]) -> None:
@@ -131,7 +136,7 @@ class StepLoop:
         self.outputs.finish(request, reason)
         self.on_finished(request)
 
-    def fail_everything(self) -> None:
+    def fail_everything(self, error: Exception) -> None:
         """After a bug in the loop itself: every request ends with 'error'; the loop goes on."""
         requests = list(self.scheduler.waiting) + list(self.scheduler.running)
         self.scheduler.waiting.clear()
@@ -140,6 +145,6 @@ class StepLoop:
         for row in range(self.scheduler.pool.rows):
             self.scheduler.pool.free(row)
         for request in requests:
-            request.token_done = True
+            request.fail("loop", describe(error))
             request.row = None
             self.finish(request, "error")

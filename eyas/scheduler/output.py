@@ -13,6 +13,7 @@ import time
 from typing import Protocol
 
 from eyas.scheduler.executor import StepResult, StepStats
+from eyas.scheduler.faults import FaultInjector, InjectedFault, describe
 from eyas.scheduler.request import Request, RequestOutput, RequestStatus
 
 log = logging.getLogger("eyas.engine")
@@ -27,11 +28,15 @@ class EngineObserver(Protocol):
 
     def queue_changed(self, running: int, waiting: int) -> None: ...
 
+    def kv_changed(self, rows_in_use: int, rows: int, slots: int, cache_bytes: int) -> None: ...
+
 
 class OutputProcessor:
-    def __init__(self, method: str, observer: EngineObserver | None = None) -> None:
+    def __init__(self, method: str, observer: EngineObserver | None = None,
+                 faults: FaultInjector | None = None) -> None:
         self.method = method  # drafting method name, for the per-response stats
         self.observer = observer
+        self.faults = faults or FaultInjector()
 
     def process(self, result: StepResult) -> None:
         now = time.perf_counter()
@@ -40,11 +45,16 @@ class OutputProcessor:
                 continue  # finished earlier (stop string seen a step late, or cancelled)
             sequence = request.sequence
             known = len(sequence.output_ids)
-            taken = sequence.append(tokens)
+            try:  # the "detokenize" stage (faults.py): a failure here ends this request alone
+                self.faults.check(request, "detokenize")
+                taken = sequence.append(tokens)
+                text, new_ids = sequence.take_new_text(), sequence.output_ids[known:]
+            except Exception as error:
+                self._failed(request, error)
+                continue
             request.completion_tokens += taken
             if request.first_token_time is None and taken:
                 request.first_token_time = now
-            text, new_ids = sequence.take_new_text(), sequence.output_ids[known:]
             if sequence.finished:
                 self.finish(request, sequence.finish_reason, text, new_ids)
             elif text or new_ids:
@@ -61,14 +71,26 @@ class OutputProcessor:
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         request.finish_time = time.perf_counter()
-        if reason in ("abort", "error"):
+        if reason == "abort":
             text = text or request.sequence.take_new_text()
         speculative = request.speculative_stats(self.method) if request.proposer is not None else None
+        failure = request.failure
+        error = f"{failure.stage}: {failure.message}" if failure is not None else None
+        if reason == "error" and error is None:
+            error = "unknown"
         self._emit(request, RequestOutput(
             request.request_id, text, list(token_ids or []), True, reason, request.prompt_len,
-            request.completion_tokens, speculative, timings(request)))
+            request.completion_tokens, speculative, timings(request), error))
         if self.observer is not None:
             self.observer.request_finished(request)
+
+    def _failed(self, request: Request, error: Exception) -> None:
+        if isinstance(error, InjectedFault):
+            log.error("%s failed at detokenize: %s", request.request_id, error)
+        else:
+            log.exception("%s failed at detokenize; it alone ends", request.request_id)
+        request.fail("detokenize", describe(error))
+        self.finish(request, "error")
 
     @staticmethod
     def _emit(request: Request, output: RequestOutput) -> None:

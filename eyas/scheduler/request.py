@@ -24,6 +24,7 @@ from eyas.engine.sampling import SamplingParams
 from eyas.engine.sequence import Sequence
 from eyas.engine.speculative.draft import SpecMetrics
 from eyas.engine.speculative.proposers.base import Proposer
+from eyas.scheduler.faults import Failure
 from eyas.scheduler.speculation import AcceptanceEstimate, ShadowDraft
 
 _ids = itertools.count()
@@ -49,6 +50,7 @@ class RequestOutput:
     completion_tokens: int  # tokens generated so far (an EOS that ended the answer counts)
     speculative: dict[str, Any] | None = None  # acceptance stats, on the final output
     timings: dict[str, float] | None = None  # ttft_s, e2e_s, tpot_s, on the final output
+    error: str | None = None  # finish_reason "error": the stage and what failed there
 
 
 @dataclass(eq=False)
@@ -71,7 +73,8 @@ class Request:
     context_length: int = 0  # KV slots holding committed tokens (all but the root)
     root: int | None = None  # last emitted token, not yet in the KV cache
     num_output: int = 0  # tokens emitted at token level
-    token_done: bool = False  # EOS or max_new_tokens reached at token level
+    token_done: bool = False  # EOS or max_new_tokens reached at token level (or failed)
+    failure: Failure | None = None  # set when this request's work raised (faults.py)
     generator: torch.Generator | None = None
     acceptance: AcceptanceEstimate = field(default_factory=AcceptanceEstimate)
     shadow: ShadowDraft = field(default_factory=ShadowDraft)  # unverified draft (plain steps)
@@ -104,6 +107,12 @@ class Request:
     @property
     def prefill_complete_scheduled(self) -> bool:
         return self.prefill_scheduled >= self.prompt_len
+
+    def fail(self, stage: str, message: str) -> None:
+        """This request's work raised: no more steps for it (the loop finishes it 'error')."""
+        if self.failure is None:
+            self.failure = Failure(stage, message)
+        self.token_done = True
 
     def append_tokens(self, tokens: list[int], eos_token_ids: set[int]) -> None:
         """Token-level append (executor): stop at EOS or max_new_tokens, as Sequence does."""

@@ -6,10 +6,11 @@ Usage:
     uvicorn.run(app, host="127.0.0.1", port=8000)        # or: eyas serve --model ...
 
 Routes: POST /v1/chat/completions, POST /v1/completions (streaming as SSE `data: {...}` lines
-ending with `data: [DONE]`, or one JSON body), GET /v1/models, GET /health, GET /metrics.
-A request reaches the engine only after the guards (API key, body size), strict schema
-validation, the model name, the unsupported-parameter check and the context check; every
-refusal is an OpenAI-style error body (errors.py). The engine runs on its own thread; its
+ending with `data: [DONE]`, or one JSON body), GET /v1/models, GET /health, GET /metrics,
+GET /openapi.json. A request reaches the engine only after the guards (API key, content type,
+body size and depth), strict schema validation, the model name, the unsupported-parameter
+check and the context check; every refusal is an OpenAI-style error body (errors.py). Fields
+the schema does not know are ignored and named in the `x-eyas-ignored-fields` header. The engine runs on its own thread; its
 outputs come back to the event loop through a per-request asyncio.Queue.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -27,6 +29,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from eyas import __version__
 from eyas.errors import EyasError
 from eyas.models.tokenizer import chat_prompt_ids, raw_prompt_ids
 from eyas.scheduler.engine import Engine, QueueFull, RequestRejected
@@ -36,6 +39,10 @@ from eyas.server import protocol
 from eyas.server.errors import APIError, install_handlers
 from eyas.server.guards import check_api_key, read_json_body
 from eyas.server.metrics import ServerMetrics
+from eyas.server.openapi import openapi_document
+
+log = logging.getLogger("eyas.server")
+IGNORED_HEADER = "x-eyas-ignored-fields"
 
 
 @dataclass
@@ -59,6 +66,23 @@ def sse(payload: dict[str, Any] | str) -> str:
     return f"data: {data}\n\n"
 
 
+def engine_failure(output: RequestOutput) -> APIError:
+    """A request that failed inside the engine (its stage and error; no other request is
+    affected): a 500, or the error event of its stream."""
+    return APIError(500, f"generation failed inside the engine at {output.error or 'unknown'}",
+                    code="internal_error")
+
+
+def ignored_header(fields: list[str], most: int = 16) -> dict[str, str]:
+    """The x-eyas-ignored-fields header (comma-separated paths, printable ASCII only)."""
+    if not fields:
+        return {}
+    shown = ["".join(c if 32 < ord(c) < 127 and c != "," else "?" for c in f)[:64] for f in fields[:most]]
+    if len(fields) > most:
+        shown.append(f"...{len(fields) - most} more")
+    return {IGNORED_HEADER: ",".join(shown)}
+
+
 def create_app(engine: Engine, settings: ServerSettings, metrics: ServerMetrics,
                start_engine: bool = True) -> FastAPI:
     """start_engine: start the engine's loop on its own thread at start-up (False when the
@@ -72,7 +96,9 @@ def create_app(engine: Engine, settings: ServerSettings, metrics: ServerMetrics,
         yield
         await anyio.to_thread.run_sync(engine.shutdown)  # in-flight requests finish first
 
-    app = FastAPI(title="eyas", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="eyas", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url="/openapi.json")
+    app.openapi = lambda: openapi_document(app, __version__)
     install_handlers(app)
     created = int(time.time())
     tokenizer = engine.target.tokenizer
@@ -123,7 +149,13 @@ def create_app(engine: Engine, settings: ServerSettings, metrics: ServerMetrics,
 
     async def parse(request: Request, schema: type[protocol.SamplingRequest]) -> Any:
         check_api_key(request, settings.api_key)
-        parsed = schema.model_validate(await read_json_body(request, settings.max_body_bytes))
+        body = await read_json_body(request, settings.max_body_bytes)
+        parsed = schema.model_validate(body)
+        ignored = protocol.ignored_fields(body, schema)
+        if ignored:
+            log.warning("%s: ignored fields the server does not know: %s", request.url.path,
+                        ", ".join(ignored))
+        request.state.ignored_fields = ignored
         if parsed.model != settings.model_name:
             raise APIError(400, f"the model '{parsed.model}' does not exist here; this server "
                                 f"serves '{settings.model_name}'", param="model", code="model_not_found")
@@ -151,18 +183,21 @@ def create_app(engine: Engine, settings: ServerSettings, metrics: ServerMetrics,
             field = prompt_field if error.field == "prompt" else limit_field
             raise APIError(400, str(error), param=field, code=error.code) from error
         except QueueFull as error:
+            metrics.request_rejected(error.reason)
             raise APIError(503, f"{error}; retry later", code="queue_full",
                            headers={"Retry-After": str(settings.retry_after_s)}) from error
         # 2. Stream the outputs, or collect them into one body.
         response_id = protocol.new_id("chatcmpl" if chat else "cmpl")
+        headers = ignored_header(http_request.state.ignored_fields)
         if parsed.stream:
             chunks = stream_chat if chat else stream_completion
             return StreamingResponse(chunks(submitted, queue, response_id, parsed.include_usage),
                                      media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Request-Id": response_id})
+                                     headers={"Cache-Control": "no-cache", "X-Request-Id": response_id,
+                                              **headers})
         final, text = await collect(http_request, submitted, queue)
         build = protocol.chat_response if chat else protocol.completion_response
-        return JSONResponse(build(response_id, settings.model_name, text, final))
+        return JSONResponse(build(response_id, settings.model_name, text, final), headers=headers)
 
     async def collect(http_request: Request, submitted: EngineRequest,
                       queue: asyncio.Queue[RequestOutput]) -> tuple[RequestOutput, str]:
@@ -179,7 +214,7 @@ def create_app(engine: Engine, settings: ServerSettings, metrics: ServerMetrics,
             if not finished:
                 engine.abort(submitted.request_id)
         if output.finish_reason == "error":
-            raise APIError(500, "generation failed inside the engine", code="internal_error")
+            raise engine_failure(output)
         return output, "".join(parts)
 
     async def abort_on_disconnect(http_request: Request, request_id: str) -> None:
@@ -201,9 +236,8 @@ def create_app(engine: Engine, settings: ServerSettings, metrics: ServerMetrics,
             while not finished:
                 output = await queue.get()
                 finished = output.finished
-                if output.finish_reason == "error":
-                    yield sse(APIError(500, "generation failed inside the engine",
-                                       code="internal_error").body())
+                if output.finish_reason == "error":  # this request alone failed
+                    yield sse(engine_failure(output).body())
                     yield sse("[DONE]")
                     return
                 if output.text or finished:

@@ -5,10 +5,12 @@
 
 | status | when                                                   | type                  |
 |--------|--------------------------------------------------------|-----------------------|
-| 400    | malformed JSON, missing / mistyped / out-of-range field, unknown model, prompt or max_tokens beyond the context, unsupported parameter | invalid_request_error |
+| 400    | malformed JSON (or nested deeper than 32), missing / mistyped / out-of-range field, unknown model, prompt or max_tokens beyond the context, unsupported parameter | invalid_request_error |
 | 401    | --api-key set and no matching `Authorization: Bearer` | authentication_error  |
 | 404    | unknown route                                          | invalid_request_error |
+| 405    | a method the route does not take (with Allow)          | invalid_request_error |
 | 413    | body larger than --max-body-bytes                      | invalid_request_error |
+| 415    | a Content-Type other than JSON                         | invalid_request_error |
 | 503    | waiting queue full (with Retry-After), or shutting down| server_error          |
 | 500    | a failure inside eyas (the server keeps serving)       | server_error          |
 """
@@ -98,8 +100,10 @@ def install_handlers(app: FastAPI) -> None:
     async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
         message = {404: f"no route {request.method} {request.url.path}",
                    405: f"method {request.method} is not allowed on {request.url.path}"}
+        headers = dict(error.headers or {})  # 405: Allow, the methods the route takes
         return APIError(error.status_code, message.get(error.status_code, str(error.detail)),
-                        code="not_found" if error.status_code == 404 else None).response()
+                        code={404: "not_found", 405: "method_not_allowed"}.get(error.status_code),
+                        headers=headers or None).response()
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, error: Exception) -> JSONResponse:

@@ -17,6 +17,12 @@
 | eyas:suffix_store_documents / eyas:suffix_store_tokens     | gauge     | earlier requests' outputs held / their tokens |
 | eyas:suffix_store_evictions_total                          | counter   | documents evicted (least recently used first) |
 | eyas:suffix_store_lookups_total / eyas:suffix_store_hits_total | counter | proposals that searched the store / found a continuation there |
+| eyas:request_failures_total{stage}                         | counter   | requests ended by a fault in their own work, by stage (eyas/scheduler/faults.py) |
+| eyas:requests_rejected_total{reason}                       | counter   | requests refused with 503: queue_full, shutting_down |
+| eyas:kv_rows_in_use / eyas:kv_rows                         | gauge     | KV cache rows held by requests / rows in the pool (0 in use when idle) |
+| eyas:kv_cache_slots                                        | gauge     | token slots per KV row (grows on demand, kept) |
+| eyas:kv_cache_bytes                                        | gauge     | bytes of the KV pool as allocated |
+| vllm:kv_cache_usage_perc                                   | gauge     | rows in use / rows (0..1) |
 
 Mean acceptance length = 1 + accepted / drafts (the bonus token counts).
 Every series carries model_name and engine="0" labels, as vLLM's do.
@@ -29,10 +35,12 @@ from typing import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from eyas.scheduler.executor import StepStats
+from eyas.scheduler.faults import FAILURE_LABELS
 from eyas.scheduler.request import Request
 
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 TPOT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0)
+REJECT_REASONS = ("queue_full", "shutting_down")
 E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0, 600.0)
 
 
@@ -67,12 +75,29 @@ class ServerMetrics:
         self.draft_length = Gauge("eyas:spec_decode_draft_tokens_per_request",
                                   "Draft tokens per request chosen for the last step (0 = plain)",
                                   labels, registry=r)
+        self.failures = Counter("eyas:request_failures", "Requests ended by a fault in their own "
+                                "work, by stage", labels + ["stage"], registry=r)
+        self.rejected = Counter("eyas:requests_rejected", "Requests refused with 503",
+                                labels + ["reason"], registry=r)
+        self.kv_rows_in_use = Gauge("eyas:kv_rows_in_use", "KV cache rows held by requests",
+                                    labels, registry=r)
+        self.kv_rows = Gauge("eyas:kv_rows", "KV cache rows in the pool", labels, registry=r)
+        self.kv_slots = Gauge("eyas:kv_cache_slots", "Token slots per KV cache row", labels, registry=r)
+        self.kv_bytes = Gauge("eyas:kv_cache_bytes", "Bytes of the KV cache pool as allocated",
+                              labels, registry=r)
+        self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "KV cache rows in use / rows (0..1)",
+                              labels, registry=r)
         self.store_stats: Callable[[], dict[str, int]] | None = None  # watch_suffix_store
         self.store_gauges: dict[str, Gauge] = {}
         for reason in ("stop", "length", "abort", "error"):  # exported from the start, at 0
             self.success.labels(**self.label_values, finished_reason=reason)
+        for stage in FAILURE_LABELS:
+            self._l(self.failures, stage=stage)
+        for reason in REJECT_REASONS:
+            self._l(self.rejected, reason=reason)
         for metric in (self.drafts, self.draft_tokens, self.accepted_tokens, self.prompt_tokens,
-                       self.generation_tokens, self.running, self.waiting, self.draft_length):
+                       self.generation_tokens, self.running, self.waiting, self.draft_length,
+                       self.kv_rows_in_use, self.kv_rows, self.kv_slots, self.kv_bytes, self.kv_usage):
             metric.labels(**self.label_values)
         for position in range(num_positions):
             self._l(self.accepted_per_position, position=str(position))
@@ -95,6 +120,8 @@ class ServerMetrics:
     def request_finished(self, request: Request) -> None:
         self._l(self.success, finished_reason=request.finish_reason or "stop").inc()
         self._l(self.generation_tokens).inc(request.completion_tokens)
+        if request.failure is not None:
+            self._l(self.failures, stage=request.failure.stage).inc()
         if request.first_token_time is None:
             return
         self._l(self.prompt_tokens).inc(request.prompt_len)
@@ -107,6 +134,17 @@ class ServerMetrics:
     def queue_changed(self, running: int, waiting: int) -> None:
         self._l(self.running).set(running)
         self._l(self.waiting).set(waiting)
+
+    def kv_changed(self, rows_in_use: int, rows: int, slots: int, cache_bytes: int) -> None:
+        self._l(self.kv_rows_in_use).set(rows_in_use)
+        self._l(self.kv_rows).set(rows)
+        self._l(self.kv_slots).set(slots)
+        self._l(self.kv_bytes).set(cache_bytes)
+        self._l(self.kv_usage).set(rows_in_use / rows if rows else 0.0)
+
+    def request_rejected(self, reason: str) -> None:
+        """A request refused before the engine took it (HTTP 503)."""
+        self._l(self.rejected, reason=reason).inc()
 
     def watch_suffix_store(self, stats: Callable[[], dict[str, int]]) -> None:
         """Export the suffix-decoding store's size and hit counts (read at every scrape)."""

@@ -1,9 +1,11 @@
 """OpenAI-compatible request schemas (pydantic, strict types) and response builders.
 
-Requests are validated strictly: a number sent as a string, a float where an integer is due,
-or a value out of range is a 400 naming the field (errors.py). Unknown fields are ignored
-(as vLLM does); known OpenAI parameters that eyas does not implement are refused by
-`unsupported_parameter` rather than silently ignored.
+Requests are validated strictly: a number sent as a string, a fractional number where an
+integer is due, or a value out of range is a 400 naming the field (errors.py); an integral
+float (`"n": 1.0`, `"max_tokens": 16.0`, as some JSON clients write every number) counts as the
+integer. Unknown fields are ignored, as vLLM does, and reported: `ignored_fields` lists them
+for the `x-eyas-ignored-fields` response header and a log line. Known OpenAI parameters that
+eyas does not implement are refused by `unsupported_parameter` rather than silently ignored.
 
 Extensions beside the OpenAI fields: `top_k`, `ignore_eos` in requests (as vLLM accepts them);
 `speculative_decoding` in responses (per-request acceptance statistics, when the server
@@ -13,13 +15,24 @@ drafts).
 from __future__ import annotations
 
 import time
+import typing
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from eyas.engine.sampling import SamplingParams
+from eyas.engine.sampling import MAX_SEED, SamplingParams
 from eyas.scheduler.request import RequestOutput
+
+
+def integral(value: Any) -> Any:
+    """1.0 -> 1 (JSON has one number type); anything else is left to the strict int check."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+Integer = Annotated[int, BeforeValidator(integral)]
 
 
 class StrictModel(BaseModel):
@@ -51,13 +64,13 @@ class SamplingRequest(StrictModel):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
     model: str
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: Integer | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=-1)  # extension; -1 or 0 = off
-    n: int | None = Field(None, ge=1)
+    top_k: Integer | None = Field(None, ge=-1)  # extension; -1 or 0 = off
+    n: Integer | None = Field(None, ge=1)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: Integer | None = Field(None, ge=0, le=MAX_SEED)
     stream: bool = False
     stream_options: StreamOptions | None = None
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
@@ -81,9 +94,9 @@ class SamplingRequest(StrictModel):
 
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: Integer | None = Field(None, ge=1)
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: Integer | None = None
     tools: list[Any] | None = None
     functions: list[Any] | None = None
     response_format: dict[str, Any] | None = None
@@ -97,8 +110,8 @@ class CompletionRequest(SamplingRequest):
     prompt: str | list[int] | list[str] | list[list[int]]
     echo: bool | None = None
     suffix: str | None = None
-    best_of: int | None = None
-    logprobs: int | None = None
+    best_of: Integer | None = None
+    logprobs: Integer | None = None
 
     @property
     def requested_max_tokens(self) -> int:
@@ -138,6 +151,41 @@ def unsupported_parameter(request: SamplingRequest) -> tuple[str, str] | None:
              "one prompt per request is supported; send a list of prompts as separate requests"),
         ]
     return next(((field, message) for field, bad, message in checks if bad), None)
+
+
+def ignored_fields(body: Any, schema: type[BaseModel], prefix: str = "") -> list[str]:
+    """The fields of a request body that `schema` does not know (pydantic ignores them), as
+    OpenAI-style paths: 'foo', 'messages.[0].name'."""
+    if not isinstance(body, dict):
+        return []
+    found: list[str] = []
+    for key, value in body.items():
+        path = f"{prefix}{key}"
+        field = schema.model_fields.get(key)
+        if field is None:
+            found.append(path)
+            continue
+        nested = nested_schema(field.annotation)
+        if nested is None:
+            continue
+        if isinstance(value, list):
+            for index, item in enumerate(value):
+                found += ignored_fields(item, nested, f"{path}.[{index}].")
+        else:
+            found += ignored_fields(value, nested, f"{path}.")
+    return found
+
+
+def nested_schema(annotation: Any) -> type[BaseModel] | None:
+    """The model inside a field's type (ChatMessage in list[ChatMessage], StreamOptions in
+    StreamOptions | None), if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for argument in typing.get_args(annotation):
+        found = nested_schema(argument)
+        if found is not None:
+            return found
+    return None
 
 
 # ---- responses ----------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 thread), or entirely on background threads (tests, benchmarks, notebooks).
 
 Usage:
-    serve_with_engine(app, engine, host="127.0.0.1", port=8000)  # blocks; SIGTERM/Ctrl-C drain
+    serve_with_engine(app, engine, host="127.0.0.1", port=8000, drain_timeout=30)  # blocks; SIGTERM drains
     with BackgroundServer(app) as server:                        # 127.0.0.1, a free port
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="x")
 
@@ -11,12 +11,15 @@ about 2x slower on a second thread that also uses OpenMP (see eyas/scheduler/loo
 
 SIGTERM (and Ctrl-C): uvicorn stops accepting connections, waits for the open ones (requests
 in flight, streams included) to complete, then runs the app's shutdown, which drains the
-engine; the engine loop returns and the process exits with status 0. A second Ctrl-C stops
-without waiting.
+engine; the engine loop returns and the process exits with status 0. Requests still running
+`drain_timeout` seconds after the signal are aborted: each answer and stream ends with
+finish_reason "abort" (a stream: its final chunk, then [DONE]), so that no client is left
+with a cut connection. A second Ctrl-C stops without waiting.
 """
 
 from __future__ import annotations
 
+import logging
 import signal
 import socket
 import threading
@@ -32,6 +35,8 @@ from eyas.errors import EyasError
 if TYPE_CHECKING:
     from eyas.scheduler.engine import Engine
 
+log = logging.getLogger("eyas.serve")
+
 
 def uvicorn_config(app: FastAPI, host: str, port: int, log_level: str = "info") -> uvicorn.Config:
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
@@ -39,14 +44,27 @@ def uvicorn_config(app: FastAPI, host: str, port: int, log_level: str = "info") 
 
 
 def serve_with_engine(app: FastAPI, engine: Engine, host: str = "127.0.0.1", port: int = 8000,
-                      log_level: str = "info") -> None:
-    """uvicorn on a background thread; `engine.run()` on this (the main) thread."""
+                      log_level: str = "info", drain_timeout: float | None = None) -> None:
+    """uvicorn on a background thread; `engine.run()` on this (the main) thread.
+    drain_timeout: seconds after SIGTERM/Ctrl-C before running requests are aborted (None:
+    wait for them all)."""
     server = BackgroundServer(app, host, port, log_level)
+    deadline: list[threading.Timer] = []
+
+    def drain_expired() -> None:
+        aborted = engine.abort_all()
+        if aborted:
+            log.warning("drain timeout (%.0f s): aborted %d running requests", drain_timeout, aborted)
 
     def on_signal(signum, frame) -> None:
         if server.server.should_exit and signum == signal.SIGINT:
             server.server.force_exit = True  # a second Ctrl-C: stop without waiting
         server.server.should_exit = True  # graceful: connections finish, then the app shuts down
+        if drain_timeout is not None and not deadline:
+            log.info("shutting down: running requests get %.0f s to finish", drain_timeout)
+            deadline.append(threading.Timer(drain_timeout, drain_expired))
+            deadline[0].daemon = True
+            deadline[0].start()
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
@@ -58,6 +76,8 @@ def serve_with_engine(app: FastAPI, engine: Engine, host: str = "127.0.0.1", por
         engine.run(stop_when=lambda: not server.thread.is_alive())
         server.thread.join()
     finally:
+        for timer in deadline:
+            timer.cancel()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 

@@ -87,6 +87,8 @@ def test_missing_embedding_is_a_clear_error() -> None:
 
 def test_config_validation() -> None:
     assert default_target_layer_ids(30) == [2, 15, 27]
+    # shallow targets (the tiny test models) still get three distinct ids in 1..L-1
+    assert [default_target_layer_ids(n) for n in (4, 5, 6, 7)] == [[1, 2, 3], [1, 2, 4], [1, 3, 5], [2, 3, 4]]
     with pytest.raises(EyasError, match="out of range"):
         make_config(target_layer_ids=[2, 15, 31])
     with pytest.raises(EyasError, match="3 boundary ids"):

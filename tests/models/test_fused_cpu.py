@@ -9,7 +9,7 @@ from unittest import mock
 import pytest
 import torch
 
-from eyas.models import fused_cpu
+from eyas.models import extension
 from eyas.models.kv_cache import KVCache
 from eyas.models.quant import int4_available
 
@@ -48,7 +48,7 @@ def new_cache(target, rows=1, slots=32, dtype=None):
 def test_an_int4_target_on_a_cpu_runs_the_fused_layers_with_a_float32_cache(smollm_int4_target,
                                                                             smollm_target):
     model = smollm_int4_target.model
-    assert fused_cpu.extension() is not None  # g++ is on every machine of this project's kind
+    assert extension.module() is not None  # g++ is on every machine of this project's kind
     assert model.fused_layers() is not None and len(model.fused_layers()) == 30
     assert smollm_int4_target.kv_dtype == torch.float32
     assert smollm_target.model.fused_layers() is None  # float32 weights: the Python layers

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from eyas.models import fused_cpu
+from eyas.models import extension
 from eyas.models.quant import Int4Linear, int4_available, quantize_groups
 
 pytestmark = [
@@ -26,9 +26,9 @@ IMPLEMENTATIONS = pytest.mark.parametrize("name", ["avx512vnni", "avx2"])
 
 
 def int8dot():
-    if fused_cpu.int8dot_kernel() is None:
+    if extension.int8dot_kernel() is None:
         pytest.skip("no int8 dot-product kernel here (no AVX2, or EYAS_FUSED=0 / EYAS_INT4_KERNEL=torch)")
-    return fused_cpu.extension()
+    return extension.module()
 
 
 @contextlib.contextmanager
@@ -163,14 +163,14 @@ def test_eyas_int4_kernel_chooses_the_implementation_and_refuses_unknown_names()
     before = ext.int8dot_kernel()
     try:
         with mock.patch.dict(os.environ, {"EYAS_INT4_KERNEL": "avx2"}):
-            assert fused_cpu.int8dot_kernel() == "avx2" and ext.int8dot_kernel() == "avx2"
+            assert extension.int8dot_kernel() == "avx2" and ext.int8dot_kernel() == "avx2"
         with mock.patch.dict(os.environ, {"EYAS_INT4_KERNEL": "auto"}):
-            assert fused_cpu.int8dot_kernel() == ext.int8dot_kernels()[0]  # the best built
+            assert extension.int8dot_kernel() == ext.int8dot_kernels()[0]  # the best built
         with mock.patch.dict(os.environ, {"EYAS_INT4_KERNEL": "torch"}):
-            assert fused_cpu.int8dot_kernel() is None
+            assert extension.int8dot_kernel() is None
         with mock.patch.dict(os.environ, {"EYAS_INT4_KERNEL": "avx"}), \
                 pytest.raises(ValueError, match="accepted values are auto, avx512vnni, avx2, torch"):
-            fused_cpu.int8dot_kernel()
+            extension.int8dot_kernel()
     finally:
         ext.set_int8dot_kernel(before)
 
@@ -198,13 +198,13 @@ import json, sys
 from eyas.engine.generate import generate
 from eyas.engine.sampling import SamplingParams
 from eyas.engine.target import load_target
-from eyas.models import fused_cpu
+from eyas.models import extension
 sys.path.insert(0, sys.argv[1])
 from test_int4_int8dot import fused_hidden_digest
 target = load_target("smollm2-135m", dtype="int4")
 prompts = json.loads(sys.stdin.read())
 outputs = [list(generate(target, p, SamplingParams(max_tokens=64)).token_ids) for p in prompts]
-print(json.dumps({"kernel": fused_cpu.extension().int8dot_kernel(), "outputs": outputs,
+print(json.dumps({"kernel": extension.module().int8dot_kernel(), "outputs": outputs,
                   "hidden": fused_hidden_digest(target, prompts[0] * 3)}))
 """
 

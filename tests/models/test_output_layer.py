@@ -74,3 +74,23 @@ def test_rows_that_are_not_the_layers_weight_are_refused():
     layer = nn.Linear(64, 128, bias=False)
     with pytest.raises(ValueError, match="do not match"):
         ScreenedOutputLayer(TransposedLinear(layer), rows=torch.zeros(64, 128))
+
+
+def test_the_extensions_recheck_matches_the_python_one():
+    """Where the extension screens, candidates are re-checked inside the same C++ call: the same
+    candidates as the Python re-check on the same screen, each exact, the rest untouched."""
+    torch.manual_seed(2)
+    weight = torch.randn(4096, 64) * 0.1
+    weight[3000] = weight[11] * (1 + 1e-6)  # a near-tie
+    layer = layer_with(weight)
+    if not layer.int8dot:
+        pytest.skip("no int8 dot-product kernel here: the Python re-check is the only one")
+    x = torch.cat([weight[11:12] * 40, torch.randn(12, 64)])  # [13, 64]
+    approx, bound = layer.screen(x)
+    candidates = approx + bound >= (approx - bound).amax(1, keepdim=True)  # [13, V]
+    screened = layer.greedy_logits(x)
+    exact = x @ weight.t()
+    assert torch.equal(screened[~candidates], approx[~candidates])
+    assert torch.allclose(screened[candidates], exact[candidates], rtol=1e-6, atol=1e-7)
+    assert torch.equal(screened.argmax(-1), exact.argmax(-1))
+    assert int(candidates.sum()) >= 13 + 1  # the near-tie's row holds both rows 11 and 3000

@@ -64,6 +64,8 @@ BAD_INPUTS = [
     ("top_p above one", "/v1/chat/completions", chat_body(top_p=1.5), "top_p", "invalid_value"),
     ("max_tokens zero", "/v1/chat/completions", chat_body(max_tokens=0), "max_tokens", "invalid_value"),
     ("empty stop", "/v1/chat/completions", chat_body(stop=""), "stop", "unsupported_parameter"),
+    ("seed beyond 64 bits", "/v1/chat/completions", chat_body(seed=2**70, temperature=1), "seed", "invalid_value"),
+    ("negative seed", "/v1/completions", {"model": "tiny", "prompt": "a", "seed": -1}, "seed", "invalid_value"),
 ]
 
 
@@ -120,6 +122,10 @@ def test_a_full_queue_is_503_with_retry_after(tiny_target):
         assert refused.status_code == 503
         assert refused.headers["retry-after"] == "1"
         assert refused.json()["error"]["code"] == "queue_full"
+        rejected = served.metrics.rejected.labels(model_name="tiny", engine="0", reason="queue_full")
+        assert rejected._value.get() == 1
+        assert 'eyas:requests_rejected_total{engine="0",model_name="tiny",reason="queue_full"} 1.0' in \
+            httpx.get(served.url + "/metrics").text
         gate.set()
         first.join(30)
         second.join(30)

@@ -1,4 +1,5 @@
-"""Cancellation when a client disconnects, SIGTERM draining, and a bounded loopback load test."""
+"""Cancellation when a client disconnects, SIGTERM draining (with open streams and a drain
+timeout), and a bounded loopback load test."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -64,12 +66,17 @@ def test_client_disconnect_cancels_the_request(tiny_target):
         served.server.stop()
 
 
-def test_sigterm_finishes_in_flight_requests_then_exits(tiny_model_dir):
+def serve_process(tiny_model_dir, *flags: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
     command = [sys.executable, "-m", "eyas.cli.serve", "--model", str(tiny_model_dir), "--dtype",
-               "float32", "--port", str(port), "--served-model-name", "tiny", "--log-level", "warning"]
+               "float32", "--port", str(port), "--served-model-name", "tiny", "--log-level", "warning",
+               *flags]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
+    return process, f"http://127.0.0.1:{port}"
+
+
+def test_sigterm_finishes_in_flight_requests_then_exits(tiny_model_dir):
+    process, url = serve_process(tiny_model_dir)
     try:
         assert wait_until(lambda: _healthy(url), timeout=90), "the server did not start"
         body = {"model": "tiny", "prompt": "tick tock", "max_tokens": 120, "ignore_eos": True,
@@ -90,6 +97,57 @@ def test_sigterm_finishes_in_flight_requests_then_exits(tiny_model_dir):
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_sigterm_with_open_streams_ends_each_with_a_final_event(tiny_model_dir):
+    """More streams than rows, SIGTERM while they run, a 0.5 s drain: every stream ends with a
+    final chunk (finish_reason length if it finished in time, else abort) and [DONE]; the
+    answers that finished are whole; a request that finished before the signal is intact."""
+    process, url = serve_process(tiny_model_dir, "--max-running", "2", "--drain-timeout", "0.5")
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "count"}], "max_tokens": 220,
+            "ignore_eos": True, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    streams: dict[int, list[str]] = {}
+    started = [threading.Event() for _ in range(8)]
+
+    def read_stream(index: int) -> None:
+        lines = streams.setdefault(index, [])
+        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=120) as response:
+            for line in response.iter_lines():
+                if line:
+                    lines.append(line)
+                    started[index].set()
+
+    try:
+        assert wait_until(lambda: _healthy(url), timeout=90), "the server did not start"
+        before = httpx.post(url + "/v1/chat/completions", json={**body, "stream": False, "max_tokens": 5},
+                            timeout=60)
+        assert before.status_code == 200 and before.json()["usage"]["completion_tokens"] == 5
+        threads = [threading.Thread(target=read_stream, args=(i,)) for i in range(8)]
+        for thread in threads:
+            thread.start()
+        assert all(event.wait(60) for event in started)  # every stream is open
+        process.send_signal(signal.SIGTERM)
+        for thread in threads:
+            thread.join(90)
+        assert process.wait(timeout=60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    reasons = []
+    for index, lines in sorted(streams.items()):
+        assert lines[-1] == "data: [DONE]", (index, lines[-3:])
+        events = [json.loads(line[len("data: "):]) for line in lines[:-1]]
+        final = [e for e in events if e["choices"] and e["choices"][0]["finish_reason"]]
+        assert len(final) == 1, (index, lines[-3:])
+        reason = final[0]["choices"][0]["finish_reason"]
+        usage = events[-1]["usage"]
+        text = "".join(e["choices"][0]["delta"].get("content", "") for e in events if e["choices"])
+        assert reason in ("length", "abort")
+        if reason == "length":  # a finished answer is whole
+            assert usage["completion_tokens"] == 220 and text
+        reasons.append(reason)
+    assert len(reasons) == 8 and "abort" in reasons  # the drain ran out: 4 rounds of 220 steps
 
 
 def _healthy(url: str) -> bool:

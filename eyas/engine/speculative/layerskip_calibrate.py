@@ -40,6 +40,7 @@ import hashlib
 import json
 import platform
 import random
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -299,7 +300,7 @@ def calibrate(target: Target, config: CalibrationConfig | None = None,
         if log:
             print(f"[eyas] layerskip calibration: skip {sorted(skip)} -> modeled speedup "
                   f"{added.speedup:.3f} (k={added.draft_length}, c={added.min_confidence}, "
-                  f"acceptance {added.acceptance:.3f})", flush=True)
+                  f"acceptance {added.acceptance:.3f})", file=sys.stderr, flush=True)
         if best is None or added.speedup > best.speedup + 1e-9:
             best, stalled = added, 0
         else:
@@ -330,15 +331,15 @@ def load_or_calibrate(target: Target, config: CalibrationConfig | None = None) -
         raw = json.loads(path.read_text())
         return CalibrationResult(**raw["result"])
     print(f"[eyas] layerskip: calibrating which layers to skip on {config.num_prompts} sample "
-          f"prompts (once; cached in {path.parent})", flush=True)
+          f"prompts (once; cached in {path.parent})", file=sys.stderr, flush=True)
     result = calibrate(target, config)
     write_json_atomic(path, {"config": asdict(config), "result": asdict(result)})
     print(f"[eyas] layerskip: skip {result.skip_layers} of {target.config.num_hidden_layers} layers, "
           f"chains of <= {result.draft_length}, confidence >= {result.min_confidence}: acceptance "
           f"{result.acceptance:.2f}, modeled speedup {result.expected_speedup:.2f} "
-          f"({result.seconds:.0f} s)", flush=True)
+          f"({result.seconds:.0f} s)", file=sys.stderr, flush=True)
     if result.expected_speedup < 1.0:
         print("[eyas] layerskip: no skip set is modeled to beat plain decoding on this model and "
               "machine; the fallback policy will switch speculation off where it does not pay",
-              flush=True)
+              file=sys.stderr, flush=True)
     return result

@@ -2,6 +2,12 @@
 // approximate logits and a rigorous bound on their error, in one pass (models/output_layer.py
 // uses them to find each row's exact argmax).
 //
+// Floor it chases: read bandwidth for a few rows (the int8 copy of the output layer, V x H bytes
+// plus 16 bytes per vocabulary row, read once per call: 29 MB for SmolLM2), the int8
+// multiply-add peak for many (V x H multiply-adds per row and per 8-bit pass; 14-bit activations
+// are two). The exact re-check of candidates (int8_screen_greedy) reads a handful of float32
+// rows and must stay small beside either.
+//
 // Why: PyTorch's int8 kernel (`_weight_int8pack_mm`) takes bf16 activations and costs ~0.45 ms
 // per row for SmolLM2's 49152 x 576 layer on the 2-core machine, and the bound around it then
 // takes several passes over [R, V] in PyTorch. Here each row of activations becomes 14-bit
@@ -172,24 +178,16 @@ at::Tensor int8_screen_pack(const at::Tensor& codes_in) {
   return packed;
 }
 
-std::tuple<at::Tensor, at::Tensor> int8_screen(const at::Tensor& x_in, const at::Tensor& packed,
-                                               const at::Tensor& scale_in, const at::Tensor& sums_in,
-                                               const at::Tensor& weight_error_in, const at::Tensor& approx_norm_in) {
+namespace {
+
+// The screen of x [R, H] into approx and bound [R, V]; with `block_max` (float [2, R, V/16]), also
+// each block's max(approx - bound) (plane 0) and max(approx + bound) (plane 1) for each row.
+void screen_into(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, const at::Tensor& sums,
+                 const at::Tensor& weight_error, const at::Tensor& approx_norm, at::Tensor& approx,
+                 at::Tensor& bound, float* block_max) {
   const ScreenFn* tiles = screen_tiles();
-  TORCH_CHECK(tiles != nullptr, "this build of the eyas extension has no int8 dot-product kernel (no AVX2)");
-  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == 64 && packed.scalar_type() == at::kChar && packed.is_contiguous(),
-              "packed must be int8 [V/16, H/4, 64] (int8_screen_pack)");
-  const int64_t vocab = packed.size(0) * kRows, hidden = packed.size(1) * 4;
-  TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) == hidden, "x must be [R, ", hidden, "]");
-  const at::Tensor x = x_in.to(at::kFloat).contiguous();
-  const at::Tensor scale = scale_in.to(at::kFloat).contiguous(), sums = sums_in.to(at::kInt).contiguous();
-  const at::Tensor weight_error = weight_error_in.to(at::kFloat).contiguous();
-  const at::Tensor approx_norm = approx_norm_in.to(at::kFloat).contiguous();
-  TORCH_CHECK(scale.numel() == vocab && sums.numel() == vocab && weight_error.numel() == vocab &&
-              approx_norm.numel() == vocab, "scale, sums, weight_error and approx_norm must have V entries");
-  const int64_t rows = x.size(0);
-  at::Tensor approx = at::empty({rows, vocab}, x.options()), bound = at::empty({rows, vocab}, x.options());
-  if (rows == 0) return {approx, bound};
+  const int64_t vocab = packed.size(0) * kRows, hidden = packed.size(1) * 4, rows = x.size(0);
+  const int64_t blocks = vocab / kRows;
   // 1. Each row: 14-bit integers (hi + 64, lo + 64 as unsigned bytes), |x| and |x - x^|.
   std::vector<uint8_t> hi(rows * hidden), lo(rows * hidden);
   std::vector<float> d(rows), x_norm(rows), x_error(rows);
@@ -218,7 +216,7 @@ std::tuple<at::Tensor, at::Tensor> int8_screen(const at::Tensor& x_in, const at:
   const int64_t quads = hidden / 4;
   float* ap = approx.data_ptr<float>();
   float* bp = bound.data_ptr<float>();
-  at::parallel_for(0, vocab / kRows, 16, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, blocks, 16, [&](int64_t begin, int64_t end) {
     for (int64_t block = begin; block < end; ++block) {
       const int64_t j = block * kRows;
       for (int64_t r = 0; r < rows; r += kTile) {
@@ -228,9 +226,96 @@ std::tuple<at::Tensor, at::Tensor> int8_screen(const at::Tensor& x_in, const at:
                         sums.data_ptr<int32_t>() + j, weight_error.data_ptr<float>() + j,
                         approx_norm.data_ptr<float>() + j, ap + r * vocab + j, bp + r * vocab + j, vocab);
       }
+      if (block_max == nullptr) continue;
+      for (int64_t r = 0; r < rows; ++r) {  // 3. the block's extremes, while it is in L1
+        const float* a = ap + r * vocab + j;
+        const float* b = bp + r * vocab + j;
+        float lower = a[0] - b[0], upper = a[0] + b[0];
+        for (int64_t c = 1; c < kRows; ++c) {
+          lower = std::max(lower, a[c] - b[c]);
+          upper = std::max(upper, a[c] + b[c]);
+        }
+        block_max[r * blocks + block] = lower;
+        block_max[(rows + r) * blocks + block] = upper;
+      }
     }
   });
+}
+
+struct Checked {
+  at::Tensor x, scale, sums, weight_error, approx_norm;
+};
+
+Checked check(const at::Tensor& x_in, const at::Tensor& packed, const at::Tensor& scale_in,
+              const at::Tensor& sums_in, const at::Tensor& weight_error_in, const at::Tensor& approx_norm_in) {
+  TORCH_CHECK(screen_tiles() != nullptr, "this build of the eyas extension has no int8 dot-product kernel (no AVX2)");
+  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == 64 && packed.scalar_type() == at::kChar && packed.is_contiguous(),
+              "packed must be int8 [V/16, H/4, 64] (int8_screen_pack)");
+  const int64_t vocab = packed.size(0) * kRows, hidden = packed.size(1) * 4;
+  TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) == hidden, "x must be [R, ", hidden, "]");
+  Checked c{x_in.to(at::kFloat).contiguous(), scale_in.to(at::kFloat).contiguous(), sums_in.to(at::kInt).contiguous(),
+            weight_error_in.to(at::kFloat).contiguous(), approx_norm_in.to(at::kFloat).contiguous()};
+  TORCH_CHECK(c.scale.numel() == vocab && c.sums.numel() == vocab && c.weight_error.numel() == vocab &&
+              c.approx_norm.numel() == vocab, "scale, sums, weight_error and approx_norm must have V entries");
+  return c;
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> int8_screen(const at::Tensor& x_in, const at::Tensor& packed,
+                                               const at::Tensor& scale_in, const at::Tensor& sums_in,
+                                               const at::Tensor& weight_error_in, const at::Tensor& approx_norm_in) {
+  const Checked c = check(x_in, packed, scale_in, sums_in, weight_error_in, approx_norm_in);
+  const int64_t rows = c.x.size(0), vocab = packed.size(0) * kRows;
+  at::Tensor approx = at::empty({rows, vocab}, c.x.options()), bound = at::empty({rows, vocab}, c.x.options());
+  if (rows > 0) screen_into(c.x, packed, c.scale, c.sums, c.weight_error, c.approx_norm, approx, bound, nullptr);
   return {approx, bound};
 }
 
+at::Tensor int8_screen_greedy(const at::Tensor& x_in, const at::Tensor& packed, const at::Tensor& scale_in,
+                              const at::Tensor& sums_in, const at::Tensor& weight_error_in,
+                              const at::Tensor& approx_norm_in, const at::Tensor& weight_in) {
+  const Checked c = check(x_in, packed, scale_in, sums_in, weight_error_in, approx_norm_in);
+  const int64_t rows = c.x.size(0), vocab = packed.size(0) * kRows, hidden = packed.size(1) * 4;
+  const int64_t blocks = vocab / kRows;
+  TORCH_CHECK(weight_in.dim() == 2 && weight_in.size(0) == vocab && weight_in.size(1) == hidden &&
+              weight_in.scalar_type() == at::kFloat, "weight must be float32 [", vocab, ", ", hidden, "]");
+  const at::Tensor weight = weight_in.contiguous();
+  at::Tensor approx = at::empty({rows, vocab}, c.x.options()), bound = at::empty({rows, vocab}, c.x.options());
+  if (rows == 0) return approx;
+  std::vector<float> block_max(2 * rows * blocks);
+  screen_into(c.x, packed, c.scale, c.sums, c.weight_error, c.approx_norm, approx, bound, block_max.data());
+  // 4. Per row: the best lower bound, then every logit whose interval reaches it, exactly.
+  const float* xp = c.x.data_ptr<float>();
+  const float* wp = weight.data_ptr<float>();
+  const float* bp = bound.data_ptr<float>();
+  float* ap = approx.data_ptr<float>();
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* lower = block_max.data() + r * blocks;
+      const float* upper = block_max.data() + (rows + r) * blocks;
+      const float best_lower = *std::max_element(lower, lower + blocks);
+      float* a = ap + r * vocab;
+      const float* b = bp + r * vocab;
+      const float* xr = xp + r * hidden;
+      for (int64_t block = 0; block < blocks; ++block) {
+        if (!(upper[block] >= best_lower)) continue;
+        for (int64_t j = block * kRows; j < (block + 1) * kRows; ++j) {
+          if (!(a[j] + b[j] >= best_lower)) continue;
+          const float* w = wp + j * hidden;
+          double dot = 0.0;  // in float64, rounded once: the float32 logit up to its last bit
+          for (int64_t i = 0; i < hidden; ++i) dot += double(xr[i]) * double(w[i]);
+          a[j] = float(dot);
+        }
+      }
+    }
+  });
+  return approx;
+}
+
 }  // namespace eyas
+
+TORCH_LIBRARY_FRAGMENT(eyas, m) {
+  m.def("int8_screen_greedy(Tensor x, Tensor packed, Tensor scale, Tensor sums, Tensor weight_error, "
+        "Tensor approx_norm, Tensor weight) -> Tensor", &eyas::int8_screen_greedy);
+}

@@ -20,4 +20,13 @@ std::tuple<at::Tensor, at::Tensor> int8_screen(const at::Tensor& x, const at::Te
                                                const at::Tensor& scale, const at::Tensor& sums,
                                                const at::Tensor& weight_error, const at::Tensor& approx_norm);
 
+// The same screen, then each row's argmax found exactly: approx [R, V] with every logit whose
+// interval [approx - bound, approx + bound] reaches the row's best lower bound replaced by its
+// float32 value x . weight_j (weight [V, H] float32). Its argmax is the float32 logits' argmax;
+// nothing else may be read from it (models/output_layer.py). Registered as
+// torch.ops.eyas.int8_screen_greedy.
+at::Tensor int8_screen_greedy(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale,
+                              const at::Tensor& sums, const at::Tensor& weight_error,
+                              const at::Tensor& approx_norm, const at::Tensor& weight);
+
 }  // namespace eyas

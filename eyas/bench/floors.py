@@ -1,0 +1,154 @@
+"""The floor of a target pass on this machine: what it must read and multiply, over the limits.
+
+A pass over T new tokens (after `context` cached ones) must at least
+- read every weight once (the int4 decoder, the output layer's int8 screen) and the KV cache:
+  bytes / read bandwidth;
+- do T rows of integer multiply-adds, once per 8-bit pass of the activation arithmetic the
+  kernels ship (14-bit activations = two int8 halves, two dot products, csrc/int8dot.h):
+  multiply-adds / integer peak (models/probe.py measures both limits).
+Its floor is the larger of the two; `eyas bench costs` prints it for each T beside the
+measured time and the % of the floor reached (floor / measured). Attention's float arithmetic,
+norms and rotary are not counted: the floor is what no kernel can beat, not an estimate.
+
+Usage:
+    from eyas.bench.floors import pass_work, floor_seconds
+    work = pass_work(target.model, rows=8, context=256)
+    seconds, bound_by = floor_seconds(work, machine_limits())
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from eyas.models.probe import MachineLimits
+
+ACTIVATION_PASSES = 2  # int8 passes per row of the int8dot kernels: 14-bit activations (int8dot.h)
+MULTIPLY_ADD_MIX = {"avx512vnni": "vpdpbusd", "avx2": "vpmaddubsw + vpmaddwd"}
+
+
+@dataclass(frozen=True)
+class PassWork:
+    """What one pass over `rows` new tokens must read and compute."""
+
+    rows: int
+    weight_bytes: int  # every weight the pass reads once
+    cache_bytes: int  # keys and values attention reads
+    multiply_adds: int  # integer multiply-adds, every 8-bit pass counted
+
+    def __post_init__(self) -> None:
+        if self.rows < 1 or min(self.weight_bytes, self.cache_bytes, self.multiply_adds) < 0:
+            raise ValueError(f"a pass needs rows >= 1 and non-negative sizes, got {self}")
+
+    @property
+    def bytes(self) -> int:
+        return self.weight_bytes + self.cache_bytes
+
+
+@dataclass(frozen=True)
+class ModelWork:
+    """Per-pass bytes and per-row multiply-adds of a model, split by part."""
+
+    decoder_bytes: int  # int4 decoder weights (codes, scales and minimums)
+    output_bytes: int  # what the greedy output layer reads (the int8 screen)
+    decoder_multiply_adds: int  # per row, one 8-bit pass
+    output_multiply_adds: int  # per row, one 8-bit pass
+    cache_bytes_per_token: int  # keys and values of one cached token, all layers
+    passes: int  # 8-bit passes per row
+
+
+def _buffer_bytes(module: nn.Module, names: tuple[str, ...]) -> int:
+    total = 0
+    for name in names:
+        tensor = getattr(module, name, None)
+        if isinstance(tensor, torch.Tensor):
+            total += tensor.numel() * tensor.element_size()
+    return total
+
+
+def model_work(model: nn.Module) -> ModelWork:
+    """Sizes of a model's parts: every weight of the decoder layers, what the greedy output
+    layer reads (models/output_layer.py ScreenedOutputLayer: its int8 copy), and the integer
+    multiply-adds of the int8dot layers (models/quant.py Int4Linear); float layers count their
+    bytes and no integer work."""
+    from eyas.models.output_layer import ScreenedOutputLayer
+    from eyas.models.quant import Int4Linear
+
+    tensors = [*model.layers.parameters(), *model.layers.buffers()]  # every weight of the decoder
+    decoder_bytes = sum(tensor.numel() * tensor.element_size() for tensor in tensors)
+    decoder_macs = sum(module.in_features * module.out_features for module in model.layers.modules()
+                       if isinstance(module, Int4Linear) and module.layout == "int8dot")
+    head = model.lm_head
+    if isinstance(head, ScreenedOutputLayer):
+        names = (("packed", "scale_float", "code_sums", "weight_error", "approx_norm") if head.int8dot
+                 else ("codes", "scale", "weight_error", "approx_norm"))
+        output_bytes = _buffer_bytes(head, names)
+        output_macs = head.weight.numel() if head.int8dot else 0
+    else:
+        output_bytes = sum(t.numel() * t.element_size() for t in head.buffers()) + sum(
+            p.numel() * p.element_size() for p in head.parameters())
+        output_macs = 0
+    config = model.config
+    cache_bytes = (2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim
+                   * torch.empty(0, dtype=model.kv_dtype).element_size())
+    return ModelWork(decoder_bytes, output_bytes, decoder_macs, output_macs, cache_bytes, ACTIVATION_PASSES)
+
+
+def pass_work(model: nn.Module | ModelWork, rows: int, context: int) -> PassWork:
+    """A greedy pass over `rows` new tokens after `context` cached ones (every row's logits)."""
+    work = model if isinstance(model, ModelWork) else model_work(model)
+    macs = rows * (work.decoder_multiply_adds + work.output_multiply_adds) * work.passes
+    return PassWork(rows, work.decoder_bytes + work.output_bytes,
+                    (context + rows) * work.cache_bytes_per_token, macs)
+
+
+def floor_seconds(work: PassWork, limits: MachineLimits, threads: int | None = None) -> tuple[float, str]:
+    """(seconds, "bandwidth" or "compute"): the larger of bytes / bandwidth and multiply-adds /
+    peak, with `threads` threads (default: the count in use)."""
+    reading = work.bytes / limits.bandwidth(threads)
+    computing = work.multiply_adds / limits.peak(threads)
+    return (reading, "bandwidth") if reading >= computing else (computing, "compute")
+
+
+def describe_limits(limits: MachineLimits | None, threads: int | None = None) -> list[str]:
+    """Header lines: CPU, instruction set in use, measured bandwidth and integer peak."""
+    threads = torch.get_num_threads() if threads is None else threads
+    if limits is None:
+        from eyas.models.probe import cpu_model
+
+        return [f"CPU: {cpu_model()}, {threads} threads; no int8 dot-product kernel in use "
+                "(no C++ extension, EYAS_FUSED=0 or EYAS_INT4_KERNEL=torch): no floors"]
+    by_threads = ", ".join(
+        f"{count} thread{'s' if count > 1 else ''}: {limits.read_bytes_per_second[count] / 1e9:.1f} GB/s, "
+        f"{limits.int8_multiply_adds_per_second[count] / 1e9:.0f} G multiply-adds/s"
+        for count in sorted(limits.read_bytes_per_second))
+    return [f"CPU: {limits.cpu}, {threads} threads; int8 kernels: {limits.kernel} "
+            f"({MULTIPLY_ADD_MIX.get(limits.kernel, limits.kernel)})",
+            f"measured (models/probe.py, {limits.buffer_megabytes} MB read): {by_threads}"]
+
+
+def describe_work(work: ModelWork) -> str:
+    return (f"a pass reads {(work.decoder_bytes + work.output_bytes) / 1e6:.1f} MB of weights (decoder "
+            f"{work.decoder_bytes / 1e6:.1f}, output screen {work.output_bytes / 1e6:.1f}) + "
+            f"{work.cache_bytes_per_token / 1e3:.1f} KB of KV cache per token; a row is "
+            f"{(work.decoder_multiply_adds + work.output_multiply_adds) / 1e6:.1f} M multiply-adds "
+            f"x {work.passes} int8 passes (14-bit activations)")
+
+
+def costs_table(verify_seconds: dict[int, float], work: ModelWork | None, limits: MachineLimits | None,
+                context: int = 256) -> list[str]:
+    """The markdown table of `eyas bench costs`: each T's time, relative cost, floor and the %
+    of the floor reached (no floors without `work` and `limits`)."""
+    one = verify_seconds[min(verify_seconds)]
+    work = work if limits is not None else None
+    lines = ["| T | ms | x single-token step | floor ms | bound by | % of floor |", "|---|---|---|---|---|---|"]
+    for tokens, seconds in sorted(verify_seconds.items()):
+        row = f"| {tokens} | {seconds * 1000:.2f} | {seconds / one:.2f} |"
+        if work is None:
+            lines.append(row + " - | - | - |")
+            continue
+        floor, bound_by = floor_seconds(pass_work(work, tokens, context), limits)
+        lines.append(row + f" {floor * 1000:.2f} | {bound_by} | {100 * floor / seconds:.0f}% |")
+    return lines

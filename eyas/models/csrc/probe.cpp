@@ -1,0 +1,175 @@
+// The two limits of this machine that every floor of eyas's CPU forward is computed from
+// (models/probe.py caches them, bench/floors.py turns them into floors):
+//   - read bandwidth: a buffer much larger than the last-level cache, streamed by `threads`
+//     threads, each its own contiguous slice, best of `runs` passes (bytes per second);
+//   - integer multiply-add peak of the instruction mix the int8 dot products run (int8dot.h):
+//     vpdpbusd on 512-bit registers ("avx512vnni"), or vpmaddubsw + vpmaddwd + vpaddd on
+//     256-bit ones ("avx2"), in independent chains, best of `runs` short runs (multiply-adds per
+//     second, one int8 x int8 product and its addition counted as one).
+// Floor it chases: none; it measures them. Registered as torch.ops.eyas.* (any source file of
+// the extension can add operators that way; the Python module's bindings live elsewhere).
+
+#include <torch/extension.h>
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "int8dot.h"
+
+namespace eyas {
+namespace {
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// `work(thread)` on `threads` threads at once, `runs` times; the shortest wall time of a run
+// (every thread starts after one barrier and the clock stops after the last one finishes).
+template <typename Work>
+double best_seconds(int64_t threads, int64_t runs, Work work) {
+  double best = std::numeric_limits<double>::infinity();
+  double started = 0.0;
+#pragma omp parallel num_threads(int(threads))
+  {
+    const int thread = omp_get_thread_num();
+    for (int64_t run = 0; run < runs; ++run) {
+#pragma omp barrier
+#pragma omp master
+      started = now();
+#pragma omp barrier
+      work(thread);
+#pragma omp barrier
+#pragma omp master
+      best = std::min(best, now() - started);
+    }
+  }
+  return best;
+}
+
+typedef int64_t Lanes __attribute__((vector_size(64)));  // one 64-byte line: 512-bit or 2 x 256-bit loads
+
+// Sum of a slice as 64-byte vectors, four independent chains (the loads, not the additions,
+// set the pace).
+int64_t read_slice(const Lanes* data, int64_t count) {
+  Lanes a = {}, b = {}, c = {}, d = {};
+  int64_t i = 0;
+  for (; i + 4 <= count; i += 4) {
+    a += data[i];
+    b += data[i + 1];
+    c += data[i + 2];
+    d += data[i + 3];
+  }
+  for (; i < count; ++i) a += data[i];
+  const Lanes all = a + b + c + d;
+  int64_t total = 0;
+  for (int k = 0; k < 8; ++k) total += all[k];
+  return total;
+}
+
+volatile int64_t sink;  // keeps the sums (and so the loads) alive
+
+double read_bandwidth(int64_t threads, int64_t megabytes, int64_t runs) {
+  TORCH_CHECK(threads >= 1 && megabytes >= 1 && runs >= 1, "threads, megabytes and runs must be >= 1");
+  const int64_t lines = megabytes * (int64_t(1) << 20) / 64;
+  Lanes* data = static_cast<Lanes*>(std::aligned_alloc(64, lines * 64));
+  TORCH_CHECK(data != nullptr, "could not allocate ", megabytes, " MB for the bandwidth probe");
+  const int64_t per_thread = (lines + threads - 1) / threads;
+  auto slice = [&](int thread, int64_t& begin, int64_t& count) {
+    begin = std::min(lines, thread * per_thread);
+    count = std::min(lines, begin + per_thread) - begin;
+  };
+#pragma omp parallel num_threads(int(threads))
+  {  // first touch by the thread that reads the slice
+    int64_t begin, count;
+    slice(omp_get_thread_num(), begin, count);
+    std::memset(static_cast<void*>(data + begin), 1, count * 64);
+  }
+  const double seconds = best_seconds(threads, runs, [&](int thread) {
+    int64_t begin, count;
+    slice(thread, begin, count);
+    sink = read_slice(data + begin, count);
+  });
+  std::free(data);
+  return double(lines * 64) / seconds;
+}
+
+constexpr int64_t kIterations = 20000;  // per run: 20,000 x 16 instructions, ~0.1-0.3 ms
+
+#ifdef EYAS_VNNI
+// 16 independent vpdpbusd chains: 16 x 64 multiply-adds per iteration.
+int64_t vnni_chains(int32_t seed) {
+  const __m512i a = _mm512_set1_epi32(seed), b = _mm512_set1_epi32(seed * 3 + 1);
+  __m512i acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_set1_epi32(i + seed);
+  for (int64_t k = 0; k < kIterations; ++k) {
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], a, b);
+    __asm__ volatile("" : "+v"(acc[0]), "+v"(acc[5]), "+v"(acc[10]), "+v"(acc[15]));
+  }
+  __m512i total = acc[0];
+  for (int i = 1; i < 16; ++i) total = _mm512_add_epi32(total, acc[i]);
+  return _mm512_reduce_add_epi32(total);
+}
+#endif
+
+#ifdef EYAS_AVX2
+// 8 independent chains of vpmaddubsw + vpmaddwd + vpaddd: 8 x 32 multiply-adds per iteration,
+// as the avx2 kernels multiply.
+int64_t avx2_chains(int32_t seed) {
+  const __m256i a = _mm256_set1_epi32(seed), b = _mm256_set1_epi32(seed * 3 + 1);
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i acc[8];
+  for (int i = 0; i < 8; ++i) acc[i] = _mm256_set1_epi32(i + seed);
+  for (int64_t k = 0; k < kIterations; ++k) {
+    for (int i = 0; i < 8; ++i)
+      acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), ones));
+    __asm__ volatile("" : "+x"(acc[0]), "+x"(acc[3]), "+x"(acc[7]));
+  }
+  __m256i total = acc[0];
+  for (int i = 1; i < 8; ++i) total = _mm256_add_epi32(total, acc[i]);
+  int32_t lanes[8];
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(lanes), total);
+  int64_t sum = 0;
+  for (int i = 0; i < 8; ++i) sum += lanes[i];
+  return sum;
+}
+#endif
+
+double int8_peak(c10::string_view kernel, int64_t threads, int64_t runs) {
+  TORCH_CHECK(threads >= 1 && runs >= 1, "threads and runs must be >= 1");
+  volatile int32_t seed = 7;  // not a compile-time constant: the chains cannot be folded
+#ifdef EYAS_VNNI
+  if (kernel == "avx512vnni") {
+    const double seconds = best_seconds(threads, runs, [&](int thread) { sink = vnni_chains(seed + thread); });
+    return double(threads) * kIterations * 16 * 64 / seconds;
+  }
+#endif
+#ifdef EYAS_AVX2
+  if (kernel == "avx2") {
+    // vpmaddubsw: 32 byte products summed in pairs; the pairs' sums are the 32 multiply-adds.
+    const double seconds = best_seconds(threads, runs, [&](int thread) { sink = avx2_chains(seed + thread); });
+    return double(threads) * kIterations * 8 * 32 / seconds;
+  }
+#endif
+  TORCH_CHECK(false, "this build has no int8 dot-product kernel named '", kernel, "'; it has: ",
+              [] {
+                std::string names;
+                for (const auto& name : int8dot_kernels()) names += (names.empty() ? "" : ", ") + name;
+                return names.empty() ? std::string("none") : names;
+              }());
+  return 0.0;
+}
+
+}  // namespace
+}  // namespace eyas
+
+TORCH_LIBRARY_FRAGMENT(eyas, m) {
+  m.def("probe_read_bandwidth(int threads, int megabytes, int runs) -> float", &eyas::read_bandwidth);
+  m.def("probe_int8_peak(str kernel, int threads, int runs) -> float", &eyas::int8_peak);
+}

@@ -1,0 +1,79 @@
+"""Floors of a pass (bench/floors.py): the arithmetic on a hand-made example."""
+
+import pytest
+
+from eyas.bench.floors import ModelWork, PassWork, costs_table, floor_seconds, pass_work
+from eyas.models.probe import MachineLimits
+
+LIMITS = MachineLimits("test cpu", "avx512vnni", 1024, {1: 20e9, 2: 32e9}, {1: 200e9, 2: 400e9})
+# SmolLM2-135M's sizes, rounded: 60 MB of int4 decoder, 28 MB of int8 screen, 106 M + 28 M
+# multiply-adds a row, 46,080 bytes of float32 KV cache per token, 14-bit activations.
+WORK = ModelWork(60_000_000, 28_000_000, 106_000_000, 28_000_000, 46_080, 2)
+
+
+def test_a_one_token_step_is_bound_by_bandwidth():
+    work = pass_work(WORK, rows=1, context=256)
+    assert work.bytes == 88_000_000 + 257 * 46_080
+    assert work.multiply_adds == 134_000_000 * 2
+    seconds, bound_by = floor_seconds(work, LIMITS, threads=2)
+    assert bound_by == "bandwidth"
+    assert seconds == pytest.approx(99_842_560 / 32e9)  # 3.12 ms
+    assert floor_seconds(work, LIMITS, threads=1)[0] == pytest.approx(99_842_560 / 20e9)
+
+
+def test_many_rows_are_bound_by_compute():
+    work = pass_work(WORK, rows=32, context=256)
+    seconds, bound_by = floor_seconds(work, LIMITS, threads=2)
+    assert bound_by == "compute"
+    assert seconds == pytest.approx(32 * 268_000_000 / 400e9)  # 21.44 ms
+    # where the two meet: rows * 268e6 / 400e9 = bytes / 32e9 -> about 4.7 rows
+    assert floor_seconds(pass_work(WORK, 4, 256), LIMITS, 2)[1] == "bandwidth"
+    assert floor_seconds(pass_work(WORK, 5, 256), LIMITS, 2)[1] == "compute"
+
+
+def test_the_costs_table_shows_the_percent_of_the_floor_reached():
+    lines = costs_table({1: 6.24e-3, 32: 42.88e-3}, WORK, LIMITS, context=256)
+    assert lines[0] == "| T | ms | x single-token step | floor ms | bound by | % of floor |"
+    # floor 3.12 ms of 6.24 measured: 50%; 21.44 of 42.88: 50%
+    assert lines[2] == "| 1 | 6.24 | 1.00 | 3.12 | bandwidth | 50% |"
+    assert lines[3] == "| 32 | 42.88 | 6.87 | 21.44 | compute | 50% |"
+    assert costs_table({1: 6e-3}, WORK, None)[2] == "| 1 | 6.00 | 1.00 | - | - | - |"
+
+
+def test_a_pass_needs_rows():
+    with pytest.raises(ValueError, match="rows >= 1"):
+        PassWork(0, 1, 1, 1)
+
+
+def test_profile_parts_of_a_tiny_model(tiny_target):
+    from eyas.bench.profile import PARTS, format_profile, profile_pass
+
+    profile = profile_pass(tiny_target, rows=4, context=16, repeats=3)
+    for part in ("step", "layers", "matmuls", "layer_rest", "output", "norm_embed", "python"):
+        assert profile.seconds[part] >= 0.0
+    assert profile.seconds["layers"] > 0 and profile.seconds["matmuls"] > 0 and profile.seconds["output"] > 0
+    assert profile.seconds["layers"] + profile.seconds["output"] < 1.5 * profile.seconds["step"]
+    table = format_profile([profile])
+    assert table[0] == "| part | T=4 ms | % | floor ms |"
+    assert table[2].startswith("| whole pass |") and table[2].endswith("| 100% | - |")
+    assert len(table) == 2 + sum(part in profile.seconds for part, _ in PARTS)
+    # the timers are gone afterwards: the model's modules run their own methods again
+    model = tiny_target.model
+    assert "forward" not in model.norm.__dict__ and all("forward" not in layer.__dict__ for layer in model.layers)
+
+
+def test_bench_profile_cli(tiny_model_dir, capsys):
+    from eyas.cli.main import main
+
+    assert main(["bench", "profile", "--model", str(tiny_model_dir), "--dtype", "float32",
+                 "--tokens", "1,2", "--context", "8", "--repeats", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "| part | T=1 ms | % | floor ms | T=2 ms | % | floor ms |" in out
+    assert "| decoder layers (per-layer calls) |" in out and "CPU: " in out
+
+
+def test_bench_profile_refuses_bad_token_counts(tiny_model_dir, capsys):
+    from eyas.cli.main import main
+
+    assert main(["bench", "profile", "--model", str(tiny_model_dir), "--tokens", "0,8"]) != 0
+    assert "tokens must be between 1 and 256, got (0, 8)" in capsys.readouterr().err

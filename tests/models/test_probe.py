@@ -1,0 +1,63 @@
+"""The limits probe (models/probe.py, csrc/probe.cpp): plausible positive numbers, measured once
+per machine and then read from the cache."""
+
+import json
+
+import pytest
+
+from eyas.models import extension, probe
+from eyas.models.probe import MachineLimits
+
+
+@pytest.fixture
+def kernel():
+    name = extension.int8dot_kernel()
+    if name is None:
+        pytest.skip("no int8 dot-product kernel here (no AVX2, or EYAS_FUSED=0 / EYAS_INT4_KERNEL=torch)")
+    return name
+
+
+def test_the_probe_returns_plausible_positive_numbers(kernel):
+    limits = probe.measure_limits(threads=(1, 2), megabytes=64)
+    assert limits.kernel == kernel and limits.cpu
+    for threads in (1, 2):
+        assert 0.5e9 < limits.bandwidth(threads) < 5e12  # bytes/s: DRAM to a large cache
+        assert 2e9 < limits.peak(threads) < 1e13  # int8 multiply-adds/s of one or two cores
+
+
+def test_every_kernel_built_can_be_probed(kernel):
+    for name in extension.module().int8dot_kernels():
+        assert probe.measure_limits(threads=(1,), megabytes=16, kernel=name).peak(1) > 1e9
+    with pytest.raises(RuntimeError, match="no int8 dot-product kernel named 'sse2'"):
+        probe.measure_limits(threads=(1,), megabytes=16, kernel="sse2")
+
+
+def test_the_limits_are_measured_once_and_cached(kernel, tmp_path, monkeypatch):
+    monkeypatch.setenv("EYAS_CACHE", str(tmp_path))
+    monkeypatch.setattr(probe, "cache_dir", lambda: tmp_path)
+    calls = []
+    real = probe.measure_limits
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(megabytes=16)
+
+    monkeypatch.setattr(probe, "measure_limits", counted)
+    first = probe.machine_limits()
+    second = probe.machine_limits()
+    assert len(calls) == 1  # the second call read the cache
+    probe.machine_limits(refresh=True)
+    assert len(calls) == 2
+    assert first == second and isinstance(second, MachineLimits)
+    saved = json.loads(probe.limits_cache_path().read_text())
+    assert saved["kernel"] == kernel and saved["buffer_megabytes"] == 16
+    assert probe.limits_cache_path().parent == tmp_path / "limits"
+
+
+def test_limits_need_positive_values():
+    with pytest.raises(ValueError, match="read_bytes_per_second needs positive values"):
+        MachineLimits("cpu", "avx2", 64, {1: 0.0}, {1: 1e9})
+    limits = MachineLimits("cpu", "avx2", 64, {1: 10e9, 2: 18e9}, {1: 50e9, 2: 100e9})
+    assert limits.bandwidth(1) == 10e9 and limits.peak(2) == 100e9
+    assert limits.bandwidth(8) == 18e9  # the nearest thread count measured
+    assert MachineLimits.from_json(json.loads(json.dumps(limits.to_json()))) == limits
