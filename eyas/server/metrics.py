@@ -13,16 +13,16 @@
 | vllm:spec_decode_num_accepted_tokens_total                 | counter   | draft tokens accepted |
 | vllm:spec_decode_num_accepted_tokens_per_pos_total{position} | counter | drafts accepted at depth position + 1 (0-based) |
 | eyas:spec_decode_draft_tokens_per_request                  | gauge     | k the policy chose for the last step (0 = plain) |
+| eyas:suffix_store_bytes / eyas:suffix_store_max_bytes      | gauge     | `--draft suffix`: the global store's estimated size / its bound |
+| eyas:suffix_store_documents / eyas:suffix_store_tokens     | gauge     | earlier requests' outputs held / their tokens |
+| eyas:suffix_store_evictions_total                          | counter   | documents evicted (least recently used first) |
+| eyas:suffix_store_lookups_total / eyas:suffix_store_hits_total | counter | proposals that searched the store / found a continuation there |
 | eyas:request_failures_total{stage}                         | counter   | requests ended by a fault in their own work, by stage (eyas/scheduler/faults.py) |
 | eyas:requests_rejected_total{reason}                       | counter   | requests refused with 503: queue_full, shutting_down |
 | eyas:kv_rows_in_use / eyas:kv_rows                         | gauge     | KV cache rows held by requests / rows in the pool (0 in use when idle) |
 | eyas:kv_cache_slots                                        | gauge     | token slots per KV row (grows on demand, kept) |
 | eyas:kv_cache_bytes                                        | gauge     | bytes of the KV pool as allocated |
 | vllm:kv_cache_usage_perc                                   | gauge     | rows in use / rows (0..1) |
-| eyas:suffix_store_bytes / eyas:suffix_store_max_bytes      | gauge     | `--draft suffix`: the global store's estimated size / its bound |
-| eyas:suffix_store_documents / eyas:suffix_store_tokens     | gauge     | earlier requests' outputs held / their tokens |
-| eyas:suffix_store_evictions_total                          | counter   | documents evicted (least recently used first) |
-| eyas:suffix_store_lookups_total / eyas:suffix_store_hits_total | counter | proposals that searched the store / found a continuation there |
 
 Mean acceptance length = 1 + accepted / drafts (the bonus token counts).
 Every series carries model_name and engine="0" labels, as vLLM's do.
@@ -145,6 +145,7 @@ class ServerMetrics:
     def request_rejected(self, reason: str) -> None:
         """A request refused before the engine took it (HTTP 503)."""
         self._l(self.rejected, reason=reason).inc()
+
     def watch_suffix_store(self, stats: Callable[[], dict[str, int]]) -> None:
         """Export the suffix-decoding store's size and hit counts (read at every scrape)."""
         self.store_stats = stats

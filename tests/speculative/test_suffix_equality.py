@@ -45,6 +45,15 @@ def test_suffix_greedy_equals_plain_and_the_store_drafts_the_second_ask(smollm_t
     assert second["verification_steps"] < first["verification_steps"] / 2
 
 
+def test_suffix_on_the_tiny_model_equals_plain_and_the_store_helps_the_second_ask(tiny_target):
+    prompts = [[5, 6, 7, 8, 9] * 6, list(range(300, 330)), [40, 41, 42] * 8]
+    proposer = SuffixProposer(SuffixConfig(cache_mb=1, priced=False))
+    first = assert_greedy_equals_plain(tiny_target, prompts, proposer, 8, 24)
+    second = assert_greedy_equals_plain(tiny_target, prompts, proposer, 8, 24)
+    assert second["accepted_tokens"] > first["accepted_tokens"]
+    assert proposer.store.stats()["hits"] > 0
+
+
 def test_eagle3_with_suffix_graft_greedy_equals_plain(smollm_target, prompts, plain_outputs):
     proposer = build_proposer("eagle3:smollm2-135m+suffix:4", smollm_target, tree="auto")
     first = assert_greedy_equals_plain(smollm_target, prompts, proposer, 16, NEW_TOKENS, plain_outputs)
