@@ -18,5 +18,5 @@ def test_configurations_parse(text, draft, speculation, overlap):
 
 
 def test_an_unknown_suffix_is_refused_with_the_accepted_ones():
-    with pytest.raises(EyasError, match=r"the suffixes are \+ngram \(EAGLE-3\) and \+overlap"):
+    with pytest.raises(EyasError, match=r"the suffixes are \+ngram and \+suffix \(EAGLE-3\) and \+overlap"):
         RunConfig.parse("ngram+fast")
