@@ -378,10 +378,6 @@ def main() -> int:
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
-
-
 INT4_ACTIVATIONS = ("14", "8")
 
 
@@ -398,3 +394,7 @@ def int4_activation_bits() -> int:
     if loaded is not None and loaded.int4_activation_bits() != int(choice):
         loaded.set_int4_activation_bits(int(choice))
     return int(choice)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
