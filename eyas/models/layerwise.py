@@ -7,7 +7,8 @@ WeightSource (models/weight_source.py: safetensors or GGUF, one tensor read at a
   memory is the model plus one layer.
 - int4: each layer's tensors are read as float32, quantized at once to Int4Linear (the kernel's
   packed layout) and the float copies dropped: peak memory is the int4 model, its float
-  embedding and output layer, and one float32 layer. The packed layers are then written to the
+  output layer (and embedding, unless an untied GGUF embedding is read row by row from the
+  file: models/source_embedding.py), and one float32 layer. The packed layers are then written to the
   int4 cache (models/int4_cache.py); a later load maps that file and quantizes nothing.
 
 Usage:
@@ -28,6 +29,7 @@ from eyas.models.config import ModelConfig
 from eyas.models.int4_cache import Int4Cache
 from eyas.models.llama import Transformer, rope_inverse_frequencies
 from eyas.models.quant import Int4Linear
+from eyas.models.source_embedding import SourceEmbedding
 from eyas.models.weight_source import WeightSource
 
 GROUP_SIZE = 32  # int4 group: the Q4_1 block, what the int8dot kernel packs
@@ -75,17 +77,24 @@ def _linears(layer: nn.Module) -> list[tuple[nn.Module, str]]:
 
 
 def _global_tensors(model: Transformer, source: WeightSource, prefix: str, dtype: torch.dtype,
-                    device: torch.device, with_norm: bool = True) -> None:
-    """Embedding, final norm and output layer (tied or not), converted to `dtype`."""
+                    device: torch.device, with_norm: bool = True, lean: bool = False) -> None:
+    """Embedding, final norm and output layer (tied or not), converted to `dtype`. `lean`
+    (int4): an untied embedding in a GGUF stays in the file, rows read when looked up
+    (models/source_embedding.py)."""
     config = model.config
 
     def read(name: str) -> nn.Parameter:
         return nn.Parameter(source.get(name).to(device=device, dtype=dtype), requires_grad=False)
 
-    model.embed_tokens.weight = read(f"{prefix}embed_tokens.weight")
+    tied = config.tie_word_embeddings or "lm_head.weight" not in source.names()
+    embedding = f"{prefix}embed_tokens.weight"
+    if lean and not tied and device.type == "cpu" and hasattr(source, "tensors"):
+        model.embed_tokens = SourceEmbedding(source.tensors[embedding])
+    else:
+        model.embed_tokens.weight = read(embedding)
     if with_norm:
         model.norm.weight = read(f"{prefix}norm.weight")
-    if config.tie_word_embeddings or "lm_head.weight" not in source.names():
+    if tied:
         model.lm_head.weight = model.embed_tokens.weight
     else:
         model.lm_head.weight = read("lm_head.weight")
@@ -134,7 +143,7 @@ def _load_int4(config: ModelConfig, source: WeightSource, prefix: str, name: str
 def _int4_from_source(config: ModelConfig, source: WeightSource, prefix: str) -> Transformer:
     with torch.device("meta"):
         model = Transformer(config)
-    _global_tensors(model, source, prefix, torch.float32, torch.device("cpu"))
+    _global_tensors(model, source, prefix, torch.float32, torch.device("cpu"), lean=True)
     for index, layer in enumerate(model.layers):
         # 1. The layer's float32 tensors, as the lean model names them.
         own = own_layer_tensors(lambda n: source.get(n).float(), prefix, index, config)
@@ -152,7 +161,7 @@ def _int4_from_cache(config: ModelConfig, source: WeightSource, prefix: str,
                      cached: dict[str, Tensor]) -> Transformer:
     with torch.device("meta"):
         model = Transformer(config)
-    _global_tensors(model, source, prefix, torch.float32, torch.device("cpu"), with_norm=False)
+    _global_tensors(model, source, prefix, torch.float32, torch.device("cpu"), with_norm=False, lean=True)
     model.norm.weight = nn.Parameter(cached.pop("norm.weight"), requires_grad=False)
     for index, layer in enumerate(model.layers):
         head = f"layers.{index}."

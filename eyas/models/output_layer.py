@@ -30,8 +30,13 @@ pass, and step 3 in the same call: no pass over [R, V] in PyTorch); elsewhere Py
 kernel on bf16 activations, with the bound below and step 3 in PyTorch. Both bounds are
 rigorous, so the argmax is the same either way; only the number of candidates differs.
 
+Memory: the float32 weight is held once, as rows [V, H] (shared with a tied embedding). A
+transposed copy [H, V] for `forward` (models/cpu_linear.py: 16% faster at one token on
+SmolLM2's output layer) is added only while it is small (TRANSPOSED_MAX_BYTES): a 1.5B Qwen's
+untied output layer is 933 MB, and a second copy would cost more memory than its int4 decoder.
+
 Usage:
-    layer = ScreenedOutputLayer(TransposedLinear(model.lm_head), rows=model.embed_tokens.weight)
+    layer = ScreenedOutputLayer(model.lm_head, rows=model.embed_tokens.weight)
     logits = layer(hidden)                  # [..., V] exact float32 (sampling)
     argmax_ok = layer.greedy_logits(hidden)  # [..., V] whose argmax is exact (greedy)
 """
@@ -47,28 +52,34 @@ from eyas.models.quant import row_chunks
 BF16_UNIT = 2.0 ** -8  # unit roundoff of bfloat16 (8 significant bits)
 F32_UNIT = 2.0 ** -24
 SAFETY = 1.01  # the bound is rigorous; this covers the rounding of computing the bound itself
+TRANSPOSED_MAX_BYTES = 256 << 20  # a transposed float32 copy for `forward` up to this size
 
 
 class ScreenedOutputLayer(nn.Module):
     def __init__(self, layer: nn.Module, rows: Tensor | None = None) -> None:
-        """layer: a TransposedLinear (weight_t [H, V]). rows: the same weight as [V, H], when the
-        model holds it anyway (a tied input embedding); otherwise a copy is made. Candidates'
-        exact logits read whole rows of it (a column gather from [H, V] costs ~50x more)."""
+        """layer: an nn.Linear (weight [V, H]) or a TransposedLinear (weight_t [H, V]). rows: the
+        same weight as [V, H], when the model holds it anyway (a tied input embedding).
+        Candidates' exact logits read whole rows (a column gather from [H, V] costs ~50x more)."""
         super().__init__()
-        weight_t = layer.weight_t.detach().float()  # [H, V]
-        weight = weight_t.t().contiguous() if rows is None else rows.detach().float()  # [V, H]
-        if weight.shape != weight_t.t().shape:
-            raise ValueError(f"rows {tuple(weight.shape)} do not match the layer's "
-                             f"{tuple(weight_t.t().shape)}")
+        if rows is None:
+            rows = layer.weight_t.t().contiguous() if hasattr(layer, "weight_t") else layer.weight
+        weight = rows.detach().float()  # [V, H]
+        shape = (layer.weight_t.t() if hasattr(layer, "weight_t") else layer.weight).shape
+        if weight.shape != shape:
+            raise ValueError(f"rows {tuple(weight.shape)} do not match the layer's {tuple(shape)}")
         codes, scale, weight_error, approx_norm = _int8_rows(weight)
-        self.register_buffer("weight_t", weight_t)
+        weight_t = None
+        if weight.numel() * 4 <= TRANSPOSED_MAX_BYTES:
+            weight_t = (layer.weight_t.detach().float() if hasattr(layer, "weight_t")
+                        else weight.t().contiguous())  # [H, V]
+        self.register_buffer("weight_t", weight_t)  # None: `forward` reads the rows
         self.register_buffer("weight", weight)  # [V, H], shared with the embedding when tied
         self.register_buffer("codes", codes)  # [V, H]
         self.register_buffer("scale", scale)  # [V]
         self.register_buffer("weight_error", weight_error)  # [V] |W_j - A_j|
         self.register_buffer("approx_norm", approx_norm)  # [V] |A_j|
-        self.out_features = weight_t.shape[1]
-        self.accumulation = weight_t.shape[0] * F32_UNIT / (1 - weight_t.shape[0] * F32_UNIT)
+        self.out_features, hidden = weight.shape
+        self.accumulation = hidden * F32_UNIT / (1 - hidden * F32_UNIT)
         self.int8dot = _int8dot_screen(weight.shape)
         if self.int8dot:
             self.register_buffer("packed", extension.module().int8_screen_pack(codes))
@@ -77,6 +88,8 @@ class ScreenedOutputLayer(nn.Module):
             del self.codes  # the packed copy replaces it
 
     def forward(self, x: Tensor) -> Tensor:  # [..., H] -> [..., V], every logit exact
+        if self.weight_t is None:
+            return nn.functional.linear(x, self.weight)
         return x @ self.weight_t
 
     def greedy_logits(self, x: Tensor) -> Tensor:  # [..., H] -> [..., V], exact argmax only
