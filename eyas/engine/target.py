@@ -127,7 +127,7 @@ def load_target(spec: str | Path, dtype: str = "auto", device: str = "cpu",
     # stays float32 (the screen below)
     model = load_layerwise(config, source, precision, torch_device, name=cache_name(folder))
     if torch_device.type == "cpu":
-        if precision in ("int4", "float32"):
+        if precision in ("int4", "float32") and not isinstance(model.lm_head, ScreenedOutputLayer):
             # exact greedy argmax at int8 cost; the row-major weight [V, H] (the tied embedding,
             # or the output layer's own) is kept, not copied again
             model.lm_head = ScreenedOutputLayer(model.lm_head)

@@ -43,7 +43,7 @@ from eyas.errors import EyasError
 from eyas.utils.integrity import verify_files, write_manifest
 from eyas.utils.io import atomic_dir, cache_dir
 
-CACHE_VERSION = 1  # bump when what the cache holds changes
+CACHE_VERSION = 2  # bump when what the cache holds changes (2: the output screen of an untied GGUF)
 FILE = "model.safetensors"
 DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
           torch.uint8: "U8", torch.int8: "I8", torch.int32: "I32", torch.int64: "I64"}

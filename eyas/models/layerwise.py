@@ -7,8 +7,10 @@ WeightSource (models/weight_source.py: safetensors or GGUF, one tensor read at a
   memory is the model plus one layer.
 - int4: each layer's tensors are read as float32, quantized at once to Int4Linear (the kernel's
   packed layout) and the float copies dropped: peak memory is the int4 model, its float
-  output layer (and embedding, unless an untied GGUF embedding is read row by row from the
-  file: models/source_embedding.py), and one float32 layer. The packed layers are then written to the
+  embedding and output layer, and one float32 layer. A GGUF with an untied output layer keeps
+  both in the file instead (rows dequantized when read: models/source_embedding.py), and the
+  output layer's int8 screen (models/output_layer.py) is built a block of rows at a time and
+  cached with the decoder. The packed layers are then written to the
   int4 cache (models/int4_cache.py); a later load maps that file and quantizes nothing.
 
 Usage:
@@ -28,6 +30,7 @@ from torch import Tensor, nn
 from eyas.models.config import ModelConfig
 from eyas.models.int4_cache import Int4Cache
 from eyas.models.llama import Transformer, rope_inverse_frequencies
+from eyas.models.output_layer import ScreenedOutputLayer
 from eyas.models.quant import Int4Linear
 from eyas.models.source_embedding import SourceEmbedding
 from eyas.models.weight_source import WeightSource
@@ -96,6 +99,8 @@ def _global_tensors(model: Transformer, source: WeightSource, prefix: str, dtype
         model.norm.weight = read(f"{prefix}norm.weight")
     if tied:
         model.lm_head.weight = model.embed_tokens.weight
+    elif isinstance(model.embed_tokens, SourceEmbedding):  # its rows too, screened (target.py)
+        model.lm_head = SourceEmbedding(source.tensors["lm_head.weight"])
     else:
         model.lm_head.weight = read("lm_head.weight")
     model.inv_freq = rope_inverse_frequencies(config).to(device)
@@ -134,6 +139,8 @@ def _load_int4(config: ModelConfig, source: WeightSource, prefix: str, name: str
             print(f"[eyas] the int4 cache {cache.folder} does not fit this model ({error}); "
                   f"rebuilding it from {cache.source}", file=sys.stderr, flush=True)
     model = _int4_from_source(config, source, prefix)
+    if isinstance(model.lm_head, SourceEmbedding):  # the screen of its rows, cached below
+        model.lm_head = ScreenedOutputLayer(model.lm_head)
     skip = {"embed_tokens.weight", "lm_head.weight"}  # read from the source on every load
     cache.save({k: v for k, v in model.state_dict().items() if k not in skip},
                {"format": "eyas-int4", "source": cache.source})
@@ -163,6 +170,11 @@ def _int4_from_cache(config: ModelConfig, source: WeightSource, prefix: str,
         model = Transformer(config)
     _global_tensors(model, source, prefix, torch.float32, torch.device("cpu"), with_norm=False, lean=True)
     model.norm.weight = nn.Parameter(cached.pop("norm.weight"), requires_grad=False)
+    screen = {k[len("lm_head."):]: cached.pop(k) for k in list(cached) if k.startswith("lm_head.")}
+    if isinstance(model.lm_head, SourceEmbedding):
+        if not screen:
+            raise ValueError("no output screen in the cache")
+        model.lm_head = ScreenedOutputLayer(model.lm_head, screen=screen)
     for index, layer in enumerate(model.layers):
         head = f"layers.{index}."
         state = {k[len(head):]: v for k, v in cached.items() if k.startswith(head)}
