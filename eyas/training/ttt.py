@@ -53,15 +53,24 @@ class TargetDistribution:
 
 @torch.no_grad()
 def target_distribution(hidden: Tensor, lm_head_weight: Tensor, vocab: DraftVocab,
-                        chunk_tokens: int = 1024) -> TargetDistribution:
+                        chunk_tokens: int = 1024, rows: Tensor | None = None) -> TargetDistribution:
     """The target's next-token distribution from its last hidden state [B, T, H] (after the
-    final norm) and lm_head [V, H], in float32, restricted to the draft vocabulary."""
+    final norm) and lm_head [V, H], in float32, restricted to the draft vocabulary.
+
+    rows: [B, T] bool, the rows that are read (scored_target_rows); the others are left at zero
+    (probs 0, not in the draft vocabulary), which saves the full-vocabulary output layer there.
+    """
     device = hidden.device
     kept = vocab.kept_ids.to(device)  # [N]
     t2d = vocab.t2d.to(device)  # [V]
     target_to_draft = t2d.long().cumsum(0) - 1  # [V]: draft id of a drafted target id
     weight = lm_head_weight.to(device=device, dtype=torch.float32)
-    flat = hidden.reshape(-1, hidden.shape[-1]).float()  # [B*T, H]
+    shape = hidden.shape[:2]
+    flat = hidden.reshape(-1, hidden.shape[-1])  # [B*T, H]
+    picked = None if rows is None else rows.reshape(-1).nonzero().squeeze(1)  # [R]
+    if picked is not None:
+        flat = flat[picked]
+    flat = flat.float()
     probs, in_draft, argmax_draft = [], [], []
     for start in range(0, flat.shape[0], chunk_tokens):
         logits = flat[start:start + chunk_tokens] @ weight.T  # [c, V]
@@ -69,12 +78,36 @@ def target_distribution(hidden: Tensor, lm_head_weight: Tensor, vocab: DraftVoca
         in_draft.append(t2d[best])
         argmax_draft.append(torch.where(t2d[best], target_to_draft[best], 0))
         probs.append(torch.softmax(logits[:, kept], dim=-1))  # [c, N]
-    shape = hidden.shape[:2]
-    return TargetDistribution(
-        probs=torch.cat(probs).view(*shape, -1),
-        in_draft=torch.cat(in_draft).view(shape),
-        argmax_draft=torch.cat(argmax_draft).view(shape),
-    )
+    if not probs:  # no row is read
+        probs.append(flat.new_zeros(0, kept.numel()))
+        in_draft.append(torch.zeros(0, dtype=torch.bool, device=device))
+        argmax_draft.append(torch.zeros(0, dtype=torch.int64, device=device))
+    if picked is None:
+        return TargetDistribution(probs=torch.cat(probs).view(*shape, -1),
+                                  in_draft=torch.cat(in_draft).view(shape),
+                                  argmax_draft=torch.cat(argmax_draft).view(shape))
+    # Scatter the computed rows back into [B, T] tensors.
+    total = shape[0] * shape[1]
+    full_probs = flat.new_zeros(total, kept.numel())
+    full_probs[picked] = torch.cat(probs)
+    full_in_draft = torch.zeros(total, dtype=torch.bool, device=device)
+    full_in_draft[picked] = torch.cat(in_draft)
+    full_argmax = torch.zeros(total, dtype=torch.int64, device=device)
+    full_argmax[picked] = torch.cat(argmax_draft)
+    return TargetDistribution(probs=full_probs.view(*shape, -1), in_draft=full_in_draft.view(shape),
+                              argmax_draft=full_argmax.view(shape))
+
+
+def scored_target_rows(loss_mask: Tensor, steps: int) -> Tensor:
+    """[B, T] bool: the target rows that a K-step unroll reads, t + 1 + k for every answer
+    row t (loss_mask[t + 2] == 1) and step k < K; the target distribution is needed only there."""
+    answer = shift_left(loss_mask, 2).bool()  # [B, T]
+    rows = torch.zeros_like(answer)
+    length = answer.shape[1]
+    for offset in range(1, steps + 1):
+        if offset < length:
+            rows[:, offset:] |= answer[:, : length - offset]
+    return rows
 
 
 def score_rows(logits: Tensor, target: TargetDistribution, rows: Tensor,

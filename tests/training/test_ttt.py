@@ -13,6 +13,7 @@ from eyas.eagle3.vocab import build_draft_vocab
 from eyas.training.ttt import (
     TargetDistribution,
     TrainingTimeTest,
+    scored_target_rows,
     shift_left,
     target_distribution,
     ttt_attention_mask,
@@ -118,6 +119,42 @@ def test_target_distribution_restricts_to_the_draft_vocab() -> None:
     assert out.argmax_draft.tolist() == [[0, 1, 0]]  # target 1 -> draft 0, target 3 -> draft 1
     expected = torch.softmax(torch.tensor([3.0, 0.0, 0.0]), -1)  # logits of kept ids 1, 3, 4
     assert torch.allclose(out.probs[0, 0], expected)
+
+
+def test_scored_target_rows_by_hand() -> None:
+    loss_mask = torch.tensor([[0, 0, 0, 1, 1, 0, 0, 0, 0, 1]])
+    # answer rows t (loss_mask[t + 2] == 1): 1, 2, 7; steps k < 2 read rows t + 1 and t + 2
+    assert scored_target_rows(loss_mask, 2).int().tolist() == [[0, 0, 1, 1, 1, 0, 0, 0, 1, 1]]
+    assert scored_target_rows(loss_mask, 1).int().tolist() == [[0, 0, 1, 1, 0, 0, 0, 0, 1, 0]]
+
+
+def test_unroll_on_the_scored_rows_only_equals_the_full_distribution() -> None:
+    """The trainer computes the target's distribution on scored_target_rows only: the loss,
+    hits and gradients are those of the distribution on every row."""
+    head, steps = tiny_head(), 3
+    generator = torch.Generator().manual_seed(5)
+    input_ids = torch.randint(0, V, (2, 12), generator=generator)
+    loss_mask = (torch.rand(2, 12, generator=generator) > 0.4).long()
+    loss_mask[:, :3] = 0  # a prompt: rows never read
+    hidden = torch.randn(2, 12, H, generator=generator)
+    lm_head = torch.randn(V, H, generator=generator)
+    vocab = head.draft_vocab
+    rows = scored_target_rows(loss_mask, steps)
+    assert 0 < int(rows.sum()) < rows.numel()
+    full = target_distribution(hidden, lm_head, vocab)
+    partial = target_distribution(hidden, lm_head, vocab, rows=rows)
+    assert torch.equal(partial.probs[rows], full.probs[rows]) and float(partial.probs[~rows].abs().sum()) == 0.0
+    taps = torch.randn(2, 12, 3 * H, generator=generator)
+    results, grads = [], []
+    for target in (full, partial):
+        head.zero_grad()
+        result = TrainingTimeTest(head, steps)(taps, input_ids, loss_mask, target)
+        weighted_loss(result.loss_sums, 0.8).backward()
+        results.append(result)
+        grads.append(head.fc.weight.grad.clone())
+    assert torch.equal(results[0].loss_sums, results[1].loss_sums)
+    assert torch.equal(results[0].correct, results[1].correct)
+    assert torch.equal(grads[0], grads[1])
 
 
 def test_train_time_unroll_equals_serve_time_drafting() -> None:
