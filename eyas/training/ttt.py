@@ -110,17 +110,24 @@ def scored_target_rows(loss_mask: Tensor, steps: int) -> Tensor:
     return rows
 
 
-def score_rows(logits: Tensor, target: TargetDistribution, rows: Tensor,
-               target_times: Tensor) -> tuple[Tensor, Tensor]:
-    """Soft cross-entropy sum and correct count of draft logits [M, N] against the target's
-    distribution at (rows, target_times) [M] each. A target argmax outside the draft vocabulary
-    weighs nothing in the loss and counts as a miss (the head cannot draft it)."""
+def score_each_row(logits: Tensor, target: TargetDistribution, rows: Tensor,
+                   target_times: Tensor) -> tuple[Tensor, Tensor]:
+    """Per row: soft cross-entropy [M] and hit [M] bool of draft logits [M, N] against the
+    target's distribution at (rows, target_times) [M] each. A target argmax outside the draft
+    vocabulary weighs nothing in the loss and counts as a miss (the head cannot draft it)."""
     log_q = F.log_softmax(logits.float(), dim=-1)
     drafted = target.in_draft[rows, target_times]  # [M]
     probs = target.probs[rows, target_times]  # [M, N]
-    loss_sum = -(drafted.float() * (probs * log_q).sum(-1)).sum()
+    losses = -(drafted.float() * (probs * log_q).sum(-1))
     hits = (logits.argmax(-1) == target.argmax_draft[rows, target_times]) & drafted
-    return loss_sum, hits.sum()
+    return losses, hits
+
+
+def score_rows(logits: Tensor, target: TargetDistribution, rows: Tensor,
+               target_times: Tensor) -> tuple[Tensor, Tensor]:
+    """Soft cross-entropy sum and correct count of draft logits [M, N] (score_each_row, summed)."""
+    losses, hits = score_each_row(logits, target, rows, target_times)
+    return losses.sum(), hits.sum()
 
 
 def answer_count(loss_mask: Tensor) -> Tensor:
@@ -157,24 +164,29 @@ class TrainingTimeTest(nn.Module):
         ids = shift_left(input_ids, 1)
         answer = shift_left(loss_mask, 2).bool()  # [B, T]
         hidden, past_kv = taps, None
-        loss_sums, correct, counted = [], [], []
+        scored_hidden, scored_rows, scored_times, counted = [], [], [], []
         for step in range(self.steps):
             # 2. One draft step over every row at once, attending as the engine would.
             mask = ttt_attention_mask(length, step, input_ids.device)
             out = self.head(hidden, ids, positions + step, attn_mask=mask, past_kv=past_kv,
                             compute_logits=False)
-            # 3. Logits only where they are scored: answer rows (the output layer is the widest
-            #    matmul). Row t of step k is scored against target row t+1+k.
-            rows, times = answer.nonzero(as_tuple=True)  # [M] each
-            target_times = times + 1 + step
-            logits = self.head.compute_logits(out.hidden[rows, times])  # [M, N]
-            loss_sum, hits = score_rows(logits, target, rows, target_times)
-            loss_sums.append(loss_sum)
-            correct.append(hits)
+            # 3. Keep the outputs of answer rows, where the loss is scored: row t of step k
+            #    against target row t+1+k.
+            rows, times = answer.nonzero(as_tuple=True)  # [M_k] each
+            scored_hidden.append(out.hidden[rows, times])  # [M_k, H]
+            scored_rows.append(rows)
+            scored_times.append(times + 1 + step)
             counted.append(answer.sum())
             # 4. Feed the head's own output back; tokens and masks move left by one.
             hidden, past_kv = out.hidden, out.past_kv
             ids, answer = shift_left(ids), shift_left(answer)
+        # 5. The output layer (the widest matmul) once over the scored rows of every step: one
+        #    larger matmul and one weight gradient instead of K.
+        logits = self.head.compute_logits(torch.cat(scored_hidden))  # [sum M_k, N]
+        loss_rows, hit_rows = score_each_row(logits, target, torch.cat(scored_rows), torch.cat(scored_times))
+        sizes = [int(rows.numel()) for rows in scored_rows]
+        loss_sums = [part.sum() for part in loss_rows.split(sizes)]
+        correct = [part.sum() for part in hit_rows.split(sizes)]
         return TTTResult(loss_sums=torch.stack(loss_sums), correct=torch.stack(correct),
                          counted=torch.stack(counted))
 
