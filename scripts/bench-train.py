@@ -4,6 +4,7 @@ Usage:
     git archive OLD_COMMIT eyas | tar -x -C /tmp/eyas-old          # the tree to compare against
     OMP_NUM_THREADS=2 python scripts/bench-train.py --tree old=/tmp/eyas-old --tree new=. \
         --features features64 --rounds 3 --steps 12 -- --draft-vocab-size 8192 --ttt-steps 5
+    python scripts/bench-train.py --tree mb1=. --tree "mb4=.::--micro-batch-size 4" ...
 
 Each round runs every tree once, in turn (a shared machine's load changes over minutes), with
 `eyas train --max-steps STEPS --log-every STEPS/3` and the arguments after `--`; a run's
@@ -41,29 +42,35 @@ def one_run(tree: Path, features: str, steps: int, extra: list[str], out: Path) 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tree", action="append", required=True, metavar="NAME=PATH")
+    parser.add_argument("--tree", action="append", required=True, metavar="NAME=PATH[::ARGS]",
+                        help="a source tree to run `python -m eyas` from, and arguments for it alone")
     parser.add_argument("--features", required=True)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("extra", nargs="*", help="more `eyas train` arguments (after --)")
     args = parser.parse_args()
-    trees = [(name, Path(path)) for name, path in (item.split("=", 1) for item in args.tree)]
+    trees = []  # (name, source tree, its own extra arguments)
+    for item in args.tree:
+        name, rest = item.split("=", 1)
+        path, _, own = rest.partition("::")
+        trees.append((name, Path(path), own.split()))
     work = Path(tempfile.mkdtemp(prefix="bench-train-"))
     rates: dict[str, list[float]] = {name: [] for name, _ in trees}
     losses: dict[str, float] = {}
     for round_number in range(args.rounds):
-        for name, tree in trees:
-            rate, loss = one_run(tree, args.features, args.steps, args.extra, work / f"{name}-{round_number}")
+        for name, tree, own in trees:
+            rate, loss = one_run(tree, args.features, args.steps, [*args.extra, *own],
+                                 work / f"{name}-{round_number}")
             rates[name].append(rate)
             losses[name] = loss
             print(f"round {round_number + 1} {name}: {rate:.1f} tok/s, final loss {loss:.5f}", flush=True)
     first = statistics.median(rates[trees[0][0]])
     threads = os.environ.get("OMP_NUM_THREADS", "unset")
     print(f"\n`eyas train --max-steps {args.steps} {' '.join(args.extra)}`, OMP_NUM_THREADS={threads}")
-    for name, _ in trees:
+    for name, _, own in trees:
         median = statistics.median(rates[name])
         print(f"{name:>8}: {' '.join(f'{r:.1f}' for r in rates[name])} tok/s, median {median:.1f}, "
-              f"{median / first:.2f}x {trees[0][0]}; final loss {losses[name]:.5f}")
+              f"{median / first:.2f}x {trees[0][0]}; final loss {losses[name]:.5f} {' '.join(own)}")
 
 
 if __name__ == "__main__":

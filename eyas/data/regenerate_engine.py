@@ -44,7 +44,7 @@ def run_with_engine(config: Any, pending: list[Conversation], output: ResumableJ
     target = load_target(config.model, dtype=config.dtype)
     context = target.config.context_length
     rows = config.concurrency
-    engine = Engine(target, EngineConfig(max_running=rows, max_step_tokens=max(512, rows),
+    engine = Engine(target, EngineConfig(max_running=rows, max_waiting=rows, max_step_tokens=max(512, rows),
                                          max_model_len=context, speculation="never"), draft="none")
     report.model_load_seconds = time.perf_counter() - started
     started = time.perf_counter()  # tokens/s counts decoding only
