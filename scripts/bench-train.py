@@ -55,7 +55,7 @@ def main() -> None:
         path, _, own = rest.partition("::")
         trees.append((name, Path(path), own.split()))
     work = Path(tempfile.mkdtemp(prefix="bench-train-"))
-    rates: dict[str, list[float]] = {name: [] for name, _ in trees}
+    rates: dict[str, list[float]] = {name: [] for name, _, _ in trees}
     losses: dict[str, float] = {}
     for round_number in range(args.rounds):
         for name, tree, own in trees:
