@@ -54,7 +54,8 @@ def main() -> None:
         name, rest = item.split("=", 1)
         path, _, own = rest.partition("::")
         trees.append((name, Path(path), own.split()))
-    work = Path(tempfile.mkdtemp(prefix="bench-train-"))
+    scratch = tempfile.TemporaryDirectory(prefix="bench-train-")  # each run's checkpoints, removed at the end
+    work = Path(scratch.name)
     rates: dict[str, list[float]] = {name: [] for name, _, _ in trees}
     losses: dict[str, float] = {}
     for round_number in range(args.rounds):
