@@ -139,8 +139,6 @@ def _load_int4(config: ModelConfig, source: WeightSource, prefix: str, name: str
             print(f"[eyas] the int4 cache {cache.folder} does not fit this model ({error}); "
                   f"rebuilding it from {cache.source}", file=sys.stderr, flush=True)
     model = _int4_from_source(config, source, prefix)
-    if isinstance(model.lm_head, SourceEmbedding):  # the screen of its rows, cached below
-        model.lm_head = ScreenedOutputLayer(model.lm_head)
     skip = {"embed_tokens.weight", "lm_head.weight"}  # read from the source on every load
     cache.save({k: v for k, v in model.state_dict().items() if k not in skip},
                {"format": "eyas-int4", "source": cache.source})
@@ -151,6 +149,9 @@ def _int4_from_source(config: ModelConfig, source: WeightSource, prefix: str) ->
     with torch.device("meta"):
         model = Transformer(config)
     _global_tensors(model, source, prefix, torch.float32, torch.device("cpu"), lean=True)
+    if isinstance(model.lm_head, SourceEmbedding):  # screened first, while memory holds nothing
+        model.lm_head = ScreenedOutputLayer(model.lm_head)  # else (its int8 codes go once packed)
+        release_freed_memory()
     for index, layer in enumerate(model.layers):
         # 1. The layer's float32 tensors, as the lean model names them.
         own = own_layer_tensors(lambda n: source.get(n).float(), prefix, index, config)
