@@ -11,7 +11,7 @@ Then, with any OpenAI client:
     curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\
       -d '{"model": "smollm2-135m", "messages": [{"role": "user", "content": "Hi"}]}'
 
---draft: none | ngram[:MAX_N[,MIN_N[,MATCHES]]] | model:PATH_OR_ALIAS | self | eagle3:DIR |
+--draft: none | ngram[:MAX_N[,MIN_N[,MATCHES]]] | model:PATH_OR_ALIAS[@DTYPE] | self | eagle3:DIR |
 medusa:DIR | layerskip[:auto|LAYERS[:MIN_CONFIDENCE]] | suffix[:CACHE_MB[,MAX_DEPTH]] (suffix
 decoding; its store of earlier outputs is shared by every request, at most CACHE_MB, default
 64) | eagle3:DIR+suffix[:CACHE_MB[,MAX_DEPTH]] (docs/drafting-methods.md).
@@ -47,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_args(parser)
     parser.add_argument("--draft", default="none",
-                        help="none | ngram[:MAX_N[,MIN_N[,MATCHES]]] | model:PATH_OR_ALIAS | self | "
+                        help="none | ngram[:MAX_N[,MIN_N[,MATCHES]]] | model:PATH_OR_ALIAS[@DTYPE] | self | "
                              "eagle3:DIR | eagle3:DIR+ngram[:MAX_N,MIN_N,GRAFT_TOKENS] (prompt lookup grafted "
                              "onto the head's tree) | suffix[:CACHE_MB[,MAX_DEPTH]] (suffix decoding: this request's "
                              "text and a store of earlier outputs) | eagle3:DIR+suffix[:CACHE_MB[,MAX_DEPTH]] "

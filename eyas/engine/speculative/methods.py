@@ -1,6 +1,6 @@
 """`--draft` specs -> proposers. A plain dict is the registry of drafting methods.
 
-Accepted: none | ngram[:MAX_N[,MIN_N[,MATCHES]]] | model:PATH_OR_ALIAS | self | eagle3:DIR
+Accepted: none | ngram[:MAX_N[,MIN_N[,MATCHES]]] | model:PATH_OR_ALIAS[@DTYPE] | self | eagle3:DIR
 | medusa:DIR | layerskip[:auto|LAYERS[:MIN_CONFIDENCE]]   (docs/drafting-methods.md)
 | suffix[:CACHE_MB[,MAX_DEPTH]]
 and eagle3:DIR+ngram[:MAX_N[,MIN_N[,GRAFT_TOKENS]]]: prompt lookup grafted onto the head's tree,
@@ -35,14 +35,29 @@ def _suffix(target: Target, option: str, tree: str | None) -> Proposer:
     return SuffixProposer(SuffixConfig.parse(option))
 
 
+def draft_model_precision(target: Target, option: str) -> tuple[str, str]:
+    """'PATH_OR_ALIAS[@DTYPE]' -> (path or alias, precision). Without '@DTYPE' the draft runs as
+    the target does: int4 beside an int4 target (a draft must read far fewer bytes per token than
+    the target to pay, docs/bring-your-own-target.md), the target's precision otherwise."""
+    from eyas.engine.target import PRECISIONS
+
+    path, at, precision = option.rpartition("@")
+    if not at:
+        return option, target.precision
+    if precision not in PRECISIONS:
+        raise EyasError(f"bad draft precision '@{precision}' in model:{option}; accepted: "
+                        f"{', '.join(PRECISIONS)}")
+    return path, precision
+
+
 def _model(target: Target, option: str, tree: str | None) -> Proposer:
     from eyas.engine.speculative.proposers.draft_model import DraftModelProposer
     from eyas.engine.target import load_target
 
     if not option:
-        raise EyasError("--draft model needs a model: model:PATH_OR_ALIAS")
-    precision = "float32" if target.precision == "int4" else target.precision
-    draft = load_target(option, dtype=precision, device=str(target.device))
+        raise EyasError("--draft model needs a model: model:PATH_OR_ALIAS[@DTYPE]")
+    path, precision = draft_model_precision(target, option)
+    draft = load_target(path, dtype=precision, device=str(target.device))
     return DraftModelProposer(draft, name="model")
 
 
@@ -96,7 +111,7 @@ METHODS: dict[str, Callable[[Target, str, str | None], Proposer]] = {
     "self": _self,
 }
 
-ACCEPTED = ("none, ngram[:MAX_N[,MIN_N[,MATCHES]]], model:PATH_OR_ALIAS, self, eagle3:DIR|NAME, "
+ACCEPTED = ("none, ngram[:MAX_N[,MIN_N[,MATCHES]]], model:PATH_OR_ALIAS[@DTYPE], self, eagle3:DIR|NAME, "
             "medusa:DIR, layerskip[:auto|LAYERS[:MIN_CONFIDENCE]], suffix[:CACHE_MB[,MAX_DEPTH]], "
             "eagle3:DIR|NAME+ngram[:MAX_N[,MIN_N[,GRAFT_TOKENS]]], "
             "eagle3:DIR|NAME+suffix[:CACHE_MB[,MAX_DEPTH]]")
