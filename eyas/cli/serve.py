@@ -86,6 +86,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          help=f"one step at a time (default: {'overlap' if DEFAULTS.overlap else 'no overlap'})")
     parser.add_argument("--max-body-bytes", type=int, default=1 << 20,
                         help="larger request bodies get 413 (default: %(default)s)")
+    parser.add_argument("--max-n", type=int, default=None,
+                        help="most samples per request, n (default: 16, ServerSettings.max_n)")
+    parser.add_argument("--max-prompts", type=int, default=None,
+                        help="most prompts in one /v1/completions request (default: 64)")
     parser.add_argument("--drain-timeout", type=float, default=30.0,
                         help="seconds that running requests get to finish after SIGTERM/Ctrl-C; then "
                              "they end with finish_reason 'abort' (streams: a final chunk and [DONE]); "
@@ -110,7 +114,10 @@ def run(args: argparse.Namespace) -> int:
         num_draft_tokens=args.num_draft_tokens, speculation=args.speculation, overlap=args.overlap,
         tree=args.tree)
     settings = ServerSettings(model_name=args.served_model_name or args.model, api_key=args.api_key,
-                              max_body_bytes=args.max_body_bytes)
+                              max_body_bytes=args.max_body_bytes,
+                              **{name: value for name, value in (("max_n", args.max_n),
+                                                                 ("max_prompts", args.max_prompts))
+                                 if value is not None})
     if args.drain_timeout < 0:
         raise EyasError(f"--drain-timeout must be >= 0 seconds, got {args.drain_timeout}")
     check_spec(args.draft)  # before the (slow) model load
