@@ -39,7 +39,7 @@ from eyas.scheduler.kv_pool import KVPool
 from eyas.scheduler.loop import StepLoop
 from eyas.scheduler.output import EngineObserver, OutputProcessor
 from eyas.scheduler.proposers import ProposerFactory
-from eyas.scheduler.request import Request, RequestOutput
+from eyas.scheduler.request import Request, RequestOutput, RequestStatus
 from eyas.scheduler.scheduler import Scheduler
 from eyas.scheduler.speculation import AcceptanceEstimate, StepCostModel
 from eyas.utils.openmp import release_thread_pool
@@ -276,5 +276,9 @@ class Engine:
         finish = getattr(request.proposer, "finish", None)
         if finish is not None:  # suffix decoding: the output joins the global store (once)
             finish()
+        if request.status == RequestStatus.FINISHED:
+            # its final output is out: the proposer's own state (a draft model's KV cache,
+            # tens of MB for a long request) goes now, whoever still holds the request
+            request.proposer = None
         with self._wakeup:
             self._requests.pop(request.request_id, None)
