@@ -73,6 +73,7 @@ def summarize(level: LevelRecords, count_tokens: TokenCounter | None) -> dict[st
     if level.turns is not None:  # multiturn: first turns apart from the later ones
         from eyas.bench.multiturn import hit_rate, turn_summary
 
+        summary["turns"] = list(level.turns)  # of each record, in the order of the lists below
         summary.update(turn_summary(metrics, level.turns))
         summary.update(hit_rate(level.prefix_before, level.prefix_after))
     return summary
