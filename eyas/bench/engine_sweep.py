@@ -87,7 +87,8 @@ def _build_engine(target: Target, candidate: Candidate, max_running: int,
 
     counter = AcceptanceCounter()
     config = EngineConfig(max_running=max_running, speculation=speculation,
-                          num_draft_tokens=candidate.num_draft_tokens or 1)
+                          num_draft_tokens=candidate.num_draft_tokens or 1,
+                          prefix_caching=False)  # the prompts repeat: measure decoding, not reuse
     return Engine(target, config, draft=candidate.method, observer=counter), counter
 
 

@@ -67,9 +67,16 @@ def machine_description() -> str:
 
 def summarize(level: LevelRecords, count_tokens: TokenCounter | None) -> dict[str, Any]:
     metrics = [request_metrics(record, count_tokens) for record in level.records]
-    return {"max_concurrency": level.concurrency,
-            **summarize_level(metrics, level.duration),
-            **acceptance_from_counters(level.counters_before, level.counters_after)}
+    summary = {"max_concurrency": level.concurrency,
+               **summarize_level(metrics, level.duration),
+               **acceptance_from_counters(level.counters_before, level.counters_after)}
+    if level.turns is not None:  # multiturn: first turns apart from the later ones
+        from eyas.bench.multiturn import hit_rate, turn_summary
+
+        summary["turns"] = list(level.turns)  # of each record, in the order of the lists below
+        summary.update(turn_summary(metrics, level.turns))
+        summary.update(hit_rate(level.prefix_before, level.prefix_after))
+    return summary
 
 
 def run_serve_benchmark(config: ServeBenchConfig, progress: bool = True,
@@ -82,11 +89,20 @@ def run_serve_benchmark(config: ServeBenchConfig, progress: bool = True,
 
     sweep = config.sweep
     tokenizer = LazyTokenizer(sweep.tokenizer)
-    # 1. Prompts.
-    prompts = load_bench_prompts(sweep.dataset, sweep.num_prompts,
-                                 tokenizer=tokenizer.get() if sweep.dataset == "random" else None,
-                                 input_len=sweep.input_len, seed=sweep.seed)
-    if sweep.endpoint == "completions" and any(p.text is None for p in prompts):
+    # 1. Prompts (multiturn: one conversation's user turns per prompt, sent one by one).
+    if sweep.workload == "multiturn":
+        from eyas.bench.datasets import BenchPrompt
+        from eyas.bench.multiturn import sharegpt_sessions
+
+        sessions = sharegpt_sessions(sweep.num_prompts, sweep.max_turns)
+        prompts = [BenchPrompt(tuple({"role": "user", "content": turn} for turn in session), None)
+                   for session in sessions]
+    else:
+        prompts = load_bench_prompts(sweep.dataset, sweep.num_prompts,
+                                     tokenizer=tokenizer.get() if sweep.dataset == "random" else None,
+                                     input_len=sweep.input_len, seed=sweep.seed)
+    if sweep.endpoint == "completions" and any(p.text is None for p in prompts) and \
+            sweep.workload == "single":
         raise EyasError(f"dataset '{sweep.dataset}' has multi-message records, which only "
                         f"--endpoint chat can send")
     if sweep.num_prompts < max(sweep.concurrency):
@@ -112,7 +128,8 @@ def run_serve_benchmark(config: ServeBenchConfig, progress: bool = True,
         "endpoint": ENDPOINTS[sweep.endpoint],
         "model_id": model,
         "tokenizer_id": sweep.tokenizer,
-        "dataset_name": sweep.dataset,
+        "dataset_name": "sharegpt-multiturn" if sweep.workload == "multiturn" else sweep.dataset,
+        "workload": sweep.workload,
         "num_prompts": sweep.num_prompts,
         "max_tokens": sweep.max_tokens,
         "temperature": sweep.temperature,

@@ -37,6 +37,7 @@ MAX_PROMPTS = 100_000
 MAX_CONCURRENCY = 4096
 WARMUP_MAX_TOKENS = 16
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+WORKLOADS = ("single", "multiturn")  # one request per prompt | conversations turn by turn
 
 
 @dataclass
@@ -57,6 +58,8 @@ class SweepConfig:
     tokenizer: str = "smollm2-135m"  # for counts the server does not report; "none" = no tokenizer
     request_timeout: float = 600.0  # seconds per request
     level_timeout: float = 3600.0  # seconds per level; requests still running are cancelled
+    workload: str = "single"  # multiturn: ShareGPT conversations turn by turn (multiturn.py)
+    max_turns: int = 4  # multiturn: most user turns per conversation
 
     def __post_init__(self) -> None:
         check_dataset_spec(self.dataset)
@@ -71,6 +74,12 @@ class SweepConfig:
             raise EyasError("--max-tokens and --input-len must be >= 1, --warmup >= 0")
         if not 0.0 <= self.temperature <= 2.0:
             raise EyasError(f"--temperature must be in [0, 2], got {self.temperature}")
+        if self.workload not in WORKLOADS:
+            raise EyasError(f"unknown workload '{self.workload}'; accepted: {', '.join(WORKLOADS)}")
+        if self.workload == "multiturn" and (self.endpoint != "chat" or self.max_turns < 2 or
+                                             self.dataset not in ("mtbench", "sharegpt")):
+            raise EyasError("--workload multiturn sends ShareGPT conversations (--dataset sharegpt) "
+                            "to --endpoint chat with --max-turns >= 2")
         if self.request_timeout <= 0 or self.level_timeout <= 0:
             raise EyasError("--request-timeout and --level-timeout must be > 0 seconds")
 
@@ -104,6 +113,9 @@ class LevelRecords:
     duration: float  # seconds from the first request sent to the last one finished
     counters_before: SpecDecodeCounters | None
     counters_after: SpecDecodeCounters | None
+    turns: list[int] | None = None  # multiturn: each record's turn (1-based)
+    prefix_before: tuple[float, float] | None = None  # prefix cache (queries, hits) scraped
+    prefix_after: tuple[float, float] | None = None
 
 
 def build_payload(prompt: BenchPrompt, model: str, sweep: SweepConfig,
@@ -231,14 +243,21 @@ async def run_level(client: httpx.AsyncClient, config: ServeBenchConfig, model: 
     url = config.url + ENDPOINTS[sweep.endpoint]
     # 1. Warm-up: `warmup` rounds of `concurrency` short requests; timings discarded.
     warm_max_tokens = min(WARMUP_MAX_TOKENS, sweep.max_tokens)
-    warm_jobs = [(build_payload(prompts[i % len(prompts)], model, sweep, warm_max_tokens),
-                  prompts[i % len(prompts)]) for i in range(sweep.warmup * concurrency)]
+    warm = prompts
+    if sweep.workload == "multiturn":  # not the conversations: their first turns would be cached
+        from eyas.bench.datasets import mtbench_prompts
+
+        warm = mtbench_prompts(max(1, concurrency))
+    warm_jobs = [(build_payload(warm[i % len(warm)], model, sweep, warm_max_tokens),
+                  warm[i % len(warm)]) for i in range(sweep.warmup * concurrency)]
     if warm_jobs:
         warm_records, _ = await send_all(client, url, warm_jobs, concurrency, sweep)
         errors = [r.error for r in warm_records if r.error]
         if len(errors) == len(warm_records):
             raise EyasError(f"every warm-up request to {url} failed; first error: {errors[0]}")
     # 2. Measured requests between two scrapes of /metrics.
+    if sweep.workload == "multiturn":
+        return await _run_sessions_level(client, config, model, prompts, concurrency, progress)
     before = await scrape_spec_counters(client, config.url)
     jobs = [(build_payload(prompt, model, sweep, sweep.max_tokens), prompt) for prompt in prompts]
     with tqdm(total=len(jobs), desc=f"{config.label} c={concurrency}", disable=not progress,
@@ -247,6 +266,32 @@ async def run_level(client: httpx.AsyncClient, config: ServeBenchConfig, model: 
                                            on_done=lambda: bar.update(1))
     after = await scrape_spec_counters(client, config.url)
     return LevelRecords(concurrency, records, duration, before, after)
+
+
+async def _run_sessions_level(client: httpx.AsyncClient, config: ServeBenchConfig, model: str,
+                              prompts: list[BenchPrompt], concurrency: int,
+                              progress: bool) -> LevelRecords:
+    """The multi-turn workload (multiturn.py): `prompts` carry one conversation each."""
+    from tqdm import tqdm
+
+    from eyas.bench.multiturn import run_sessions, scrape_prefix_counters
+
+    sweep = config.sweep
+    url = config.url + ENDPOINTS[sweep.endpoint]
+    sessions = [[m["content"] for m in prompt.messages] for prompt in prompts]
+    before = await scrape_spec_counters(client, config.url)
+    prefix_before = await scrape_prefix_counters(client, config.url)
+    with tqdm(total=sum(map(len, sessions)), desc=f"{config.label} c={concurrency}",
+              disable=not progress, leave=False) as bar:
+        records, turns, duration = await run_sessions(
+            client, url, model, sessions, concurrency,
+            lambda prompt: build_payload(prompt, model, sweep, sweep.max_tokens),
+            lambda c, u, payload, prompt: stream_request(c, u, payload, prompt, sweep.request_timeout),
+            on_done=lambda: bar.update(1))
+    after = await scrape_spec_counters(client, config.url)
+    prefix_after = await scrape_prefix_counters(client, config.url)
+    return LevelRecords(concurrency, records, duration, before, after, turns, prefix_before,
+                        prefix_after)
 
 
 async def run_sweep(config: ServeBenchConfig, prompts: list[BenchPrompt],

@@ -283,6 +283,12 @@ def _add_sweep_args(parser: argparse.ArgumentParser) -> None:
                         help="seconds per request (default: %(default)s)")
     parser.add_argument("--level-timeout", type=float, default=d.level_timeout,
                         help="seconds per concurrency level (default: %(default)s)")
+    parser.add_argument("--workload", choices=["single", "multiturn"], default=d.workload,
+                        help="single: one request per prompt; multiturn: ShareGPT conversations "
+                             "sent turn by turn with their history, TTFT of turns 2+ reported "
+                             "apart (default: %(default)s)")
+    parser.add_argument("--max-turns", type=int, default=d.max_turns,
+                        help="multiturn: most user turns per conversation (default: %(default)s)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -295,7 +301,8 @@ def _sweep_from_args(args: argparse.Namespace) -> SweepConfig:
                        ignore_eos=args.ignore_eos, continuous_usage_stats=args.continuous_usage_stats,
                        input_len=args.input_len, seed=args.seed, warmup=args.warmup,
                        tokenizer=args.tokenizer, request_timeout=args.request_timeout,
-                       level_timeout=args.level_timeout)
+                       level_timeout=args.level_timeout, workload=args.workload,
+                       max_turns=args.max_turns)
 
 
 def _register_serve(sub: argparse._SubParsersAction) -> None:

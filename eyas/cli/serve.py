@@ -84,6 +84,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                               "while step N computes")
     overlap.add_argument("--no-overlap", dest="overlap", action="store_false",
                          help=f"one step at a time (default: {'overlap' if DEFAULTS.overlap else 'no overlap'})")
+    prefix = parser.add_mutually_exclusive_group()
+    prefix.add_argument("--prefix-cache", dest="prefix_caching", action="store_true",
+                        default=DEFAULTS.prefix_caching,
+                        help="keep finished requests' KV rows and reuse them for prompts that "
+                             "start the same way (default: on)")
+    prefix.add_argument("--no-prefix-cache", dest="prefix_caching", action="store_false",
+                        help="prefill every prompt whole")
     parser.add_argument("--max-body-bytes", type=int, default=1 << 20,
                         help="larger request bodies get 413 (default: %(default)s)")
     parser.add_argument("--max-n", type=int, default=None,
@@ -112,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
         max_running=args.max_running, max_waiting=args.max_waiting, max_model_len=args.max_model_len,
         max_step_tokens=args.max_step_tokens, prefill_chunk=args.prefill_chunk,
         num_draft_tokens=args.num_draft_tokens, speculation=args.speculation, overlap=args.overlap,
-        tree=args.tree)
+        tree=args.tree, prefix_caching=args.prefix_caching)
     settings = ServerSettings(model_name=args.served_model_name or args.model, api_key=args.api_key,
                               max_body_bytes=args.max_body_bytes,
                               **{name: value for name, value in (("max_n", args.max_n),
@@ -126,10 +133,10 @@ def run(args: argparse.Namespace) -> int:
     engine = Engine(target, config, draft=args.draft, observer=metrics)
     if engine.proposers.suffix_store() is not None:
         metrics.watch_suffix_store(engine.proposers.suffix_store().stats)
-    log.info("model %s (%s), draft %s, %d rows x up to %d tokens, KV %.1f MiB per 1k slots, overlap %s",
+    log.info("model %s (%s), draft %s, %d rows x up to %d tokens, KV %.1f MiB per 1k slots, overlap %s, prefix cache %s",
              settings.model_name, target.precision, args.draft, config.max_running,
              engine.max_model_len, engine.pool.bytes_per_slot() * 1000 / 2**20,
-             "on" if config.overlap else "off")
+             "on" if config.overlap else "off", "on" if config.prefix_caching else "off")
     if engine.costs is not None:
         log.info("measured step costs (ms): %s", engine.costs.as_dict())
     app = create_app(engine, settings, metrics, start_engine=False)

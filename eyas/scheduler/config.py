@@ -24,6 +24,7 @@ class EngineConfig:
     speculation: str = "auto"  # auto: from measured costs | always | never
     tree: str | None = None  # EAGLE-3 tree shape: auto, chain:K or DEPTH,TOPK,TOTAL
     overlap: bool = False  # schedule N+1 and postprocess N-1 while step N computes (loop.py)
+    prefix_caching: bool = True  # reuse the KV rows of earlier requests' prefixes (prefix_cache.py)
     initial_kv_slots: int = 256  # KV slots per row at start; doubled when a row needs more
     profile_batch_sizes: tuple[int, ...] | None = None  # None: 1, 2, 4, ... up to max_running
 

@@ -38,6 +38,7 @@ from eyas.scheduler.executor import StepExecutor
 from eyas.scheduler.kv_pool import KVPool
 from eyas.scheduler.loop import StepLoop
 from eyas.scheduler.output import EngineObserver, OutputProcessor
+from eyas.scheduler.prefix_cache import PrefixCache
 from eyas.scheduler.proposers import ProposerFactory
 from eyas.scheduler.request import Request, RequestOutput, RequestStatus
 from eyas.scheduler.scheduler import Scheduler
@@ -74,6 +75,8 @@ class Engine:
         max_slots = self.max_model_len + config.num_draft_tokens + 1
         self.pool = KVPool(target, config.max_running, max_slots, config.initial_kv_slots)
         self.proposers = ProposerFactory(draft, target, max_slots, config.tree)
+        self.prefix_cache = PrefixCache(self.pool) if config.prefix_caching else None
+        self.pool.keep_taps = config.prefix_caching and bool(self.proposers.tap_layers)
         self.costs: StepCostModel | None = None
         if self.proposers.enabled and config.speculation == "auto":
             self.costs = StepCostModel.measure(target, config.batch_sizes_to_profile(),
@@ -81,8 +84,10 @@ class Engine:
         pooled = AcceptanceEstimate(forgetting=0.995)  # acceptance over every request so far
         if self.costs is not None:  # start from the proposer's measured cost, not from "free"
             pooled.draft_seconds_per_token = self.proposers.draft_seconds_per_token(target)
-        self.scheduler = Scheduler(config, self.pool, self.proposers.enabled, self.costs, pooled)
-        self.executor = StepExecutor(target, self.pool, self.proposers.tap_layers, self.costs, pooled)
+        self.scheduler = Scheduler(config, self.pool, self.proposers.enabled, self.costs, pooled,
+                                   self.prefix_cache)
+        self.executor = StepExecutor(target, self.pool, self.proposers.tap_layers, self.costs, pooled,
+                                     prefix_caching=config.prefix_caching)
         self.faults = self.executor.faults  # per-request fault injection for tests (faults.py)
         self.outputs = OutputProcessor(self.proposers.method, observer, self.faults)
         self.observer = observer
@@ -253,6 +258,8 @@ class Engine:
                     self.observer.queue_changed(self.num_running, self.num_waiting)
                     self.observer.kv_changed(self.pool.rows - self.pool.num_free, self.pool.rows,
                                              self.pool.slots, self.kv_cache_bytes)
+                    if self.prefix_cache is not None and hasattr(self.observer, "prefix_cache_changed"):
+                        self.observer.prefix_cache_changed(self.prefix_cache.stats())
         finally:
             self._running.clear()
             self._exited.set()

@@ -8,7 +8,11 @@ A step:
    logits only where a real query sits (greedy near-ties recomputed one row at a time).
 3. Per row: lossless acceptance (greedy or sampling, eyas.engine.speculative.acceptance),
    compaction of the accepted path in that row's KV, token-level append, proposer.observe.
-4. Prefill chunks, one single-row pass each; a prompt's last chunk yields its first token.
+4. Prefill chunks, one single-row pass each; a prompt's last chunk yields its first token. A
+   request that reuses a cached prefix (prefix_cache.py) starts after it; its proposer is
+   handed the prefix's taps from the pool, as a prefill would have handed them.
+
+Before anything, the step applies the row copies that admission queued on the pool.
 
 Each request's share of the step runs in a named stage (faults.py): an exception there fails
 that request alone (`Request.fail`, listed in `StepResult.failed`); the rest of the batch goes
@@ -55,6 +59,8 @@ class StepStats:
     accepted_tokens: int = 0
     accepted_per_position: list[int] = field(default_factory=list)  # by depth 1, 2, ...
     prefill_tokens: int = 0
+    prefix_cache_queries: int = 0  # prompt tokens of requests that began prefilling (cache on)
+    prefix_cache_hits: int = 0  # of those, tokens reused from the prefix cache
     draft_seconds: float = 0.0
     forward_seconds: float = 0.0  # the decode pass (what the cost model follows)
     step_seconds: float = 0.0
@@ -69,9 +75,11 @@ class StepResult:
 
 class StepExecutor:
     def __init__(self, target: Target, pool: KVPool, tap_layers: Sequence[int] = (),
-                 costs: StepCostModel | None = None, pooled: AcceptanceEstimate | None = None) -> None:
+                 costs: StepCostModel | None = None, pooled: AcceptanceEstimate | None = None,
+                 prefix_caching: bool = False) -> None:
         self.target = target
         self.pool = pool
+        self.prefix_caching = prefix_caching
         self.tap_layers = tuple(tap_layers)
         self.costs = costs
         self.pooled = pooled or AcceptanceEstimate()  # server-wide acceptance (priors of new requests)
@@ -80,6 +88,7 @@ class StepExecutor:
     @torch.inference_mode()
     def run(self, plan: StepPlan) -> StepResult:
         started = time.perf_counter()
+        self.pool.apply_pending()  # row copies queued by admission (kv_pool.py)
         result = StepResult()
         result.stats.planned_draft_tokens = plan.num_draft_tokens
         decode = [r for r in plan.decode if not r.done and r.root is not None]
@@ -217,6 +226,9 @@ class StepExecutor:
             context = request.context_length
             self.pool.cache.compact(request.row, [context + node for node in verdict.accepted_nodes],
                                     start=context + 1)
+            if self.pool.keep_taps and row_output.taps is not None:
+                kept = torch.tensor([0] + list(verdict.accepted_nodes), device=row_output.taps.device)
+                self.pool.write_taps(request.row, context, row_output.taps[0, kept])
             request.context_length = context + 1 + len(verdict.accepted_nodes)
             request.root = verdict.next_token
             request.append_tokens(verdict.emitted, request.sequence.eos_token_ids)
@@ -327,16 +339,33 @@ class StepExecutor:
             request.acceptance.relax()
 
     # ---- prefill: one chunk of one prompt -------------------------------------------
+    def _begin(self, request: Request, stats: StepStats) -> None:
+        """Before the first chunk: the request's sampler and proposer; a proposer that reads
+        the target's taps gets those of the reused prefix (slots [0, context_length))."""
+        request.prefill_started = True
+        request.generator = request.params.generator(self.target.device)
+        if self.prefix_caching:
+            stats.prefix_cache_queries += request.prompt_len
+            stats.prefix_cache_hits += request.context_length
+        if request.proposer is None:
+            return
+        request.proposer.begin(self.target, request.prompt_ids, request.params)
+        reused = request.context_length
+        if reused and self.tap_layers:
+            taps = self.pool.read_taps(request.row, reused)  # [1, reused, W]
+            if taps is None or taps.shape[1] != reused:
+                raise RuntimeError("the prefix cache holds no taps for the reused prefix")
+            request.proposer.observe(DraftTree.empty(), None, ForwardOutput(None, None, taps))
+
     def _prefill(self, chunk: PrefillChunk, result: StepResult) -> None:
         request, start, end = chunk.request, chunk.start, chunk.end
         target = self.target
         stage = "prefill"
         try:
             self.faults.check(request, "prefill")
-            if start == 0:
-                request.generator = request.params.generator(target.device)
-                if request.proposer is not None:
-                    request.proposer.begin(target, request.prompt_ids, request.params)
+            start = min(start, request.context_length)  # a reused prefix may come out shorter
+            if not request.prefill_started:
+                self._begin(request, result.stats)
             self.pool.ensure_slots(end)
             row = request.row
             ids = torch.tensor([request.prompt_ids[start:end]], device=target.device)  # [1, C]
@@ -350,6 +379,8 @@ class StepExecutor:
                 self._prompt_logprobs(request, output.logits[0], start, end)
             request.context_length = end
             result.stats.prefill_tokens += end - start
+            if self.pool.keep_taps and output.taps is not None:
+                self.pool.write_taps(row, start, output.taps[0])
             if request.proposer is not None:
                 stage = "draft"
                 request.proposer.observe(DraftTree.empty(), None, output)

@@ -142,8 +142,7 @@ class StepLoop:
         self.scheduler.waiting.clear()
         self.scheduler.running.clear()
         self.next_plan, self.unprocessed, self.released = StepPlan(), None, []
-        for row in range(self.scheduler.pool.rows):
-            self.scheduler.pool.free(row)
+        self.scheduler.forget_rows()
         for request in requests:
             request.fail("loop", describe(error))
             request.row = None

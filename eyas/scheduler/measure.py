@@ -132,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     for text, config in zip(args.configs, configs):
         engines[text] = Engine(target, EngineConfig(
             max_running=max(args.concurrency), speculation=config.speculation, overlap=config.overlap,
-            num_draft_tokens=args.num_draft_tokens), draft=config.draft)
+            num_draft_tokens=args.num_draft_tokens,
+            prefix_caching=False), draft=config.draft)  # the prompts repeat: no prefix reuse
     expected = [generate(target, p, params).token_ids for p in base] if args.check_plain else None
     results = []
     print(f"model {args.model} ({target.precision}), prompts {args.prompts} x {len(base)}, "

@@ -77,6 +77,7 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     row: int | None = None  # KV cache row while running
     prefill_scheduled: int = 0  # prompt tokens handed to a step (ahead of compute in overlap)
+    prefix_length: int = 0  # prompt tokens planned to be reused from the prefix cache
     admitted_order: int = 0
     # ---- token-level state (step executor) ---------------------------------------------
     token_ids: list[int] = field(default_factory=list)  # prompt + emitted tokens (cut at EOS)
@@ -85,6 +86,8 @@ class Request:
     num_output: int = 0  # tokens emitted at token level
     token_done: bool = False  # EOS or max_new_tokens reached at token level (or failed)
     failure: Failure | None = None  # set when this request's work raised (faults.py)
+    prefill_started: bool = False  # its first prefill chunk ran (sampler and proposer set up)
+    prefix_hit: int = 0  # prompt tokens whose keys and values were reused (prefix cache)
     generator: torch.Generator | None = None
     acceptance: AcceptanceEstimate = field(default_factory=AcceptanceEstimate)
     shadow: ShadowDraft = field(default_factory=ShadowDraft)  # unverified draft (plain steps)

@@ -8,10 +8,14 @@ Each step, in order:
    (at most `prefill_chunk` tokens per request per step), oldest request first, so that a long
    prompt never stalls the running requests for more than one chunk.
 3. Admission: waiting requests (first come, first served) take a free KV row while the budget
-   lasts. A row is the request's KV memory: admission needs a free one.
+   lasts. A row is the request's KV memory: admission needs one that no request holds. With a
+   prefix cache (prefix_cache.py), a request reuses the longest computed prefix of its prompt
+   (a cached row, or a running request's prompt) and prefills only the rest; one whose prompt
+   shares more with a prompt still prefilling waits for it (requests behind it may pass).
 
 The plan names requests, not rows: rows are read when the step runs, after the engine has
-released finished requests and packed the pool (moves happen only between steps).
+released finished requests and packed the pool (moves happen only between steps: admission
+queues its copies on the pool, which the loop thread applies before the step runs).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from dataclasses import dataclass, field
 
 from eyas.scheduler.config import EngineConfig
 from eyas.scheduler.kv_pool import KVPool
+from eyas.scheduler.prefix_cache import PrefixCache
 from eyas.scheduler.request import Request, RequestStatus
 from eyas.scheduler.speculation import AcceptanceEstimate, StepCostModel, choose_draft_length, tree_pricing
 
@@ -57,9 +62,11 @@ class StepPlan:
 
 class Scheduler:
     def __init__(self, config: EngineConfig, pool: KVPool, speculative: bool,
-                 costs: StepCostModel | None = None, pooled: AcceptanceEstimate | None = None) -> None:
+                 costs: StepCostModel | None = None, pooled: AcceptanceEstimate | None = None,
+                 prefix_cache: PrefixCache | None = None) -> None:
         self.config = config
         self.pool = pool
+        self.prefix_cache = prefix_cache  # None: every prompt is prefilled whole
         self.speculative = speculative and config.speculation != "never"
         self.costs = costs
         self.pooled = pooled  # server-wide acceptance: the priors of newly admitted requests
@@ -86,6 +93,8 @@ class Scheduler:
         plan.decode = [r for r in live if r.prefill_complete_scheduled]
         prefilling = [r for r in live if not r.prefill_complete_scheduled]
         prefill_pending = bool(prefilling or self.waiting)
+        # prompt tokens each running request will have computed when this step starts
+        available = {r: r.prefill_scheduled for r in live}
         # 1. Decode rows and the step's draft length.
         plan.num_draft_tokens, plan.max_draft_tokens = self._draft_tokens(plan.decode, prefill_pending)
         self.last_draft_tokens = plan.num_draft_tokens
@@ -98,12 +107,22 @@ class Scheduler:
             if budget <= 0:
                 return plan
         # 3. Admission while a row and budget are left.
+        passed: list[Request] = []  # waiting for a prompt still prefilling (prefix cache)
         while self.waiting and budget > 0 and self.pool.num_free > 0:
             request = self.waiting.popleft()
             if request.done:  # cancelled while waiting: the engine finishes it
                 self._dropped.append(request)
                 continue
-            request.row = self.pool.allocate(request)
+            if self.prefix_cache is None:
+                request.row = self.pool.allocate(request)
+            else:
+                match = self.prefix_cache.match(request, self.running, available)
+                if match.wait:
+                    passed.append(request)
+                    continue
+                request.row = self.prefix_cache.admit(request, match)
+                request.prefill_scheduled = match.length
+                available[request] = match.length
             request.status = RequestStatus.PREFILLING
             if self.pooled is not None:
                 request.acceptance = self.pooled.seeded()
@@ -112,6 +131,7 @@ class Scheduler:
             self._admitted += 1
             self.running.append(request)
             budget -= self._add_chunk(plan, request, budget)
+        self.waiting.extendleft(reversed(passed))
         return plan
 
     def _add_chunk(self, plan: StepPlan, request: Request, budget: int) -> int:
@@ -169,12 +189,20 @@ class Scheduler:
             return []
         for request in released:
             self.running.remove(request)
-            self.pool.free(request.row)
+            if self.prefix_cache is None or not self.prefix_cache.retain(request):
+                self.pool.free(request.row)
             request.row = None
         for owner, source, target in self.pool.compact():
-            self.pool.move_row(source, target, owner.context_length)
+            self.pool.move_row(source, target, max(owner.context_length, owner.prefix_length))
             owner.row = target
+        self.pool.apply_pending()
         return released
+
+    def forget_rows(self) -> None:
+        """After a failure of the loop: every row free, nothing cached."""
+        self.pool.reset()
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
 
     def drop_cancelled_waiting(self) -> list[Request]:
         """Waiting requests that were cancelled (the engine emits their final output)."""

@@ -23,8 +23,14 @@
 | eyas:kv_cache_slots                                        | gauge     | token slots per KV row (grows on demand, kept) |
 | eyas:kv_cache_bytes                                        | gauge     | bytes of the KV pool as allocated |
 | vllm:kv_cache_usage_perc                                   | gauge     | rows in use / rows (0..1) |
+| vllm:prefix_cache_queries / vllm:prefix_cache_hits         | counter   | prompt tokens looked up in the prefix cache / of those, reused (hit rate = hits / queries) |
+| eyas:prefix_cache_rows / eyas:prefix_cache_tokens          | gauge     | cached prefixes resident in KV rows no request holds / their tokens |
+| eyas:prefix_cache_evictions_total                          | counter   | cached prefixes evicted (least recently used first) |
 
 Mean acceptance length = 1 + accepted / drafts (the bonus token counts).
+Names: a metric vLLM also exports keeps vLLM's name (`vllm:` prefix), so that its dashboards read
+eyas; one that only eyas has is `eyas:`. Counters are declared without `_total`, which the
+exposition adds (vllm:prefix_cache_hits -> vllm:prefix_cache_hits_total, as vLLM's own).
 Every series carries model_name and engine="0" labels, as vLLM's do.
 """
 
@@ -36,6 +42,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from eyas.scheduler.executor import StepStats
 from eyas.scheduler.faults import FAILURE_LABELS
+from eyas.scheduler.prefix_cache import PrefixCacheStats
 from eyas.scheduler.request import Request
 
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -87,6 +94,17 @@ class ServerMetrics:
                               labels, registry=r)
         self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "KV cache rows in use / rows (0..1)",
                               labels, registry=r)
+        self.prefix_queries = Counter("vllm:prefix_cache_queries", "Prefix cache queries, in "
+                                      "prompt tokens", labels, registry=r)
+        self.prefix_hits = Counter("vllm:prefix_cache_hits", "Prefix cache hits, in prompt tokens "
+                                   "reused", labels, registry=r)
+        self.prefix_rows = Gauge("eyas:prefix_cache_rows", "Cached prefixes resident in KV rows",
+                                 labels, registry=r)
+        self.prefix_tokens = Gauge("eyas:prefix_cache_tokens", "Tokens of the cached prefixes",
+                                   labels, registry=r)
+        self.prefix_evictions = Counter("eyas:prefix_cache_evictions", "Cached prefixes evicted "
+                                        "(least recently used first)", labels, registry=r)
+        self._evictions_seen = 0
         self.store_stats: Callable[[], dict[str, int]] | None = None  # watch_suffix_store
         self.store_gauges: dict[str, Gauge] = {}
         for reason in ("stop", "length", "abort", "error"):  # exported from the start, at 0
@@ -97,7 +115,9 @@ class ServerMetrics:
             self._l(self.rejected, reason=reason)
         for metric in (self.drafts, self.draft_tokens, self.accepted_tokens, self.prompt_tokens,
                        self.generation_tokens, self.running, self.waiting, self.draft_length,
-                       self.kv_rows_in_use, self.kv_rows, self.kv_slots, self.kv_bytes, self.kv_usage):
+                       self.kv_rows_in_use, self.kv_rows, self.kv_slots, self.kv_bytes, self.kv_usage,
+                       self.prefix_queries, self.prefix_hits, self.prefix_rows, self.prefix_tokens,
+                       self.prefix_evictions):
             metric.labels(**self.label_values)
         for position in range(num_positions):
             self._l(self.accepted_per_position, position=str(position))
@@ -109,6 +129,9 @@ class ServerMetrics:
     def step_finished(self, stats: StepStats) -> None:
         if stats.decode_rows:
             self._l(self.draft_length).set(stats.planned_draft_tokens)
+        if stats.prefix_cache_queries:
+            self._l(self.prefix_queries).inc(stats.prefix_cache_queries)
+            self._l(self.prefix_hits).inc(stats.prefix_cache_hits)
         if stats.drafts:
             self._l(self.drafts).inc(stats.drafts)
             self._l(self.draft_tokens).inc(stats.draft_tokens)
@@ -141,6 +164,13 @@ class ServerMetrics:
         self._l(self.kv_slots).set(slots)
         self._l(self.kv_bytes).set(cache_bytes)
         self._l(self.kv_usage).set(rows_in_use / rows if rows else 0.0)
+
+    def prefix_cache_changed(self, stats: PrefixCacheStats) -> None:
+        self._l(self.prefix_rows).set(stats.rows)
+        self._l(self.prefix_tokens).set(stats.tokens)
+        if stats.evictions > self._evictions_seen:
+            self._l(self.prefix_evictions).inc(stats.evictions - self._evictions_seen)
+            self._evictions_seen = stats.evictions
 
     def request_rejected(self, reason: str) -> None:
         """A request refused before the engine took it (HTTP 503)."""

@@ -55,7 +55,37 @@ def test_counters_move_with_served_requests(tiny_target):
 
 def test_plain_server_reports_no_drafts(tiny_plain_server):
     before = scrape(tiny_plain_server)
-    tiny_plain_server.client().completions.create(model="tiny", prompt="a b", max_tokens=5, temperature=0)
+    tiny_plain_server.client().completions.create(model="tiny", prompt="a b", max_tokens=5, temperature=0,
+                                          extra_body={"ignore_eos": True})
     after = scrape(tiny_plain_server)
     assert delta(after, before, "vllm:spec_decode_num_drafts_total") == 0
     assert delta(after, before, "vllm:generation_tokens_total") == 5
+
+
+def test_prefix_cache_counters_after_known_requests(tiny_target):
+    """A prompt, then the same prompt again and an extension of it: the counters read the
+    tokens looked up and reused, as vLLM names them."""
+    served = start_server(tiny_target, max_running=2)
+    try:
+        client = served.client()
+        before = scrape(served)
+        prompt = [100 + i for i in range(30)]
+        first = client.completions.create(model="tiny", prompt=prompt, max_tokens=5, temperature=0,
+                                          extra_body={"ignore_eos": True})
+        again = client.completions.create(model="tiny", prompt=prompt, max_tokens=5, temperature=0,
+                                          extra_body={"ignore_eos": True})
+        longer = prompt + [400, 401]
+        client.completions.create(model="tiny", prompt=longer, max_tokens=5, temperature=0,
+                                  extra_body={"ignore_eos": True})
+        after = scrape(served)
+    finally:
+        served.server.stop()
+    assert first.choices[0].text == again.choices[0].text
+    assert delta(after, before, "vllm:prefix_cache_queries_total") == 30 + 30 + 32
+    # the repeat reuses 29 (the last prompt token is always computed); the longer prompt finds
+    # the first request's row (30 prompt tokens + 4 of its 5 answer tokens), of which only
+    # the 30 of its prompt match, or the repeat's row: 30 either way
+    assert delta(after, before, "vllm:prefix_cache_hits_total") == 29 + 30
+    assert after[("eyas:prefix_cache_rows", ())] >= 1
+    assert after[("eyas:prefix_cache_tokens", ())] >= 34
+    assert after[("eyas:prefix_cache_evictions_total", ())] == 0
