@@ -160,3 +160,17 @@ def test_a_copy_from_a_prefill_that_failed_reuses_only_what_was_computed(tiny_ta
                                                                for c in plan.prefill]
     scheduler.pool.apply_pending()  # but [16, 32) never got computed (its pass failed)
     assert second.prefix_hit == 16 and second.context_length == 16  # prefill resumes at 16
+
+
+def test_a_request_asking_for_prompt_logprobs_computes_its_whole_prompt(tiny_target):
+    scheduler = new_scheduler(tiny_target)
+    first = request(tiny_target, list(range(100, 120)))
+    scheduler.add(first)
+    scheduler.schedule()
+    finish(scheduler, first, 1, [7, 8, 9])
+    echo = request(tiny_target, list(range(100, 120)) + [7, 8, 9, 30])
+    echo.params.prompt_logprobs = 0  # `echo` + `logprobs`: logits at every prompt position
+    scheduler.add(echo)
+    plan = scheduler.schedule()
+    assert [(c.start, c.end) for c in plan.prefill] == [(0, 16)]  # from the start, nothing reused
+    assert echo.prefill_scheduled == 16
