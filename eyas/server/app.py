@@ -30,12 +30,13 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from eyas import __version__
+from eyas.engine.grammar import GrammarError
 from eyas.errors import EyasError
-from eyas.models.tokenizer import chat_prompt_ids, raw_prompt_ids
+from eyas.models.tokenizer import raw_prompt_ids
 from eyas.scheduler.engine import Engine, QueueFull, RequestRejected
 from eyas.scheduler.request import Request as EngineRequest
 from eyas.scheduler.request import RequestOutput
-from eyas.server import protocol
+from eyas.server import protocol, structured, tools
 from eyas.server.errors import APIError, install_handlers
 from eyas.server.guards import check_api_key, read_json_body
 from eyas.server.metrics import ServerMetrics
@@ -122,14 +123,17 @@ def create_app(engine: Engine, settings: ServerSettings, metrics: ServerMetrics,
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         parsed = await parse(request, protocol.ChatCompletionRequest)
-        messages = [{"role": m.role, "content": m.text()} for m in parsed.messages]
+        plan = tools.tool_plan(parsed)
+        messages = tools.template_messages(parsed)
         try:
-            prompt_ids = await anyio.to_thread.run_sync(chat_prompt_ids, tokenizer, messages)
+            prompt_ids = await anyio.to_thread.run_sync(tools.render, tokenizer, messages, plan)
         except Exception as error:  # no chat template, or one that rejects these roles
             raise APIError(400, f"the chat template cannot render these messages: {error}",
                            param="messages", code="invalid_value") from error
         limit_field = "max_completion_tokens" if parsed.max_completion_tokens else "max_tokens"
-        return await respond(request, parsed, prompt_ids, "messages", limit_field, chat=True)
+        grammar = await constraint(parsed, plan)
+        return await respond(request, parsed, prompt_ids, "messages", limit_field, chat=True,
+                             grammar=grammar, plan=plan)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -145,7 +149,28 @@ def create_app(engine: Engine, settings: ServerSettings, metrics: ServerMetrics,
             if any(not 0 <= token < vocab for token in prompt_ids):
                 raise APIError(400, f"prompt token ids must be in [0, {vocab})", param="prompt",
                                code="invalid_value")
-        return await respond(request, parsed, prompt_ids, "prompt", "max_tokens", chat=False)
+        grammar = await constraint(parsed, None)
+        return await respond(request, parsed, prompt_ids, "prompt", "max_tokens", chat=False,
+                             grammar=grammar)
+
+    async def constraint(parsed: Any, plan: tools.ToolPlan | None) -> Any:
+        """The request's grammar constraint (a logits processor), or None: structured output
+        (response_format, guided_*) or a required / named tool call. 400 for a bad schema."""
+        asked = structured.grammar_request(parsed)
+        from_tools = plan.grammar() if plan is not None else None
+        if asked is not None and from_tools is not None:
+            raise APIError(400, "response_format cannot be combined with tool_choice "
+                                "'required' or a named function", param="response_format",
+                           code="invalid_value")
+        spec, param = asked if asked is not None else (from_tools, "tools")
+        if spec is None:
+            return None
+        try:
+            grammar = await anyio.to_thread.run_sync(structured.compile_for, spec, engine.target)
+        except GrammarError as error:
+            raise APIError(400, f"invalid schema for structured output: {error}", param=param,
+                           code="invalid_value") from error
+        return grammar.constraint()
 
     async def parse(request: Request, schema: type[protocol.SamplingRequest]) -> Any:
         check_api_key(request, settings.api_key)
@@ -166,7 +191,8 @@ def create_app(engine: Engine, settings: ServerSettings, metrics: ServerMetrics,
         return parsed
 
     async def respond(http_request: Request, parsed: Any, prompt_ids: list[int], prompt_field: str,
-                      limit_field: str, chat: bool) -> Response:
+                      limit_field: str, chat: bool, grammar: Any = None,
+                      plan: tools.ToolPlan | None = None) -> Response:
         # 1. The context check and the queue, then the engine.
         if not engine.alive:
             raise APIError(503, "the engine is not running", code="engine_down")
@@ -176,9 +202,11 @@ def create_app(engine: Engine, settings: ServerSettings, metrics: ServerMetrics,
         params = parsed.sampling_params(max_tokens)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        constrained = {"logits_processors": [grammar]} if grammar is not None else {}
         try:
             submitted = engine.submit(prompt_ids, params,
-                                      lambda output: loop.call_soon_threadsafe(queue.put_nowait, output))
+                                      lambda output: loop.call_soon_threadsafe(queue.put_nowait, output),
+                                      **constrained)
         except RequestRejected as error:
             field = prompt_field if error.field == "prompt" else limit_field
             raise APIError(400, str(error), param=field, code=error.code) from error
@@ -190,14 +218,22 @@ def create_app(engine: Engine, settings: ServerSettings, metrics: ServerMetrics,
         response_id = protocol.new_id("chatcmpl" if chat else "cmpl")
         headers = ignored_header(http_request.state.ignored_fields)
         if parsed.stream:
-            chunks = stream_chat if chat else stream_completion
-            return StreamingResponse(chunks(submitted, queue, response_id, parsed.include_usage),
+            shaped = (submitted, queue, response_id, parsed.include_usage)
+            stream = stream_chat(*shaped, plan) if chat else stream_completion(*shaped)
+            return StreamingResponse(stream,
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Request-Id": response_id,
                                               **headers})
         final, text = await collect(http_request, submitted, queue)
         build = protocol.chat_response if chat else protocol.completion_response
-        return JSONResponse(build(response_id, settings.model_name, text, final), headers=headers)
+        body = build(response_id, settings.model_name, text, final)
+        if plan is not None:  # tool calls parsed out of the text (tools.py)
+            content, calls = plan.parse(text)
+            choice = body["choices"][0]
+            choice["message"] = {"role": "assistant", "content": content,
+                                 **({"tool_calls": calls} if calls else {})}
+            choice["finish_reason"] = plan.finish_reason(final.finish_reason, calls)
+        return JSONResponse(body, headers=headers)
 
     async def collect(http_request: Request, submitted: EngineRequest,
                       queue: asyncio.Queue[RequestOutput]) -> tuple[RequestOutput, str]:
@@ -227,7 +263,8 @@ def create_app(engine: Engine, settings: ServerSettings, metrics: ServerMetrics,
     async def stream_outputs(submitted: EngineRequest, queue: asyncio.Queue[RequestOutput],
                              first: str | None, chunk: Callable[..., dict[str, Any]],
                              text_delta: Callable[[str], Any], usage_object: str,
-                             include_usage: bool, response_id: str) -> AsyncIterator[str]:
+                             include_usage: bool, response_id: str,
+                             tool_stream: tools.ToolStream | None = None) -> AsyncIterator[str]:
         created, model = int(time.time()), settings.model_name
         finished = False
         try:
@@ -240,6 +277,16 @@ def create_app(engine: Engine, settings: ServerSettings, metrics: ServerMetrics,
                     yield sse(engine_failure(output).body())
                     yield sse("[DONE]")
                     return
+                if tool_stream is not None:  # tool calls: deltas in OpenAI's shape
+                    deltas = tool_stream.feed(output.text) + (tool_stream.flush() if finished else [])
+                    for delta in deltas:
+                        yield sse(chunk(response_id, model, created, delta, None, include_usage))
+                    if finished:
+                        reason = tool_stream.plan.finish_reason(output.finish_reason, tool_stream.calls)
+                        body = protocol.with_speculative(
+                            chunk(response_id, model, created, {}, reason, include_usage), output)
+                        yield sse(body)
+                    continue
                 if output.text or finished:
                     body = chunk(response_id, model, created, text_delta(output.text),
                                  output.finish_reason if finished else None, include_usage)
@@ -253,13 +300,14 @@ def create_app(engine: Engine, settings: ServerSettings, metrics: ServerMetrics,
             if not finished:  # the client went away (the stream was cancelled)
                 engine.abort(submitted.request_id)
 
-    def stream_chat(submitted, queue, response_id, include_usage) -> AsyncIterator[str]:
+    def stream_chat(submitted, queue, response_id, include_usage, plan=None) -> AsyncIterator[str]:
         first = json.dumps(protocol.chat_chunk(response_id, settings.model_name, int(time.time()),
                                                {"role": "assistant", "content": ""},
                                                include_usage=include_usage), separators=(",", ":"))
         return stream_outputs(submitted, queue, first, protocol.chat_chunk,
                               lambda text: {"content": text} if text else {},
-                              "chat.completion.chunk", include_usage, response_id)
+                              "chat.completion.chunk", include_usage, response_id,
+                              tools.ToolStream(plan) if plan is not None else None)
 
     def stream_completion(submitted, queue, response_id, include_usage) -> AsyncIterator[str]:
         return stream_outputs(submitted, queue, None, protocol.completion_chunk, lambda text: text,

@@ -51,6 +51,9 @@ class TextPart(StrictModel):
 class ChatMessage(StrictModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # assistant: the calls it made (tools.py)
+    tool_call_id: str | None = None  # tool: the call this is the result of
+    name: str | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -78,6 +81,11 @@ class SamplingRequest(StrictModel):
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     ignore_eos: bool = False  # extension
+    # Structured outputs (eyas/server/structured.py): OpenAI's response_format, vLLM's guided_*.
+    response_format: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None  # extension
+    guided_regex: str | None = None  # extension
+    guided_choice: list[str] | None = None  # extension
 
     def sampling_params(self, max_tokens: int) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -97,9 +105,10 @@ class ChatCompletionRequest(SamplingRequest):
     max_completion_tokens: Integer | None = Field(None, ge=1)
     logprobs: bool | None = None
     top_logprobs: Integer | None = None
-    tools: list[Any] | None = None
+    tools: list[Any] | None = None  # checked by eyas/server/tools.py
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
     functions: list[Any] | None = None
-    response_format: dict[str, Any] | None = None
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -134,10 +143,7 @@ def unsupported_parameter(request: SamplingRequest) -> tuple[str, str] | None:
         checks += [
             ("logprobs", bool(request.logprobs), "logprobs are not supported"),
             ("top_logprobs", request.top_logprobs is not None, "top_logprobs are not supported"),
-            ("tools", bool(request.tools), "tools are not supported"),
-            ("functions", bool(request.functions), "functions are not supported"),
-            ("response_format", (request.response_format or {"type": "text"}).get("type") != "text",
-             "only response_format {\"type\": \"text\"} is supported"),
+            ("functions", bool(request.functions), "functions are not supported; use tools"),
         ]
     if isinstance(request, CompletionRequest):
         prompts = request.prompt
