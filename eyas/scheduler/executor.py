@@ -29,6 +29,7 @@ from torch import Tensor
 from eyas.engine.sampling import next_tokens, target_probs
 from eyas.engine.speculative.acceptance import accept_greedy, accept_sampling
 from eyas.engine.speculative.draft import DraftTree
+from eyas.engine.speculative.prune import prune_draft
 from eyas.engine.speculative.tree import node_depths
 from eyas.engine.target import Target
 from eyas.models.llama import ForwardOutput
@@ -258,7 +259,13 @@ class StepExecutor:
         self.faults.check(request, "draft")
         backlog = len(request.token_ids) - request.proposed_through
         asked_at = time.perf_counter()
-        tree = request.proposer.propose(request.token_ids, budget).truncated(budget)
+        tree = request.proposer.propose(request.token_ids, budget)
+        processors = getattr(request, "logits_processors", None)
+        if processors:  # drafts a grammar forbids are never verified
+            tree = prune_draft(request.proposer, tree, processors,
+                               request.token_ids[request.prompt_len :], budget)
+        else:
+            tree = tree.truncated(budget)
         seconds = time.perf_counter() - asked_at
         request.proposed_through = len(request.token_ids)
         if backlog <= steady_backlog:

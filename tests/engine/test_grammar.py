@@ -12,7 +12,7 @@ import torch
 from eyas.engine.grammar import GrammarError, GrammarSpec, compile_grammar
 from eyas.engine.logits_process import process_tree_rows
 from eyas.engine.speculative.draft import DraftTree
-from eyas.engine.speculative.prune import prune_tree
+from eyas.engine.speculative.prune import prune_draft, prune_tree
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
                                            "age": {"type": "integer"}},
@@ -114,3 +114,20 @@ def test_choices_and_json_object(smollm_tokenizer):
     anything = compile_grammar(GrammarSpec("json_object"), smollm_tokenizer, vocab).constraint()
     text = json.dumps({"a": [1, {"b": None}]})
     assert anything.finished(encode(smollm_tokenizer, text))
+
+
+def test_prune_draft_tells_the_proposer_where_its_nodes_went(person, smollm_tokenizer):
+    ids = encode(smollm_tokenizer, '{"name": "Bob", "age": 42}')
+    bad = encode(smollm_tokenizer, " hello")[0]
+
+    class Renumbered:
+        told = None
+
+        def renumber(self, node_map, size):
+            self.told = (node_map, size)
+
+    proposer = Renumbered()
+    tree = DraftTree(torch.tensor([bad, ids[1], ids[2], ids[3]]), torch.tensor([0, 0, 2, 3]))
+    pruned = prune_draft(proposer, tree, [person.constraint()], ids[:1], budget=2)
+    assert pruned.tokens.tolist() == [ids[1], ids[2]] and pruned.parents.tolist() == [0, 1]
+    assert proposer.told == ([0, 1, 2, 0], 2)

@@ -55,7 +55,6 @@ BAD_INPUTS = [
     ("n > 1", "/v1/chat/completions", chat_body(n=2), "n", "unsupported_parameter"),
     ("best_of", "/v1/completions", {"model": "tiny", "prompt": "a", "best_of": 3}, "best_of", "unsupported_parameter"),
     ("several prompts", "/v1/completions", {"model": "tiny", "prompt": ["a", "b"]}, "prompt", "unsupported_parameter"),
-    ("tools", "/v1/chat/completions", chat_body(tools=[{"type": "function"}]), "tools", "unsupported_parameter"),
     ("logprobs", "/v1/chat/completions", chat_body(logprobs=True), "logprobs", "unsupported_parameter"),
     ("penalty", "/v1/chat/completions", chat_body(presence_penalty=0.5), "presence_penalty", "unsupported_parameter"),
     ("temperature too high", "/v1/chat/completions", chat_body(temperature=2.5), "temperature", "invalid_value"),

@@ -49,3 +49,15 @@ def prune_tree(tree: DraftTree, processors: Sequence[LogitsProcessor], output_id
     parents = torch.tensor([new_id[int(tree.parents[node - 1])] for node in kept], dtype=torch.long)
     probs = tree.draft_probs[index] if tree.draft_probs is not None else None
     return DraftTree(tree.tokens[index], parents, probs), new_id[1:]
+
+
+def prune_draft(proposer, tree: DraftTree, processors: Sequence[LogitsProcessor],
+                output_ids: Sequence[int], budget: int) -> DraftTree:
+    """A proposer's tree pruned to what `processors` allow, then cut to `budget` nodes; a
+    proposer that keeps per-node statistics (`renumber`) is told where its nodes went."""
+    pruned, node_map = prune_tree(tree, processors, output_ids)
+    if pruned is tree:
+        return tree.truncated(budget)
+    if hasattr(proposer, "renumber"):
+        proposer.renumber([node if node <= budget else 0 for node in node_map], min(pruned.size, budget))
+    return pruned.truncated(budget)
