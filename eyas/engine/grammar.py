@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -144,6 +145,7 @@ class GrammarConstraint:
         self.masks: OrderedDict[tuple[int, ...], Tensor] = OrderedDict()  # prefix -> [V] bool
         self.eos = grammar.eos_token_ids
         self.mask_calls = 0  # masks computed (not from the cache)
+        self.seconds = 0.0  # time spent masking and checking drafts (what the grammar costs)
 
     # ---- moving the matcher -----------------------------------------------------------
     def _seek(self, ids: Sequence[int]) -> bool:
@@ -192,16 +194,20 @@ class GrammarConstraint:
     def __call__(self, ids: Sequence[int], logits: Tensor) -> Tensor:
         """logits [V]: tokens the grammar forbids after `ids` become -inf (in place). A row
         whose own path breaks the grammar is left as it is: it cannot be reached."""
+        started = time.perf_counter()
         allowed = self.allowed(ids)
         if allowed is not None:
             width = min(logits.shape[-1], allowed.shape[0])
             logits[:width].masked_fill_(~allowed[:width], float("-inf"))
             logits[width:] = float("-inf")
+        self.seconds += time.perf_counter() - started
         return logits
 
     def accepts(self, ids: Sequence[int], token: int) -> bool:
         """Whether the grammar allows `token` after `ids`."""
+        started = time.perf_counter()
         allowed = self.allowed(ids)
+        self.seconds += time.perf_counter() - started
         return allowed is not None and 0 <= token < allowed.shape[0] and bool(allowed[token])
 
     def finished(self, ids: Sequence[int]) -> bool:
