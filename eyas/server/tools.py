@@ -57,6 +57,7 @@ class ToolPlan:
     functions: list[dict[str, Any]]  # each {"name", "description"?, "parameters"?}
     choice: str  # "none", "auto", "required", or "function" (named)
     named: str | None = None  # the function tool_choice names
+    parallel: bool = True  # parallel_tool_calls: False allows one call at most
     names: set[str] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -77,7 +78,10 @@ class ToolPlan:
                   "properties": {"name": {"const": function["name"]},
                                  "parameters": function.get("parameters") or {"type": "object"}}}
                  for function in self.functions]
-        return GrammarSpec("json_schema", {"type": "array", "minItems": 1, "items": {"anyOf": calls}})
+        array = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+        if not self.parallel:
+            array["maxItems"] = 1
+        return GrammarSpec("json_schema", array)
 
     def parse(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
         """(content, tool_calls) of a finished answer in OpenAI's shape."""
@@ -102,6 +106,8 @@ class ToolPlan:
             cursor = match.end()
         if not calls:
             return text, []
+        if not self.parallel:
+            calls = calls[:1]
         content = "".join(kept + [text[cursor:]]).strip()
         return content or None, calls
 
@@ -154,14 +160,15 @@ def tool_plan(parsed: Any) -> ToolPlan | None:
             raise invalid("function parameters must be a JSON Schema object", f"{param}.function.parameters")
         functions.append({key: function[key] for key in ("name", "description", "parameters")
                           if function.get(key) is not None})
+    parallel = parsed.parallel_tool_calls is not False
     if choice is None or choice in ("auto", "none", "required"):
-        return ToolPlan(functions, choice or "auto")
+        return ToolPlan(functions, choice or "auto", parallel=parallel)
     if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict):
         name = choice["function"].get("name")
         if name not in {f["name"] for f in functions}:
             raise invalid(f"tool_choice names the function {name!r}, which is not among the tools "
                           f"({', '.join(f['name'] for f in functions)})", "tool_choice.function.name")
-        return ToolPlan(functions, "function", name)
+        return ToolPlan(functions, "function", name, parallel)
     raise invalid("tool_choice must be 'none', 'auto', 'required' or "
                   "{\"type\": \"function\", \"function\": {\"name\": ...}}", "tool_choice")
 

@@ -78,6 +78,8 @@ def test_required_and_named_parse_the_constrained_output():
     content, calls = named.parse('{"city": "Rome"}')
     assert content is None and calls[0]["function"]["arguments"] == '{"city": "Rome"}'
     assert named.finish_reason("stop", calls) == "stop"
+    single = tool_plan(request(tools=[WEATHER], tool_choice="required", parallel_tool_calls=False))
+    assert single.grammar().value["maxItems"] == 1
 
 
 def test_streamed_deltas_hold_back_a_possible_tool_call_and_emit_it_whole():
