@@ -15,13 +15,16 @@ rules from here, so that both paths stop, sample and detokenize identically.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Callable, Sequence as Seq
 
 import torch
 from torch import Tensor
 
+from eyas.engine.logits_process import LogitsProcessor, process_tree_rows
+from eyas.engine.penalties import sampling_processors
 from eyas.engine.sampling import SamplingParams, next_tokens
 from eyas.engine.sequence import GenerationResult, Sequence
+from eyas.engine.speculative.draft import DraftTree
 from eyas.engine.target import Target
 from eyas.errors import EyasError
 from eyas.models.kv_cache import KVCache
@@ -54,22 +57,30 @@ def generate(
     prompt_ids: list[int],
     params: SamplingParams,
     on_text: Callable[[str], None] | None = None,
+    logits_processors: Seq[LogitsProcessor] = (),
 ) -> GenerationResult:
-    """Decode one prompt; `on_text` receives text deltas as they become final."""
+    """Decode one prompt; `on_text` receives text deltas as they become final.
+    `logits_processors` change each position's logits (with the completion so far) before
+    the token is chosen (engine/logits_process.py), after those `params` ask for (logit_bias
+    and penalties, engine/penalties.py)."""
     new_tokens = check_lengths(target, len(prompt_ids), params)
     sequence = Sequence(prompt_ids, params, target.tokenizer, target.eos_token_ids, new_tokens)
     generator = params.generator(target.device)
     cache = new_cache(target, 1, len(prompt_ids) + new_tokens)
     model = target.model
+    logits_processors = sampling_processors(params, prompt_ids) + list(logits_processors)
     # 1. Prefill: the whole prompt in one pass, logits only for its last position.
     started = time.perf_counter()
     ids = torch.tensor([prompt_ids], device=target.device)  # [1, T]
-    greedy = params.greedy  # then only argmaxes are read: the output layer may screen (models/output_layer.py)
+    # Greedy without processors reads only argmaxes: the output layer may screen
+    # (models/output_layer.py); processed logits need every logit of the row.
+    greedy = params.greedy and not logits_processors
     logits = model(ids, cache=cache, write_at=0, logits_at="last", greedy=greedy).logits[:, -1]  # [1, V]
     first_token_at = None
     position = len(prompt_ids)
     # 2. Decode one token per step until EOS, a stop string or max_tokens.
     while True:
+        logits = process_tree_rows(logits, logits_processors, sequence.output_ids, DraftTree.empty())
         token = next_tokens(logits, params, generator)  # [1]
         sequence.append([int(token)])
         if first_token_at is None:
@@ -127,6 +138,8 @@ def generate_batch(target: Target, prompts: list[list[int]], params: SamplingPar
         if params.seed is not None else None
         for row in range(len(prompts))
     ]
+    processors = [sampling_processors(params, prompt) for prompt in prompts]  # penalties, bias
+    greedy = params.greedy and not processors[0]  # processed logits need every logit
     pad_id = target.tokenizer.pad_token_id or 0
     ids, positions, valid = left_padded_batch(prompts, pad_id, target.device)
     batch, longest = ids.shape
@@ -136,13 +149,15 @@ def generate_batch(target: Target, prompts: list[list[int]], params: SamplingPar
     eye = torch.eye(longest, dtype=torch.bool, device=target.device)
     mask = causal & (valid[:, None, :] | eye)  # [B, T, T]
     logits = target.model(ids, positions, cache=cache, write_at=0, attn_mask=mask,
-                          logits_at="last", greedy=params.greedy).logits[:, -1]  # [B, V]
+                          logits_at="last", greedy=greedy).logits[:, -1]  # [B, V]
     active = list(range(batch))  # original row of each cache row
     next_position = positions[:, -1] + 1  # [B]
     slot = longest
     # 2. Decode: one token for every active row per step.
     while True:
-        tokens = [int(next_tokens(logits[i : i + 1], params, generators[row])[0])
+        tokens = [int(next_tokens(process_tree_rows(logits[i : i + 1], processors[row],
+                                                    sequences[row].output_ids, DraftTree.empty()),
+                                  params, generators[row])[0])
                   for i, row in enumerate(active)]
         keep = []
         for i, row in enumerate(active):
@@ -161,7 +176,7 @@ def generate_batch(target: Target, prompts: list[list[int]], params: SamplingPar
         valid = torch.cat([valid, torch.ones(len(active), 1, dtype=torch.bool, device=target.device)], 1)
         step_mask = valid[:, None, :]  # [B, 1, S]
         logits = target.model(step_ids, next_position[:, None], cache=cache, write_at=slot,
-                              attn_mask=step_mask, logits_at="last", greedy=params.greedy).logits[:, -1]
+                              attn_mask=step_mask, logits_at="last", greedy=greedy).logits[:, -1]
         next_position = next_position + 1
         slot += 1
     return [s.result() for s in sequences]

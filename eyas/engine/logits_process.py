@@ -21,11 +21,15 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+import torch
 from torch import Tensor
 
 from eyas.engine.speculative.draft import DraftTree
 
 LogitsProcessor = Callable[[Sequence[int], Tensor], Tensor]
+RowRecompute = Callable[[int], Tensor]  # row index -> that row's raw logits [V], computed alone
+
+NEAR_TIE = 1e-3  # logit gap under which a greedy row's argmax is settled on the row alone
 
 
 def node_paths(tree: DraftTree) -> list[list[int]]:
@@ -38,17 +42,39 @@ def node_paths(tree: DraftTree) -> list[list[int]]:
 
 
 def process_tree_rows(logits: Tensor, processors: Sequence[LogitsProcessor],
-                      output_ids: Sequence[int], tree: DraftTree) -> Tensor:
+                      output_ids: Sequence[int], tree: DraftTree,
+                      recompute: RowRecompute | None = None) -> Tensor:
     """logits [N+1, V] of the root and the tree's nodes -> processed float32 logits [N+1, V].
 
     Row i is processed with `output_ids` followed by the path to node i. No processors: the
-    logits come back unchanged (no copy)."""
+    logits come back unchanged (no copy).
+
+    recompute (greedy rows only): a float32 matmul rounds a row differently with the number
+    of rows it multiplies (~1e-5), and a processor can bring two logits that were far apart
+    within that distance. A row whose processed top two logits end closer than NEAR_TIE is
+    recomputed alone (as plain decoding computes it, one row at a time) and processed again,
+    so that its argmax is plain decoding's."""
     if not processors:
         return logits
     logits = logits.float().clone()
     history = list(output_ids)
     for row, path in enumerate(node_paths(tree)):
         ids = history + path
-        for processor in processors:
-            logits[row] = processor(ids, logits[row])
+        logits[row] = apply_processors(processors, ids, logits[row])
+        if recompute is not None and near_tie(logits[row]):
+            logits[row] = apply_processors(processors, ids, recompute(row).float().clone())
     return logits
+
+
+def apply_processors(processors: Sequence[LogitsProcessor], output_ids: Sequence[int],
+                     row: Tensor) -> Tensor:
+    """One position: row [V] float32 through every processor in order."""
+    for processor in processors:
+        row = processor(output_ids, row)
+    return row
+
+
+def near_tie(row: Tensor) -> bool:
+    """Whether the top two of row [V] are within NEAR_TIE (an argmax that rounding can flip)."""
+    top = torch.topk(row, 2).values
+    return bool(top[0] - top[1] < NEAR_TIE)

@@ -7,7 +7,7 @@ temperature == 0 means greedy (argmax).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -16,6 +16,7 @@ from torch import Tensor
 from eyas.errors import EyasError
 
 MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes no more (a signed 64-bit integer)
+MAX_LOGPROBS = 20  # most alternatives per position (OpenAI's top_logprobs limit)
 
 
 @dataclass
@@ -27,6 +28,16 @@ class SamplingParams:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
+    # Logits processors (engine/penalties.py, vLLM's semantics), before temperature/top-k/top-p.
+    presence_penalty: float = 0.0  # -2..2, over the completion
+    frequency_penalty: float = 0.0  # -2..2, over the completion
+    repetition_penalty: float = 1.0  # > 0 (1 = off), over the prompt and the completion
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> -100..100
+    # Log-probabilities (engine/logprobs.py): of each output token with its `logprobs` most
+    # likely alternatives (0 = the token alone); None = not computed. The same for the
+    # prompt's tokens with `prompt_logprobs`.
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -43,10 +54,34 @@ class SamplingParams:
             self.stop = [self.stop]
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise EyasError("stop must be a list of non-empty strings")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise EyasError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if not self.repetition_penalty > 0.0:
+            raise EyasError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        for token, bias in self.logit_bias.items():
+            if not isinstance(token, int) or token < 0 or not -100.0 <= bias <= 100.0:
+                raise EyasError(f"logit_bias maps token ids >= 0 to biases in [-100, 100]; "
+                                f"got {token!r}: {bias!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= MAX_LOGPROBS:
+                raise EyasError(f"{name} must be in [0, {MAX_LOGPROBS}], got {value}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return self.logprobs is not None or self.prompt_logprobs is not None
+
+    def for_sample(self, index: int) -> SamplingParams:
+        """The parameters of sample `index` of n (0-based): seed + index when seeded (as vLLM
+        seeds its n child requests), so that the samples differ and each is reproducible."""
+        if self.seed is None or index == 0:
+            return self
+        return replace(self, seed=(self.seed + index) % (MAX_SEED + 1))
 
     def generator(self, device: torch.device | str = "cpu") -> torch.Generator | None:
         """A generator seeded from `seed` (None when unseeded: the global RNG is used)."""

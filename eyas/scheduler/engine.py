@@ -25,8 +25,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from typing import Callable
+from typing import Callable, Iterable
 
+from eyas.engine.logits_process import LogitsProcessor
+from eyas.engine.penalties import sampling_processors
 from eyas.engine.sampling import SamplingParams
 from eyas.engine.sequence import GenerationResult, Sequence
 from eyas.engine.target import Target
@@ -99,13 +101,18 @@ class Engine:
     # ---- client side (any thread) ----------------------------------------------------
     def submit(self, prompt_ids: list[int], params: SamplingParams,
                on_output: Callable[[RequestOutput], None] | None = None,
-               request_id: str | None = None) -> Request:
-        """Queue a request; raises RequestRejected (does not fit) or QueueFull."""
+               request_id: str | None = None,
+               logits_processors: Iterable[LogitsProcessor] = ()) -> Request:
+        """Queue a request; raises RequestRejected (does not fit) or QueueFull.
+        logits_processors: applied at every position before a token is chosen, drafts
+        included (engine/logits_process.py), after those `params` ask for (logit_bias and
+        penalties, engine/penalties.py)."""
         self.check_lengths(len(prompt_ids), params.max_tokens)
         sequence = Sequence(prompt_ids, params, self.target.tokenizer, self.target.eos_token_ids,
                             params.max_tokens)
         request = Request(list(prompt_ids), params, params.max_tokens, sequence, on_output,
-                          proposer=self.proposers.new())
+                          proposer=self.proposers.new(),
+                          logits_processors=sampling_processors(params, prompt_ids) + list(logits_processors))
         if request_id is not None:
             request.request_id = request_id
         with self._wakeup:
@@ -153,10 +160,12 @@ class Engine:
         return self.generate_many([prompt_ids], params, timeout)[0]
 
     def generate_many(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams],
-                      timeout: float | None = None) -> list[GenerationResult]:
+                      timeout: float | None = None,
+                      logits_processors: Iterable[LogitsProcessor] = ()) -> list[GenerationResult]:
         """Submit every prompt at once (they batch together) and wait for all; `params` is one
         SamplingParams for every prompt or one per prompt (e.g. a seed each)."""
         each = params if isinstance(params, list) else [params] * len(prompts)
+        processors = list(logits_processors)
         if len(each) != len(prompts):
             raise ValueError(f"{len(each)} sampling parameters for {len(prompts)} prompts")
         done = [threading.Event() for _ in prompts]
@@ -174,7 +183,8 @@ class Engine:
             return on_output
 
         for index, (prompt, request_params) in enumerate(zip(prompts, each)):
-            self.submit(prompt, request_params, collector(index))
+            self.submit(prompt, request_params, collector(index),
+                        logits_processors=processors)
         results = []
         for index, event in enumerate(done):
             if not event.wait(timeout):

@@ -26,6 +26,8 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from eyas.engine.logits_process import NEAR_TIE, process_tree_rows
+from eyas.engine.logprobs import token_logprobs
 from eyas.engine.sampling import next_tokens, target_probs
 from eyas.engine.speculative.acceptance import accept_greedy, accept_sampling
 from eyas.engine.speculative.draft import DraftTree
@@ -41,8 +43,6 @@ from eyas.scheduler.scheduler import PrefillChunk, StepPlan
 from eyas.scheduler.speculation import SHADOW_SHARE, AcceptanceEstimate, StepCostModel
 
 log = logging.getLogger("eyas.engine")
-
-NEAR_TIE = 1e-3  # logit gap under which a greedy row's logits are recomputed alone
 
 
 @dataclass
@@ -166,10 +166,16 @@ class StepExecutor:
         hidden = output.hidden[batch.query_rows, batch.query_cols]  # [N, H]
         # A screening output layer gives each row's argmax exactly, whichever rows share the
         # pass (models/output_layer.py); otherwise near-ties of greedy rows are settled alone.
+        # Rows whose every logit is read (processors, logprobs) get the full product.
         screened = all(r.params.greedy for r in decode) and hasattr(model.lm_head, "greedy_logits")
         logits = model.output_logits(hidden, greedy=screened)  # [N, V]
-        if not screened:
-            self._settle_near_ties(decode, inputs, batch.offsets, hidden, logits)
+        full = [r for r in decode if r.needs_full_logits] if screened else decode
+        if screened and full:
+            index = torch.cat([torch.arange(batch.offsets[r.row], batch.offsets[r.row] + inputs[r.row].size)
+                               for r in full])
+            logits[index] = model.output_logits(hidden[index])
+        if full:
+            self._settle_near_ties(full, inputs, batch.offsets, hidden, logits)
         forward_seconds = time.perf_counter() - forward_started
         stats.forward_seconds += forward_seconds
         stats.decode_rows += len(decode)
@@ -194,6 +200,13 @@ class StepExecutor:
         stage = "verify"
         try:
             self.faults.check(request, "verify")
+            if request.logits_processors:  # every tree position, with the path to it
+                hidden = row_output.hidden[0]  # [N_row, H]
+                model = self.target.model
+                recompute = ((lambda index: model.output_logits(hidden[index][None, None])[0, 0])
+                             if request.params.greedy else None)
+                row_logits = process_tree_rows(row_logits, request.logits_processors,
+                                               request.output_ids, tree, recompute)
             probs = None if request.params.greedy else target_probs(row_logits, request.params)
             stage = "sample"
             self.faults.check(request, "sample")
@@ -208,6 +221,10 @@ class StepExecutor:
             request.context_length = context + 1 + len(verdict.accepted_nodes)
             request.root = verdict.next_token
             request.append_tokens(verdict.emitted, request.sequence.eos_token_ids)
+            if request.params.logprobs is not None:  # raw rows: the root's, then each accepted node's
+                rows = [0] + verdict.accepted_nodes
+                request.output_logprobs += token_logprobs(row_output.logits[0][rows], verdict.emitted,
+                                                          request.params.logprobs)
             if request.proposer is not None:
                 stage = "draft"
                 self.faults.check(request, "draft")
@@ -330,9 +347,14 @@ class StepExecutor:
             self.pool.ensure_slots(end)
             row = request.row
             ids = torch.tensor([request.prompt_ids[start:end]], device=target.device)  # [1, C]
+            greedy = request.params.greedy and not request.needs_full_logits
+            prompt_logprobs = request.params.prompt_logprobs
+            logits_at = "all" if prompt_logprobs is not None else "last" if chunk.final else None
             output = target.model(ids, cache=self.pool.view(row, row + 1), write_at=start,
-                                  kv_len=end, logits_at="last" if chunk.final else None,
-                                  tap_layers=self.tap_layers, greedy=request.params.greedy)
+                                  kv_len=end, logits_at=logits_at, tap_layers=self.tap_layers,
+                                  greedy=greedy)
+            if prompt_logprobs is not None:  # position p predicts prompt token p + 1
+                self._prompt_logprobs(request, output.logits[0], start, end)
             request.context_length = end
             result.stats.prefill_tokens += end - start
             if request.proposer is not None:
@@ -342,7 +364,12 @@ class StepExecutor:
                 return
             stage = "sample"
             self.faults.check(request, "sample")
-            token = int(next_tokens(output.logits[:, -1], request.params, request.generator)[0])
+            last = process_tree_rows(output.logits[:, -1], request.logits_processors, [],
+                                     DraftTree.empty())  # [1, V]
+            token = int(next_tokens(last, request.params, request.generator)[0])
+            if request.params.logprobs is not None:
+                request.output_logprobs += token_logprobs(output.logits[0, -1:], [token],
+                                                          request.params.logprobs)
         except Exception as error:
             self._failed(request, stage, error, result)
             return
@@ -351,3 +378,14 @@ class StepExecutor:
         if request.status == RequestStatus.PREFILLING:
             request.status = RequestStatus.DECODING
         result.emitted.append((request, [token]))
+
+    @staticmethod
+    def _prompt_logprobs(request: Request, logits: Tensor, start: int, end: int) -> None:
+        """A prompt chunk's logits [C, V] (positions start..end-1) -> the logprobs of prompt
+        tokens start+1..end (the last chunk's last row predicts the first output token)."""
+        prompt = request.prompt_ids
+        if start == 0:
+            request.prompt_logprobs = [None]
+        upto = min(end, len(prompt) - 1)  # positions whose next token is in the prompt
+        request.prompt_logprobs += token_logprobs(logits[: upto - start], prompt[start + 1 : upto + 1],
+                                                  request.params.prompt_logprobs)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Protocol
+from typing import Any, Protocol
 
 from eyas.scheduler.executor import StepResult, StepStats
 from eyas.scheduler.faults import FaultInjector, InjectedFault, describe
@@ -45,6 +45,7 @@ class OutputProcessor:
                 continue  # finished earlier (stop string seen a step late, or cancelled)
             sequence = request.sequence
             known = len(sequence.output_ids)
+            before = request.completion_tokens
             try:  # the "detokenize" stage (faults.py): a failure here ends this request alone
                 self.faults.check(request, "detokenize")
                 taken = sequence.append(tokens)
@@ -55,17 +56,18 @@ class OutputProcessor:
             request.completion_tokens += taken
             if request.first_token_time is None and taken:
                 request.first_token_time = now
+            logprobs = logprobs_of(request, before, taken)
             if sequence.finished:
-                self.finish(request, sequence.finish_reason, text, new_ids)
+                self.finish(request, sequence.finish_reason, text, new_ids, logprobs)
             elif text or new_ids:
                 self._emit(request, RequestOutput(
                     request.request_id, text, new_ids, False, None, request.prompt_len,
-                    request.completion_tokens))
+                    request.completion_tokens, **logprobs))
         if self.observer is not None:
             self.observer.step_finished(result.stats)
 
     def finish(self, request: Request, reason: str, text: str = "",
-               token_ids: list[int] | None = None) -> None:
+               token_ids: list[int] | None = None, logprobs: dict[str, Any] | None = None) -> None:
         if request.status == RequestStatus.FINISHED:
             return
         request.status = RequestStatus.FINISHED
@@ -80,7 +82,7 @@ class OutputProcessor:
             error = "unknown"
         self._emit(request, RequestOutput(
             request.request_id, text, list(token_ids or []), True, reason, request.prompt_len,
-            request.completion_tokens, speculative, timings(request), error))
+            request.completion_tokens, speculative, timings(request), error, **(logprobs or {})))
         if self.observer is not None:
             self.observer.request_finished(request)
 
@@ -111,3 +113,15 @@ def timings(request: Request) -> dict[str, float]:
         if request.completion_tokens > 1:
             result["tpot_s"] = (end - first) / (request.completion_tokens - 1)
     return result
+
+
+def logprobs_of(request: Request, before: int, taken: int) -> dict[str, Any]:
+    """RequestOutput fields for the `taken` tokens after the first `before` of the completion:
+    their logprobs (the executor's entries, one per emitted token, in order), and the
+    prompt's with the first output."""
+    fields: dict[str, Any] = {}
+    if request.params.logprobs is not None:
+        fields["logprobs"] = request.output_logprobs[before : before + taken]
+    if request.params.prompt_logprobs is not None and before == 0 and taken:
+        fields["prompt_logprobs"] = list(request.prompt_logprobs)
+    return fields

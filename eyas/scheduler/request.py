@@ -20,6 +20,8 @@ from typing import Any, Callable
 
 import torch
 
+from eyas.engine.logits_process import LogitsProcessor
+from eyas.engine.logprobs import TokenLogprob
 from eyas.engine.sampling import SamplingParams
 from eyas.engine.sequence import Sequence
 from eyas.engine.speculative.draft import SpecMetrics
@@ -51,6 +53,11 @@ class RequestOutput:
     speculative: dict[str, Any] | None = None  # acceptance stats, on the final output
     timings: dict[str, float] | None = None  # ttft_s, e2e_s, tpot_s, on the final output
     error: str | None = None  # finish_reason "error": the stage and what failed there
+    # With SamplingParams.logprobs: one entry per new token (an EOS that ended the answer
+    # included, as completion_tokens counts it). With prompt_logprobs, on the first output:
+    # one per prompt token, None for the first (nothing predicts it).
+    logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 @dataclass(eq=False)
@@ -62,6 +69,9 @@ class Request:
     on_output: Callable[[RequestOutput], None] | None = None
     request_id: str = field(default_factory=lambda: f"req-{next(_ids)}")
     proposer: Proposer | None = None
+    # Applied to every verification row and to the prompt's last position, before the token
+    # is chosen (engine/logits_process.py): penalties, logit_bias, grammar masks.
+    logits_processors: list[LogitsProcessor] = field(default_factory=list)
     arrival_time: float = field(default_factory=time.perf_counter)
     # ---- scheduler state (engine thread) -----------------------------------------------
     status: RequestStatus = RequestStatus.WAITING
@@ -80,6 +90,8 @@ class Request:
     shadow: ShadowDraft = field(default_factory=ShadowDraft)  # unverified draft (plain steps)
     proposed_through: int = 0  # len(token_ids) when the proposer was last asked
     spec_metrics: SpecMetrics = field(default_factory=SpecMetrics)
+    output_logprobs: list[TokenLogprob] = field(default_factory=list)  # one per token emitted
+    prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)  # filled by prefill
     # ---- text level and timing (postprocess) -------------------------------------------
     completion_tokens: int = 0
     first_token_time: float | None = None
@@ -93,6 +105,17 @@ class Request:
     @property
     def prompt_len(self) -> int:
         return len(self.prompt_ids)
+
+    @property
+    def output_ids(self) -> list[int]:
+        """The completion at token level (root included; EOS excluded): what processors see."""
+        return self.token_ids[len(self.prompt_ids):]
+
+    @property
+    def needs_full_logits(self) -> bool:
+        """Whether every logit of this request's rows is read (the output layer may not
+        screen for the argmax alone, models/output_layer.py)."""
+        return bool(self.logits_processors) or self.params.wants_logprobs
 
     @property
     def cancelled(self) -> bool:

@@ -14,11 +14,13 @@ sampled output follows the target's distribution exactly (acceptance.py).
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Callable, Sequence as Seq
 
 import torch
 
 from eyas.engine.generate import check_lengths, new_cache
+from eyas.engine.logits_process import LogitsProcessor, process_tree_rows
+from eyas.engine.penalties import sampling_processors
 from eyas.engine.sampling import SamplingParams, next_tokens
 from eyas.engine.sequence import GenerationResult, Sequence
 from eyas.engine.speculative.draft import DraftTree, SpecMetrics
@@ -38,11 +40,17 @@ def speculative_generate(
     num_draft_tokens: int = 4,
     on_text: Callable[[str], None] | None = None,
     policy: PolicyConfig | None = None,
+    logits_processors: Seq[LogitsProcessor] = (),
 ) -> GenerationResult:
+    """Decode one prompt speculatively; `logits_processors` change the target's logits at
+    every position (the prompt's last and every node of every draft tree) before a token is
+    chosen, as plain `generate` applies them (engine/logits_process.py), after those `params`
+    ask for (logit_bias and penalties, engine/penalties.py)."""
     new_tokens = check_lengths(target, len(prompt_ids), params)
     sequence = Sequence(prompt_ids, params, target.tokenizer, target.eos_token_ids, new_tokens)
     generator = params.generator(target.device)
     cache = new_cache(target, 1, len(prompt_ids) + new_tokens + num_draft_tokens + 2)
+    logits_processors = sampling_processors(params, prompt_ids) + list(logits_processors)
     metrics = SpecMetrics()
     switch = SpeculationPolicy(policy)
     proposer.begin(target, prompt_ids, params)
@@ -52,10 +60,11 @@ def speculative_generate(
     # 1. Prefill, then the first token comes from the prompt's last logits.
     started = time.perf_counter()
     ids = torch.tensor([prompt_ids], device=target.device)
-    logits = target.model(ids, cache=cache, write_at=0, logits_at="last",
-                          tap_layers=proposer.tap_layers, greedy=params.greedy)
-    proposer.observe(DraftTree.empty(), None, logits)
-    root = int(next_tokens(logits.logits[:, -1], params, generator)[0])
+    output = target.model(ids, cache=cache, write_at=0, logits_at="last",
+                          tap_layers=proposer.tap_layers, greedy=params.greedy and not logits_processors)
+    proposer.observe(DraftTree.empty(), None, output)
+    last = process_tree_rows(output.logits[:, -1], logits_processors, [], DraftTree.empty())  # [1, V]
+    root = int(next_tokens(last, params, generator)[0])
     sequence.append([root])
     first_token_at = time.perf_counter()
     emit(sequence, on_text)
@@ -71,7 +80,7 @@ def speculative_generate(
             tree = tree.truncated(min(num_draft_tokens, remaining - 1))
         drafted_at = time.perf_counter()
         result, output = verify(target, cache, context_length, root, tree, params, generator,
-                                proposer.tap_layers)
+                                proposer.tap_layers, logits_processors, sequence.output_ids)
         proposer.observe(tree, result, output)
         sequence.append(result.emitted)
         context_length += 1 + len(result.accepted_nodes)
