@@ -30,6 +30,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -37,8 +38,7 @@ from eyas.errors import EyasError
 
 GRAMMAR_KINDS = ("json_schema", "json_object", "regex", "choice")
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-MASK_CACHE = 64  # masks kept per request, by prefix
-_BITS = torch.arange(32, dtype=torch.int32)
+MASK_CACHE = 32  # masks kept per request, by prefix (a draft tree's rows fit)
 
 
 class GrammarError(EyasError, ValueError):
@@ -142,7 +142,7 @@ class GrammarConstraint:
             raise GrammarError(self.matcher.get_error())
         self.consumed: list[int] = []  # the ids the matcher stands after
         self.words = (grammar.vocab_size + 31) // 32
-        self.masks: OrderedDict[tuple[int, ...], Tensor] = OrderedDict()  # prefix -> [V] bool
+        self.masks: OrderedDict[tuple[int, ...], Tensor] = OrderedDict()  # prefix -> bias [V]
         self.eos = grammar.eos_token_ids
         self.mask_calls = 0  # masks computed (not from the cache)
         self.seconds = 0.0  # time spent masking and checking drafts (what the grammar costs)
@@ -169,9 +169,10 @@ class GrammarConstraint:
         consumed.extend(ids[common : common + taken])
         return taken == len(rest)
 
-    def allowed(self, ids: Sequence[int]) -> Tensor | None:
-        """[V] bool: the tokens the grammar allows after `ids` (every EOS id where it may end);
-        None when `ids` themselves break the grammar (a draft path that pruning removes)."""
+    def bias(self, ids: Sequence[int]) -> Tensor | None:
+        """[V] float32: 0 where the grammar allows the token after `ids` (every EOS id where it
+        may end), -inf elsewhere; None when `ids` themselves break the grammar (a draft path
+        that pruning removes). Added to logits, it is the mask (one add, no masked fill)."""
         key = tuple(ids)
         cached = self.masks.get(key)
         if cached is not None:
@@ -179,26 +180,32 @@ class GrammarConstraint:
             return cached
         if not self._seek(ids):
             return None
-        bitmask = torch.empty(self.words, dtype=torch.int32)
-        self.matcher.unsafe_compute_mask_ptr(bitmask.data_ptr(), self.words * 4)
+        bitmask = np.empty(self.words, dtype=np.int32)
+        self.matcher.unsafe_compute_mask_ptr(bitmask.ctypes.data, self.words * 4)
         self.mask_calls += 1
-        allowed = ((bitmask[:, None] >> _BITS) & 1).flatten()[: self.grammar.vocab_size].bool()
-        if bool(allowed[self.eos[0]]):
-            allowed[self.eos] = True
-        self.masks[key] = allowed
+        bits = np.unpackbits(bitmask.view(np.uint8), bitorder="little")[: self.grammar.vocab_size]
+        bias = torch.from_numpy(bits).float().log_()  # 1 -> 0, 0 -> -inf
+        if bits[self.eos[0]]:
+            bias[self.eos] = 0.0
+        self.masks[key] = bias
         if len(self.masks) > MASK_CACHE:
             self.masks.popitem(last=False)
-        return allowed
+        return bias
+
+    def allowed(self, ids: Sequence[int]) -> Tensor | None:
+        """[V] bool: the tokens the grammar allows after `ids`; None as for `bias`."""
+        bias = self.bias(ids)
+        return None if bias is None else bias == 0
 
     # ---- the LogitsProcessor protocol, and pruning ------------------------------------
     def __call__(self, ids: Sequence[int], logits: Tensor) -> Tensor:
         """logits [V]: tokens the grammar forbids after `ids` become -inf (in place). A row
         whose own path breaks the grammar is left as it is: it cannot be reached."""
         started = time.perf_counter()
-        allowed = self.allowed(ids)
-        if allowed is not None:
-            width = min(logits.shape[-1], allowed.shape[0])
-            logits[:width].masked_fill_(~allowed[:width], float("-inf"))
+        bias = self.bias(ids)
+        if bias is not None:
+            width = min(logits.shape[-1], bias.shape[0])
+            logits[:width].add_(bias[:width])
             logits[width:] = float("-inf")
         self.seconds += time.perf_counter() - started
         return logits
@@ -206,9 +213,9 @@ class GrammarConstraint:
     def accepts(self, ids: Sequence[int], token: int) -> bool:
         """Whether the grammar allows `token` after `ids`."""
         started = time.perf_counter()
-        allowed = self.allowed(ids)
+        bias = self.bias(ids)
         self.seconds += time.perf_counter() - started
-        return allowed is not None and 0 <= token < allowed.shape[0] and bool(allowed[token])
+        return bias is not None and 0 <= token < bias.shape[0] and float(bias[token]) == 0.0
 
     def finished(self, ids: Sequence[int]) -> bool:
         """Whether the output `ids` is complete under the grammar (it may end here)."""

@@ -277,12 +277,8 @@ class StepExecutor:
         backlog = len(request.token_ids) - request.proposed_through
         asked_at = time.perf_counter()
         tree = request.proposer.propose(request.token_ids, budget)
-        processors = getattr(request, "logits_processors", None)
-        if processors:  # drafts a grammar forbids are never verified
-            tree = prune_draft(request.proposer, tree, processors,
-                               request.token_ids[request.prompt_len :], budget)
-        else:
-            tree = tree.truncated(budget)
+        # drafts a grammar forbids are never verified (prune.py)
+        tree = prune_draft(request.proposer, tree, request.logits_processors, request.output_ids, budget)
         seconds = time.perf_counter() - asked_at
         request.proposed_through = len(request.token_ids)
         if backlog <= steady_backlog:
