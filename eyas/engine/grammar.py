@@ -217,6 +217,14 @@ class GrammarConstraint:
         self.seconds += time.perf_counter() - started
         return bias is not None and 0 <= token < bias.shape[0] and float(bias[token]) == 0.0
 
+    def forced(self, ids: Sequence[int]) -> list[int]:
+        """The tokens the grammar forces after `ids` (its mask allows one token at each), e.g.
+        `{"name": ` at the start of an object: drafts that verification always accepts."""
+        started = time.perf_counter()
+        tokens = list(self.matcher.compute_ff_tokens()) if self._seek(ids) else []
+        self.seconds += time.perf_counter() - started
+        return tokens
+
     def finished(self, ids: Sequence[int]) -> bool:
         """Whether the output `ids` is complete under the grammar (it may end here)."""
         return self._seek(ids) and self.matcher.is_accepting()

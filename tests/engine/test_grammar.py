@@ -12,7 +12,7 @@ import torch
 from eyas.engine.grammar import GrammarError, GrammarSpec, compile_grammar
 from eyas.engine.logits_process import process_tree_rows
 from eyas.engine.speculative.draft import DraftTree
-from eyas.engine.speculative.prune import prune_draft, prune_tree
+from eyas.engine.speculative.prune import lead_with_forced, prune_draft, prune_tree
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
                                            "age": {"type": "integer"}},
@@ -131,3 +131,24 @@ def test_prune_draft_tells_the_proposer_where_its_nodes_went(person, smollm_toke
     pruned = prune_draft(proposer, tree, [person.constraint()], ids[:1], budget=2)
     assert pruned.tokens.tolist() == [ids[1], ids[2]] and pruned.parents.tolist() == [0, 1]
     assert proposer.told == ([0, 1, 2, 0], 2)
+
+
+def test_forced_tokens_lead_the_tree_and_keep_what_grows_below(person, smollm_tokenizer):
+    ids = encode(smollm_tokenizer, '{"name": "Bob", "age": 42}')
+    constraint = person.constraint()
+    assert constraint.forced([]) == ids[:3]  # {"name":
+    assert constraint.forced(ids[:3]) == []  # a free choice follows
+    # tree: 1 ids[0] - 2 ids[1] - 3 ids[2] - 4 x ; 5 y under the root (pruned away by the grammar
+    # anyway); the chain ids[0..2] is in the tree, node 4 grows below it
+    x = ids[3]
+    tree = DraftTree(torch.tensor([ids[0], ids[1], ids[2], x]), torch.tensor([0, 1, 2, 3]))
+    led, node_map = lead_with_forced(tree, ids[:3], budget=5)
+    assert led.tokens.tolist() == ids[:4] and led.parents.tolist() == [0, 1, 2, 3]
+    assert node_map == [1, 2, 3, 4]
+    # a tree off the chain is replaced by the chain
+    other = DraftTree(torch.tensor([ids[0], x]), torch.tensor([0, 1]))
+    led, node_map = lead_with_forced(other, ids[:3], budget=2)
+    assert led.tokens.tolist() == ids[:2] and node_map == [1, 0]
+    # through prune_draft: an empty draft becomes the forced chain
+    drafted = prune_draft(None, DraftTree.empty(), [constraint], [], budget=4)
+    assert drafted.tokens.tolist() == ids[:3] and drafted.parents.tolist() == [0, 1, 2]
