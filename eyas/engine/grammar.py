@@ -38,6 +38,7 @@ from eyas.errors import EyasError
 
 GRAMMAR_KINDS = ("json_schema", "json_object", "regex", "choice")
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+NEG_INF_BITS = np.uint32(0xFF800000)  # float32 -inf
 MASK_CACHE = 32  # masks kept per request, by prefix (a draft tree's rows fit)
 
 
@@ -184,7 +185,9 @@ class GrammarConstraint:
         self.matcher.unsafe_compute_mask_ptr(bitmask.ctypes.data, self.words * 4)
         self.mask_calls += 1
         bits = np.unpackbits(bitmask.view(np.uint8), bitorder="little")[: self.grammar.vocab_size]
-        bias = torch.from_numpy(bits).float().log_()  # 1 -> 0, 0 -> -inf
+        # 1 -> 0.0, 0 -> -inf, written as float32 bit patterns (an elementwise log or a
+        # masked fill costs ~15x more here)
+        bias = torch.from_numpy(((1 - bits.astype(np.uint32)) * NEG_INF_BITS).view(np.float32))
         if bits[self.eos[0]]:
             bias[self.eos] = 0.0
         self.masks[key] = bias
