@@ -146,7 +146,9 @@ def _add_regenerate(commands: Any) -> None:
     where.add_argument("--model", default=None, help="in-process target: an alias, a HF folder or a .gguf")
     endpoint = parser.add_argument_group("endpoint")
     endpoint.add_argument("--served-model", default=None, help="model name to request (default: first in /v1/models)")
-    endpoint.add_argument("--concurrency", type=int, default=8)
+    endpoint.add_argument("--concurrency", type=int, default=None,
+                          help="conversations in flight: requests to the endpoints (default 8), or "
+                               "rows of the in-process serving engine (default 32)")
     endpoint.add_argument("--retries", type=int, default=3, help="retries per request, with exponential backoff")
     endpoint.add_argument("--timeout", type=float, default=300.0, help="seconds per request")
     endpoint.add_argument("--backoff", type=float, default=1.0, help="first retry delay in seconds (doubles)")
@@ -155,7 +157,9 @@ def _add_regenerate(commands: Any) -> None:
     local = parser.add_argument_group("in-process")
     local.add_argument("--dtype", default="auto", choices=PRECISIONS,
                        help="precision of the in-process target (default: %(default)s)")
-    local.add_argument("--batch-size", type=int, default=8)
+    local.add_argument("--batch-size", type=int, default=None,
+                       help="decode fixed batches of N conversations, turn by turn, instead of the "
+                            "serving engine's continuous batching (the older, slower path)")
     sampling = parser.add_argument_group("sampling (greedy by default; see docs/data.md)")
     sampling.add_argument("--max-tokens", type=int, default=512)
     sampling.add_argument("--temperature", type=float, default=0.0)
@@ -177,12 +181,12 @@ def _regenerate(args: argparse.Namespace) -> int:
     endpoint = None
     if args.endpoint:
         endpoint = EndpointConfig(
-            urls=args.endpoint, model=args.served_model, concurrency=args.concurrency, retries=args.retries,
+            urls=args.endpoint, model=args.served_model, concurrency=8 if args.concurrency is None else args.concurrency, retries=args.retries,
             timeout=args.timeout, backoff=args.backoff, max_consecutive_failures=args.max_failures,
         )
     config = RegenerateConfig(
         input=args.input, output=args.output, endpoint=endpoint, model=args.model, dtype=args.dtype,
-        batch_size=args.batch_size, limit=args.limit, pii=_pii_config(args), progress=not args.no_progress,
+        concurrency=32 if args.concurrency is None else args.concurrency, batch_size=args.batch_size, limit=args.limit, pii=_pii_config(args), progress=not args.no_progress,
         sampling=SamplingConfig(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                                 top_k=args.top_k, seed=args.seed),
     )

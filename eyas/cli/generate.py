@@ -13,7 +13,7 @@ Examples:
     eyas generate --draft suffix --num-draft-tokens 16 --prompt "Repeat: a b c d a b c d"
 
 --draft picks the drafting method: none (plain decoding), ngram[:MAX_N[,MIN_N[,MATCHES]]]
-(prompt lookup), model:PATH_OR_ALIAS (a smaller model with the same tokenizer), self (the
+(prompt lookup), model:PATH_OR_ALIAS[@DTYPE] (a smaller model with the same tokenizer), self (the
 target drafts for itself: a correctness check, never faster), eagle3:DIR (an EAGLE-3 head
 trained with `eyas train`; --tree sets its draft tree), medusa:DIR (Medusa heads trained with
 `eyas train --method medusa`; --tree sets their tree), layerskip[:auto|LAYERS[:MIN_CONFIDENCE]]
@@ -45,7 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="feed the prompt as plain text, without the chat template")
     add_sampling_args(parser)
     parser.add_argument("--draft", default="none",
-                        help="none | ngram[:MAX_N[,MIN_N[,MATCHES]]] | model:PATH_OR_ALIAS | self | "
+                        help="none | ngram[:MAX_N[,MIN_N[,MATCHES]]] | model:PATH_OR_ALIAS[@DTYPE] | self | "
                              "eagle3:DIR | eagle3:DIR+ngram[:MAX_N,MIN_N,GRAFT_TOKENS] (prompt lookup grafted "
                              "onto the head's tree) | suffix[:CACHE_MB[,MAX_DEPTH]] (suffix decoding: this request's "
                              "text and a store of earlier outputs) | eagle3:DIR+suffix[:CACHE_MB[,MAX_DEPTH]] "

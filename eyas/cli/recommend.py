@@ -20,7 +20,7 @@ by at least --min-speedup, otherwise plain decoding; a paragraph explains why fr
 step costs relative to a plain one). Greedy decoding: every candidate writes the same answers.
 
 Methods are `eyas serve --draft` specs: none, ngram[:MAX_N[,MIN_N[,MATCHES]]],
-suffix[:CACHE_MB[,MAX_DEPTH]], model:PATH_OR_ALIAS, self, eagle3:DIR (separate them with ';', or ',' where no option follows).
+suffix[:CACHE_MB[,MAX_DEPTH]], model:PATH_OR_ALIAS[@DTYPE], self, eagle3:DIR (separate them with ';', or ',' where no option follows).
 The table goes to stdout, progress to stderr, and --output FILE.json keeps every measurement.
 """
 

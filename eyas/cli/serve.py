@@ -11,7 +11,7 @@ Then, with any OpenAI client:
     curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\
       -d '{"model": "smollm2-135m", "messages": [{"role": "user", "content": "Hi"}]}'
 
---draft: none | ngram[:MAX_N[,MIN_N[,MATCHES]]] | model:PATH_OR_ALIAS | self | eagle3:DIR |
+--draft: none | ngram[:MAX_N[,MIN_N[,MATCHES]]] | model:PATH_OR_ALIAS[@DTYPE] | self | eagle3:DIR |
 medusa:DIR | layerskip[:auto|LAYERS[:MIN_CONFIDENCE]] | suffix[:CACHE_MB[,MAX_DEPTH]] (suffix
 decoding; its store of earlier outputs is shared by every request, at most CACHE_MB, default
 64) | eagle3:DIR+suffix[:CACHE_MB[,MAX_DEPTH]] (docs/drafting-methods.md).
@@ -47,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_args(parser)
     parser.add_argument("--draft", default="none",
-                        help="none | ngram[:MAX_N[,MIN_N[,MATCHES]]] | model:PATH_OR_ALIAS | self | "
+                        help="none | ngram[:MAX_N[,MIN_N[,MATCHES]]] | model:PATH_OR_ALIAS[@DTYPE] | self | "
                              "eagle3:DIR | eagle3:DIR+ngram[:MAX_N,MIN_N,GRAFT_TOKENS] (prompt lookup grafted "
                              "onto the head's tree) | suffix[:CACHE_MB[,MAX_DEPTH]] (suffix decoding: this request's "
                              "text and a store of earlier outputs) | eagle3:DIR+suffix[:CACHE_MB[,MAX_DEPTH]] "
@@ -86,6 +86,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          help=f"one step at a time (default: {'overlap' if DEFAULTS.overlap else 'no overlap'})")
     parser.add_argument("--max-body-bytes", type=int, default=1 << 20,
                         help="larger request bodies get 413 (default: %(default)s)")
+    parser.add_argument("--max-n", type=int, default=None,
+                        help="most samples per request, n (default: 16, ServerSettings.max_n)")
+    parser.add_argument("--max-prompts", type=int, default=None,
+                        help="most prompts in one /v1/completions request (default: 64)")
     parser.add_argument("--drain-timeout", type=float, default=30.0,
                         help="seconds that running requests get to finish after SIGTERM/Ctrl-C; then "
                              "they end with finish_reason 'abort' (streams: a final chunk and [DONE]); "
@@ -110,7 +114,10 @@ def run(args: argparse.Namespace) -> int:
         num_draft_tokens=args.num_draft_tokens, speculation=args.speculation, overlap=args.overlap,
         tree=args.tree)
     settings = ServerSettings(model_name=args.served_model_name or args.model, api_key=args.api_key,
-                              max_body_bytes=args.max_body_bytes)
+                              max_body_bytes=args.max_body_bytes,
+                              **{name: value for name, value in (("max_n", args.max_n),
+                                                                 ("max_prompts", args.max_prompts))
+                                 if value is not None})
     if args.drain_timeout < 0:
         raise EyasError(f"--drain-timeout must be >= 0 seconds, got {args.drain_timeout}")
     check_spec(args.draft)  # before the (slow) model load

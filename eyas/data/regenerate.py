@@ -4,11 +4,13 @@ Usage:
     eyas data regenerate --input data/prepared/train.jsonl --output data/regen.jsonl \
         --endpoint http://gpu-1:8000 --endpoint http://gpu-2:8000 --concurrency 32
     eyas data regenerate --input data/prepared/train.jsonl --output data/regen.jsonl \
-        --model smollm2-135m --batch-size 8 --max-tokens 256
+        --model smollm2-135m --concurrency 32 --max-tokens 256
 
 Each input record's user turns (and system prompt) are kept; its answers, if any, are thrown
 away and written again by the target: turn 1 is answered, the answer joins the history, turn 2
-is answered on that regenerated history, and so on. Records whose id is already in the output
+is answered on that regenerated history, and so on. In-process, the serving engine decodes
+`--concurrency` conversations at once with continuous batching (regenerate_engine.py);
+`--batch-size N` selects the older fixed batches instead. Records whose id is already in the output
 are skipped, and each finished record is appended in one atomic write, so a run stopped at any
 point (Ctrl-C, a crash, an endpoint that went down) resumes where it stopped, with no record
 written twice and none lost. `--limit N` caps the records in the output, so a rerun after N
@@ -40,6 +42,7 @@ from tqdm import tqdm
 
 from eyas.data.endpoint import Answer, EndpointClient, EndpointConfig, EndpointDown, RequestFailed, SamplingConfig
 from eyas.data.pii.policy import PiiConfig, PiiFilter, PiiReport, scanned_types
+from eyas.data.regenerate_engine import run_with_engine
 from eyas.data.records import Conversation, EmptyTurnError, RecordError, conversation_from_dict, raw_record_id
 from eyas.data.resume import ResumableJsonl
 from eyas.data.sources import RawError, read_raw_records, resolve_source
@@ -54,7 +57,8 @@ class RegenerateConfig:
     endpoint: EndpointConfig | None = None  # answers from a server ...
     model: str | None = None  # ... or from the target in-process (alias, folder or .gguf)
     dtype: str = "auto"  # in-process precision (eyas.engine.target.PRECISIONS)
-    batch_size: int = 8  # in-process conversations decoded together
+    concurrency: int = 32  # in-process: conversations in flight in the serving engine
+    batch_size: int | None = None  # in-process: fixed batches of N instead of the engine (reference path)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     limit: int | None = None  # at most this many records in the output (those already there count)
     pii: PiiConfig = field(default_factory=PiiConfig)  # the filter `eyas data prepare` applies
@@ -63,8 +67,10 @@ class RegenerateConfig:
     def __post_init__(self) -> None:
         if (self.endpoint is None) == (self.model is None):
             raise EyasError("give exactly one of --endpoint URL (a server) or --model SPEC (in-process)")
-        if self.batch_size < 1:
+        if self.batch_size is not None and self.batch_size < 1:
             raise EyasError(f"--batch-size must be >= 1, got {self.batch_size}")
+        if self.concurrency < 1:
+            raise EyasError(f"--concurrency must be >= 1, got {self.concurrency}")
         if self.limit is not None and self.limit < 1:
             raise EyasError(f"--limit must be >= 1, got {self.limit}")
         self.output = Path(self.output)
@@ -196,6 +202,8 @@ def run_regenerate(config: RegenerateConfig) -> RegenerateReport:
     try:
         if pending and config.endpoint is not None:
             asyncio.run(_run_endpoint(config, pending, output, report, bar, started))
+        elif pending and config.batch_size is None:
+            run_with_engine(config, pending, output, report, bar, started)
         elif pending:
             _run_in_process(config, pending, output, report, bar, started)
     except EndpointDown as error:
@@ -212,7 +220,7 @@ def run_regenerate(config: RegenerateConfig) -> RegenerateReport:
     return report
 
 
-def _record_written(report: RegenerateReport, answers: list[Answer], bar: Any, started: float) -> None:
+def record_written(report: RegenerateReport, answers: list[Answer], bar: Any, started: float) -> None:
     report.written += 1
     report.completion_tokens += sum(answer.completion_tokens for answer in answers)
     report.finish_reasons.update(answer.finish_reason for answer in answers)
@@ -244,7 +252,7 @@ async def _run_endpoint(config: RegenerateConfig, pending: list[Conversation], o
                     bar.update(1)
                     continue
                 output.append(regenerated_record(conversation, history, answers, f"endpoint:{client.model}"))
-                _record_written(report, answers, bar, started)
+                record_written(report, answers, bar, started)
 
         workers = [asyncio.create_task(worker()) for _ in range(config.endpoint.concurrency)]
         try:
@@ -256,7 +264,9 @@ async def _run_endpoint(config: RegenerateConfig, pending: list[Conversation], o
 
 
 # ---------------------------------------------------------------------------------------------
-# In-process: the engine's batched decoding, one turn of `batch_size` conversations at a time.
+# In-process, fixed batches (`batch_size`): one turn of `batch_size` conversations at a time.
+# The default in-process path is the serving engine (regenerate_engine.py); this one is kept as
+# its reference (greedy answers equal) and for comparing the two.
 def length_sorted_batches(pending: list[Conversation], batch_size: int, window_batches: int = 8
                           ) -> Iterator[list[Conversation]]:
     """Batches of conversations of similar length, in input order window by window.
@@ -324,4 +334,4 @@ def _run_in_process(config: RegenerateConfig, pending: list[Conversation], outpu
                 bar.update(1)
                 continue
             output.append(regenerated_record(conversation, histories[row][0], answers[row], by))
-            _record_written(report, answers[row], bar, started)
+            record_written(report, answers[row], bar, started)

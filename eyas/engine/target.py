@@ -42,7 +42,7 @@ class Target:
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.model.embed_tokens.weight.dtype
+        return self.model.norm.weight.dtype
 
     @property
     def kv_dtype(self) -> torch.dtype:
@@ -127,12 +127,12 @@ def load_target(spec: str | Path, dtype: str = "auto", device: str = "cpu",
     # stays float32 (the screen below)
     model = load_layerwise(config, source, precision, torch_device, name=cache_name(folder))
     if torch_device.type == "cpu":
-        rows = model.lm_head.weight  # [V, H]: the tied embedding, or the output layer's own
-        transpose_linears(model, output_layer_only=precision == "int4")
-        if precision in ("int4", "float32"):
-            # exact greedy argmax at int8 cost; the row-major weight is kept, not copied again
-            model.lm_head = ScreenedOutputLayer(model.lm_head, rows=rows)
-        del rows
+        if precision in ("int4", "float32") and not isinstance(model.lm_head, ScreenedOutputLayer):
+            # exact greedy argmax at int8 cost; the row-major weight [V, H] (the tied embedding,
+            # or the output layer's own) is kept, not copied again
+            model.lm_head = ScreenedOutputLayer(model.lm_head)
+        if precision != "int4":
+            transpose_linears(model)  # float layers [in, out] (an output screen stays as it is)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     return Target(model=model, tokenizer=tokenizer, config=config, folder=folder,
                   device=torch_device, precision=precision)

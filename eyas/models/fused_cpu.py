@@ -119,7 +119,7 @@ def fused_layers(model: nn.Module) -> FusedStack | None:
     """The fused stack of an int4 model on the CPU with float64 attention (one FusedLayer per
     decoder layer), or None (another precision or device, qk-norm, EYAS_FUSED=0, or no
     extension)."""
-    if not enabled() or model.embed_tokens.weight.device.type != "cpu":
+    if not enabled() or model.norm.weight.device.type != "cpu":
         return None
     layers = [_fused_layer(layer) for layer in model.layers]
     if any(layer is None for layer in layers) or module() is None:

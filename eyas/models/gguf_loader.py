@@ -1,6 +1,6 @@
 """Read a GGUF checkpoint one tensor at a time, under Hugging Face names, as float32.
 
-The file is memory-mapped (gguf.GGUFReader): a tensor's bytes are read when it is asked for
+The file is memory-mapped (models/gguf_header.py): a tensor's bytes are read when it is asked for
 (and their pages then dropped from the process's resident set), dequantized (Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, F16, BF16, F32: gguf.quants'
 own block formulas, so the values equal what transformers loads) and handed over; nothing else
 of the file is held. A loader that quantizes each tensor as it arrives therefore never holds more
@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from eyas.errors import EyasError
+from eyas.models.gguf_header import GGUFTensor, read_gguf_header
 
 # Bits per weight of each GGUF tensor type (what `--dtype auto` reads).
 GGUF_BITS: dict[str, int] = {
@@ -72,20 +73,11 @@ def hf_name(gguf_name: str) -> str | None:
     return None
 
 
-def open_reader(path: str | Path):
-    import gguf
-
-    try:
-        return gguf.GGUFReader(str(path))
-    except Exception as error:  # ValueError, struct errors: not a GGUF, or a truncated one
-        raise EyasError(f"{path} is not a readable GGUF file ({type(error).__name__}: {error})") from None
-
-
 def gguf_type_counts(path: str | Path) -> dict[str, int]:
     """How many decoder-layer matrices (blk.N.*.weight, 2-D) the GGUF holds of each type."""
     counts: dict[str, int] = {}
-    for tensor in open_reader(path).tensors:
-        if tensor.name.startswith("blk.") and tensor.name.endswith(".weight") and len(tensor.shape) == 2:
+    for tensor in read_gguf_header(path).tensors.values():
+        if tensor.name.startswith("blk.") and tensor.name.endswith(".weight") and len(tensor.dims) == 2:
             counts[tensor.tensor_type.name] = counts.get(tensor.tensor_type.name, 0) + 1
     return counts
 
@@ -107,8 +99,8 @@ def gguf_source_info(path: str | Path) -> dict:
             "layer_types": counts}
 
 
-def dequantize(tensor) -> np.ndarray:
-    """A gguf ReaderTensor -> float32 numpy array in Hugging Face orientation ([O, I] for a
+def dequantize(tensor: GGUFTensor) -> np.ndarray:
+    """A GGUF tensor -> float32 numpy array in Hugging Face orientation ([O, I] for a
     matrix). Quantized blocks go through gguf.quants' per-type formula in large chunks (its
     `dequantize` works 16 rows at a time: ~10x slower for an embedding table)."""
     from gguf import quants
@@ -143,12 +135,11 @@ class GGUFSource:
 
     def __init__(self, path: str | Path, heads: int | None = None, kv_heads: int | None = None) -> None:
         self.path = Path(path)
-        self.reader = open_reader(self.path)
-        field = self.reader.fields.get("general.architecture")
-        self.architecture = bytes(field.parts[field.data[0]]).decode() if field else "llama"
+        self.header = read_gguf_header(self.path)
+        self.architecture = str(self.header.metadata.get("general.architecture", "llama"))
         self.heads, self.kv_heads = heads, kv_heads
-        self.tensors = {}
-        for tensor in self.reader.tensors:
+        self.tensors: dict[str, GGUFTensor] = {}
+        for tensor in self.header.tensors.values():
             name = hf_name(tensor.name)
             if name is not None:
                 self.tensors[name] = tensor
@@ -172,12 +163,12 @@ class GGUFSource:
     def files(self) -> list[Path]:
         return [self.path]
 
-    def _release(self, tensor) -> None:
+    def _release(self, tensor: GGUFTensor) -> None:
         """Drop the mapped pages of a tensor already read from this process's resident set
         (they stay in the page cache): otherwise reading the file once would keep all of it
         resident, counted in the process's memory."""
-        mapping = getattr(self.reader.data, "_mmap", None)
-        if mapping is None or not hasattr(mapping, "madvise"):
+        mapping = self.header.buffer
+        if not hasattr(mapping, "madvise"):
             return
         start = tensor.data_offset // mmap.PAGESIZE * mmap.PAGESIZE
         end = min(tensor.data_offset + tensor.n_bytes, len(mapping))

@@ -15,7 +15,10 @@ copy of a weight is written. The file is written tensor by tensor (no second cop
 read back memory-mapped: loading maps it, checks its digest and builds no tensor of its own.
 
 A cache whose digest, size or header does not check out is rebuilt from the source, with one
-line on stderr saying why.
+line on stderr saying why. A new key (the source file changed, or the extension's sources, or
+PyTorch) makes a new folder; so that these do not pile up, each save keeps the KEEP most
+recently used folders of the same source name and removes the others (a load marks its folder
+used).
 
 Usage:
     cache = Int4Cache.for_source(source.files(), name="qwen2.5-coder-1.5b", group_size=32)
@@ -40,12 +43,13 @@ from eyas.errors import EyasError
 from eyas.utils.integrity import verify_files, write_manifest
 from eyas.utils.io import atomic_dir, cache_dir
 
-CACHE_VERSION = 1  # bump when what the cache holds changes
+CACHE_VERSION = 2  # bump when what the cache holds changes (2: the output screen of an untied GGUF)
 FILE = "model.safetensors"
 DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
           torch.uint8: "U8", torch.int8: "I8", torch.int32: "I32", torch.int64: "I64"}
 SAFETENSORS_DTYPES = {code: dtype for dtype, code in DTYPES.items()}
 ALIGN = 64  # every tensor's data starts at a multiple of this (any dtype view is aligned)
+KEEP = 2  # cache folders kept per source name (the newest, by last use)
 
 
 def packing_format(group_size: int) -> dict[str, str | int]:
@@ -71,6 +75,7 @@ def source_key(files: list[Path]) -> str:
 class Int4Cache:
     folder: Path
     source: str  # what the folder was made from, for messages
+    name: str = ""  # the source name (folders of other keys are '<name>-<key>' beside it)
 
     @classmethod
     def for_source(cls, files: list[Path], name: str, group_size: int,
@@ -78,7 +83,7 @@ class Int4Cache:
         key_text = source_key(files) + "\n" + json.dumps(packing_format(group_size), sort_keys=True)
         key = hashlib.sha256(key_text.encode()).hexdigest()[:16]
         root = root if root is not None else cache_dir() / "int4"
-        return cls(folder=root / f"{name}-{key}", source=", ".join(str(f) for f in files))
+        return cls(folder=root / f"{name}-{key}", source=", ".join(str(f) for f in files), name=name)
 
     def load(self) -> dict[str, Tensor] | None:
         """The cached tensors, memory-mapped; None when there is no cache or it is damaged
@@ -88,7 +93,9 @@ class Int4Cache:
             return None
         try:
             verify_files(self.folder, [FILE])
-            return read_mapped(self.folder / FILE)
+            tensors = read_mapped(self.folder / FILE)
+            self.folder.touch()  # last used: what `prune` keeps
+            return tensors
         except EyasError as error:
             print(f"[eyas] the int4 cache {self.folder} is damaged ({error}); rebuilding it from "
                   f"{self.source}", file=sys.stderr, flush=True)
@@ -103,6 +110,25 @@ class Int4Cache:
         with atomic_dir(self.folder) as tmp:
             write_streaming(tmp / FILE, tensors, metadata)
             write_manifest(tmp, [FILE])
+        self.prune()
+
+    def prune(self, keep: int = KEEP) -> list[Path]:
+        """Remove all but the `keep` most recently used folders of this source name (this one
+        always stays). Returns the removed folders. A process still mapping a removed file keeps
+        its pages (the file lives on until unmapped)."""
+        import shutil
+
+        if not self.name:
+            return []
+        prefix = f"{self.name}-"
+        others = [path for path in self.folder.parent.glob(f"{prefix}*")
+                  if path.is_dir() and path != self.folder
+                  and len(path.name) == len(prefix) + 16 and (path / "manifest.json").is_file()]
+        others.sort(key=lambda path: path.stat().st_mtime, reverse=True)
+        removed = others[max(keep - 1, 0):]
+        for path in removed:
+            shutil.rmtree(path, ignore_errors=True)
+        return removed
 
 
 def write_streaming(path: Path, tensors: dict[str, Tensor], metadata: dict[str, str]) -> None:

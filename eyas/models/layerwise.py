@@ -7,7 +7,10 @@ WeightSource (models/weight_source.py: safetensors or GGUF, one tensor read at a
   memory is the model plus one layer.
 - int4: each layer's tensors are read as float32, quantized at once to Int4Linear (the kernel's
   packed layout) and the float copies dropped: peak memory is the int4 model, its float
-  embedding and output layer, and one float32 layer. The packed layers are then written to the
+  embedding and output layer, and one float32 layer. A GGUF with an untied output layer keeps
+  both in the file instead (rows dequantized when read: models/source_embedding.py), and the
+  output layer's int8 screen (models/output_layer.py) is built a block of rows at a time and
+  cached with the decoder. The packed layers are then written to the
   int4 cache (models/int4_cache.py); a later load maps that file and quantizes nothing.
 
 Usage:
@@ -27,7 +30,9 @@ from torch import Tensor, nn
 from eyas.models.config import ModelConfig
 from eyas.models.int4_cache import Int4Cache
 from eyas.models.llama import Transformer, rope_inverse_frequencies
+from eyas.models.output_layer import ScreenedOutputLayer
 from eyas.models.quant import Int4Linear
+from eyas.models.source_embedding import SourceEmbedding
 from eyas.models.weight_source import WeightSource
 
 GROUP_SIZE = 32  # int4 group: the Q4_1 block, what the int8dot kernel packs
@@ -75,18 +80,27 @@ def _linears(layer: nn.Module) -> list[tuple[nn.Module, str]]:
 
 
 def _global_tensors(model: Transformer, source: WeightSource, prefix: str, dtype: torch.dtype,
-                    device: torch.device, with_norm: bool = True) -> None:
-    """Embedding, final norm and output layer (tied or not), converted to `dtype`."""
+                    device: torch.device, with_norm: bool = True, lean: bool = False) -> None:
+    """Embedding, final norm and output layer (tied or not), converted to `dtype`. `lean`
+    (int4): an untied embedding in a GGUF stays in the file, rows read when looked up
+    (models/source_embedding.py)."""
     config = model.config
 
     def read(name: str) -> nn.Parameter:
         return nn.Parameter(source.get(name).to(device=device, dtype=dtype), requires_grad=False)
 
-    model.embed_tokens.weight = read(f"{prefix}embed_tokens.weight")
+    tied = config.tie_word_embeddings or "lm_head.weight" not in source.names()
+    embedding = f"{prefix}embed_tokens.weight"
+    if lean and not tied and device.type == "cpu" and hasattr(source, "tensors"):
+        model.embed_tokens = SourceEmbedding(source.tensors[embedding])
+    else:
+        model.embed_tokens.weight = read(embedding)
     if with_norm:
         model.norm.weight = read(f"{prefix}norm.weight")
-    if config.tie_word_embeddings or "lm_head.weight" not in source.names():
+    if tied:
         model.lm_head.weight = model.embed_tokens.weight
+    elif isinstance(model.embed_tokens, SourceEmbedding):  # its rows too, screened (target.py)
+        model.lm_head = SourceEmbedding(source.tensors["lm_head.weight"])
     else:
         model.lm_head.weight = read("lm_head.weight")
     model.inv_freq = rope_inverse_frequencies(config).to(device)
@@ -134,7 +148,10 @@ def _load_int4(config: ModelConfig, source: WeightSource, prefix: str, name: str
 def _int4_from_source(config: ModelConfig, source: WeightSource, prefix: str) -> Transformer:
     with torch.device("meta"):
         model = Transformer(config)
-    _global_tensors(model, source, prefix, torch.float32, torch.device("cpu"))
+    _global_tensors(model, source, prefix, torch.float32, torch.device("cpu"), lean=True)
+    if isinstance(model.lm_head, SourceEmbedding):  # screened first, while memory holds nothing
+        model.lm_head = ScreenedOutputLayer(model.lm_head)  # else (its int8 codes go once packed)
+        release_freed_memory()
     for index, layer in enumerate(model.layers):
         # 1. The layer's float32 tensors, as the lean model names them.
         own = own_layer_tensors(lambda n: source.get(n).float(), prefix, index, config)
@@ -152,8 +169,13 @@ def _int4_from_cache(config: ModelConfig, source: WeightSource, prefix: str,
                      cached: dict[str, Tensor]) -> Transformer:
     with torch.device("meta"):
         model = Transformer(config)
-    _global_tensors(model, source, prefix, torch.float32, torch.device("cpu"), with_norm=False)
+    _global_tensors(model, source, prefix, torch.float32, torch.device("cpu"), with_norm=False, lean=True)
     model.norm.weight = nn.Parameter(cached.pop("norm.weight"), requires_grad=False)
+    screen = {k[len("lm_head."):]: cached.pop(k) for k in list(cached) if k.startswith("lm_head.")}
+    if isinstance(model.lm_head, SourceEmbedding):
+        if not screen:
+            raise ValueError("no output screen in the cache")
+        model.lm_head = ScreenedOutputLayer(model.lm_head, screen=screen)
     for index, layer in enumerate(model.layers):
         head = f"layers.{index}."
         state = {k[len(head):]: v for k, v in cached.items() if k.startswith(head)}

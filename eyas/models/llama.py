@@ -170,7 +170,7 @@ class Transformer(nn.Module):
         Attention.forward). Otherwise the weights' dtype."""
         if any(layer.self_attn.float64_attention for layer in self.layers):
             return fused_cpu.kv_dtype() if self.fused_layers() else torch.float64
-        return self.embed_tokens.weight.dtype
+        return self.norm.weight.dtype
 
     # ---- rotary tables -------------------------------------------------------------------
     def rope_tables(self, length: int) -> tuple[Tensor, Tensor]:
@@ -179,7 +179,7 @@ class Transformer(nn.Module):
         The sin table is negated on its first half so that rotate_half(x) * sin equals
         roll(x, D/2) * table, one op instead of four.
         """
-        dtype = self.embed_tokens.weight.dtype
+        dtype = self.norm.weight.dtype
         cached = self._rope_cache
         if cached is None or cached[0].shape[0] < length or cached[0].dtype != dtype:
             size = max(length, 2048)

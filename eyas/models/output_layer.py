@@ -30,14 +30,20 @@ pass, and step 3 in the same call: no pass over [R, V] in PyTorch); elsewhere Py
 kernel on bf16 activations, with the bound below and step 3 in PyTorch. Both bounds are
 rigorous, so the argmax is the same either way; only the number of candidates differs.
 
+Memory: the float32 weight is held once, as rows [V, H] (shared with a tied embedding). A
+transposed copy [H, V] for `forward` (models/cpu_linear.py: 16% faster at one token on
+SmolLM2's output layer) is added only while it is small (TRANSPOSED_MAX_BYTES): a 1.5B Qwen's
+untied output layer is 933 MB, and a second copy would cost more memory than its int4 decoder.
+
 Usage:
-    layer = ScreenedOutputLayer(TransposedLinear(model.lm_head), rows=model.embed_tokens.weight)
+    layer = ScreenedOutputLayer(model.lm_head, rows=model.embed_tokens.weight)
     logits = layer(hidden)                  # [..., V] exact float32 (sampling)
     argmax_ok = layer.greedy_logits(hidden)  # [..., V] whose argmax is exact (greedy)
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -47,36 +53,71 @@ from eyas.models.quant import row_chunks
 BF16_UNIT = 2.0 ** -8  # unit roundoff of bfloat16 (8 significant bits)
 F32_UNIT = 2.0 ** -24
 SAFETY = 1.01  # the bound is rigorous; this covers the rounding of computing the bound itself
+TRANSPOSED_MAX_BYTES = 256 << 20  # a transposed float32 copy for `forward` up to this size
 
 
 class ScreenedOutputLayer(nn.Module):
-    def __init__(self, layer: nn.Module, rows: Tensor | None = None) -> None:
-        """layer: a TransposedLinear (weight_t [H, V]). rows: the same weight as [V, H], when the
-        model holds it anyway (a tied input embedding); otherwise a copy is made. Candidates'
-        exact logits read whole rows of it (a column gather from [H, V] costs ~50x more)."""
+    def __init__(self, layer: nn.Module, rows: Tensor | None = None,
+                 screen: dict[str, Tensor] | None = None) -> None:
+        """layer: an nn.Linear (weight [V, H]), a TransposedLinear (weight_t [H, V]), or a row
+        source (models/source_embedding.py: the checkpoint's own quantized rows, dequantized
+        when read; then no float copy is held until `forward` first needs every logit). rows:
+        the same weight as [V, H], when the model holds it anyway (a tied input embedding).
+        screen: the screen's buffers as `screen_buffers` gave them (the int4 cache), instead of
+        computing them. Candidates' exact logits read whole rows (a column gather from [H, V]
+        costs ~50x more)."""
         super().__init__()
-        weight_t = layer.weight_t.detach().float()  # [H, V]
-        weight = weight_t.t().contiguous() if rows is None else rows.detach().float()  # [V, H]
-        if weight.shape != weight_t.t().shape:
-            raise ValueError(f"rows {tuple(weight.shape)} do not match the layer's "
-                             f"{tuple(weight_t.t().shape)}")
-        codes, scale, weight_error, approx_norm = _int8_rows(weight)
-        self.register_buffer("weight_t", weight_t)
+        self.row_source = layer if hasattr(layer, "rows") else None
+        if self.row_source is not None:
+            weight = None
+            shape = (layer.num_embeddings, layer.embedding_dim)
+            chunk = lambda start, stop: torch.from_numpy(layer.rows(np.arange(start, stop)))  # noqa: E731
+        else:
+            if rows is None:
+                rows = layer.weight_t.t().contiguous() if hasattr(layer, "weight_t") else layer.weight
+            weight = rows.detach().float()  # [V, H]
+            shape = tuple((layer.weight_t.t() if hasattr(layer, "weight_t") else layer.weight).shape)
+            if tuple(weight.shape) != shape:
+                raise ValueError(f"rows {tuple(weight.shape)} do not match the layer's {shape}")
+            chunk = lambda start, stop: weight[start:stop]  # noqa: E731
+        weight_t = None
+        if weight is not None and weight.numel() * 4 <= TRANSPOSED_MAX_BYTES:
+            weight_t = (layer.weight_t.detach().float() if hasattr(layer, "weight_t")
+                        else weight.t().contiguous())  # [H, V]
+        self.register_buffer("weight_t", weight_t)  # None: `forward` reads the rows
         self.register_buffer("weight", weight)  # [V, H], shared with the embedding when tied
-        self.register_buffer("codes", codes)  # [V, H]
-        self.register_buffer("scale", scale)  # [V]
-        self.register_buffer("weight_error", weight_error)  # [V] |W_j - A_j|
-        self.register_buffer("approx_norm", approx_norm)  # [V] |A_j|
-        self.out_features = weight_t.shape[1]
-        self.accumulation = weight_t.shape[0] * F32_UNIT / (1 - weight_t.shape[0] * F32_UNIT)
-        self.int8dot = _int8dot_screen(weight.shape)
-        if self.int8dot:
-            self.register_buffer("packed", extension.module().int8_screen_pack(codes))
-            self.register_buffer("code_sums", codes.sum(dim=1, dtype=torch.int32))  # [V]
-            self.register_buffer("scale_float", scale.float())  # [V]
-            del self.codes  # the packed copy replaces it
+        self.out_features, hidden = shape
+        self.accumulation = hidden * F32_UNIT / (1 - hidden * F32_UNIT)
+        self.int8dot = _int8dot_screen(shape)
+        for name, tensor in (screen if screen is not None else self._build_screen(chunk)).items():
+            self.register_buffer(name, tensor)
+
+    def _build_screen(self, chunk) -> dict[str, Tensor]:
+        """The screen's buffers, from the rows [start, stop) that `chunk` gives."""
+        codes, scale, weight_error, approx_norm = _int8_rows(chunk, self.out_features)
+        buffers = {"scale": scale,  # [V] bf16
+                   "weight_error": weight_error,  # [V] |W_j - A_j|
+                   "approx_norm": approx_norm}  # [V] |A_j|
+        if self.int8dot:  # the packed copy replaces the codes
+            buffers["packed"] = extension.module().int8_screen_pack(codes)
+            buffers["code_sums"] = codes.sum(dim=1, dtype=torch.int32)  # [V]
+            buffers["scale_float"] = scale.float()  # [V]
+        else:
+            buffers["codes"] = codes  # [V, H]
+        return buffers
+
+    def screen_buffers(self) -> dict[str, Tensor]:
+        """What `screen=` takes back: every buffer but the float weights."""
+        return {name: tensor for name, tensor in self.named_buffers()
+                if name not in ("weight", "weight_t")}
+
+    def full_weight(self) -> Tensor:
+        """The float32 weight [V, H] (a row source dequantizes it on first use and keeps it)."""
+        return self.weight if self.row_source is None else self.row_source.weight
 
     def forward(self, x: Tensor) -> Tensor:  # [..., H] -> [..., V], every logit exact
+        if self.weight_t is None:
+            return nn.functional.linear(x, self.full_weight())
         return x @ self.weight_t
 
     def greedy_logits(self, x: Tensor) -> Tensor:  # [..., H] -> [..., V], exact argmax only
@@ -84,14 +125,21 @@ class ScreenedOutputLayer(nn.Module):
         flat = x.reshape(-1, shape[-1]).float()  # [R, H]
         if flat.shape[0] == 0:
             return flat.new_zeros(*shape[:-1], self.out_features)
-        if self.int8dot:  # steps 1-3 in one C++ call (csrc/int8_screen.cpp int8_screen_greedy)
+        lean = self.row_source is not None and self.row_source._table is None
+        if self.int8dot and not lean:  # steps 1-3 in one C++ call (csrc/int8_screen.cpp)
             approx = torch.ops.eyas.int8_screen_greedy(flat, self.packed, self.scale_float, self.code_sums,
-                                                       self.weight_error, self.approx_norm, self.weight)
+                                                       self.weight_error, self.approx_norm,
+                                                       self.full_weight())
             return approx.reshape(*shape[:-1], self.out_features)
         approx, bound = self.screen(flat)  # [R, V] each
         best_lower = (approx - bound).amax(dim=1, keepdim=True)  # [R, 1]
         rows, columns = (approx + bound >= best_lower).nonzero(as_tuple=True)  # the candidates
-        exact = (flat[rows] * self.weight[columns]).sum(dim=1)  # [P], row by row
+        if lean:  # only the candidates' rows are dequantized
+            unique, inverse = torch.unique(columns, return_inverse=True)
+            candidates = torch.from_numpy(self.row_source.rows(unique.numpy()))[inverse]
+        else:
+            candidates = self.full_weight()[columns]
+        exact = (flat[rows] * candidates).sum(dim=1)  # [P], row by row
         approx[rows, columns] = exact
         return approx.reshape(*shape[:-1], self.out_features)
 
@@ -121,18 +169,21 @@ class ScreenedOutputLayer(nn.Module):
         return bound * SAFETY + 1e-6
 
 
-def _int8_rows(weight: Tensor, rows_per_chunk: int = 8192) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """weight [V, H] -> int8 codes [V, H], bf16 scale [V], |W_j - A_j| [V] and |A_j| [V], where
-    A = codes * scale is what the int8 kernels multiply by. Computed a block of rows at a time:
-    each row's values depend on that row alone, and the temporaries stay a block's size (whole,
-    they were three float32 copies of the output layer: ~2.8 GB for a 152k x 1536 one)."""
-    vocab = weight.shape[0]
-    codes = torch.empty(weight.shape, dtype=torch.int8)
-    scale = torch.empty(vocab, dtype=torch.bfloat16)
+def _int8_rows(chunk, vocab: int, rows_per_chunk: int = 8192
+               ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The rows of a [V, H] weight (`chunk(start, stop)` gives rows [start, stop) as float32) ->
+    int8 codes [V, H], bf16 scale [V], |W_j - A_j| [V] and |A_j| [V], where A = codes * scale is
+    what the int8 kernels multiply by. Computed a block of rows at a time: each row's values
+    depend on that row alone, and the temporaries stay a block's size (whole, they were three
+    float32 copies of the output layer: ~2.8 GB for a 152k x 1536 one)."""
+    codes = scale = None
     weight_error, approx_norm = torch.empty(vocab), torch.empty(vocab)
     for start in range(0, vocab, rows_per_chunk):
-        rows = slice(start, start + rows_per_chunk)
-        part = weight[rows]
+        rows = slice(start, min(start + rows_per_chunk, vocab))
+        part = chunk(rows.start, rows.stop).float()
+        if codes is None:
+            codes = torch.empty(vocab, part.shape[1], dtype=torch.int8)
+            scale = torch.empty(vocab, dtype=torch.bfloat16)
         scale[rows] = (part.abs().amax(dim=1) / 127).clamp(min=1e-12).to(torch.bfloat16)
         codes[rows] = (part / scale[rows].float()[:, None]).round().clamp(-127, 127).to(torch.int8)
         approx = codes[rows].float() * scale[rows].float()[:, None]

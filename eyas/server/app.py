@@ -34,10 +34,11 @@ from eyas.engine.grammar import GrammarError
 from eyas.errors import EyasError
 from eyas.models.tokenizer import raw_prompt_ids
 from eyas.scheduler.engine import Engine, QueueFull, RequestRejected
-from eyas.scheduler.request import Request as EngineRequest
 from eyas.scheduler.request import RequestOutput
 from eyas.server import protocol, structured, tools
+from eyas.server.choices import ChoiceSet
 from eyas.server.errors import APIError, install_handlers
+from eyas.server.format import ChoiceView
 from eyas.server.guards import check_api_key, read_json_body
 from eyas.server.metrics import ServerMetrics
 from eyas.server.openapi import openapi_document
@@ -52,6 +53,8 @@ class ServerSettings:
     api_key: str | None = None  # when set, /v1 routes need "Authorization: Bearer KEY"
     max_body_bytes: int = 1 << 20  # larger bodies get 413
     retry_after_s: int = 1  # Retry-After on 503 (queue full)
+    max_n: int = 16  # most samples per request (n)
+    max_prompts: int = 64  # most prompts in one /v1/completions request
 
     def __post_init__(self) -> None:
         if not self.model_name:
@@ -60,6 +63,8 @@ class ServerSettings:
             raise EyasError("max_body_bytes must be >= 1024")
         if self.api_key is not None and not self.api_key:
             raise EyasError("api_key must be non-empty when given")
+        if self.max_n < 1 or self.max_prompts < 1:
+            raise EyasError("max_n and max_prompts must be >= 1")
 
 
 def sse(payload: dict[str, Any] | str) -> str:
@@ -132,30 +137,30 @@ def create_app(engine: Engine, settings: ServerSettings, metrics: ServerMetrics,
                            param="messages", code="invalid_value") from error
         limit_field = "max_completion_tokens" if parsed.max_completion_tokens else "max_tokens"
         grammar = await constraint(parsed, plan)
-        return await respond(request, parsed, prompt_ids, "messages", limit_field, chat=True,
+        return await respond(request, parsed, [prompt_ids], "messages", limit_field, chat=True,
                              grammar=grammar, plan=plan)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         parsed = await parse(request, protocol.CompletionRequest)
-        prompt = parsed.prompt
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-            prompt = prompt[0]  # a list holding one prompt
-        if isinstance(prompt, str):
-            prompt_ids = await anyio.to_thread.run_sync(raw_prompt_ids, tokenizer, prompt)
-        else:
-            prompt_ids = list(prompt)
-            vocab = engine.target.config.vocab_size
-            if any(not 0 <= token < vocab for token in prompt_ids):
+        prompts = []
+        vocab = engine.target.config.vocab_size
+        for index, prompt in enumerate(parsed.prompts()):
+            if isinstance(prompt, str):
+                prompts.append(await anyio.to_thread.run_sync(raw_prompt_ids, tokenizer, prompt))
+                continue
+            if any(not 0 <= token < vocab for token in prompt):
                 raise APIError(400, f"prompt token ids must be in [0, {vocab})", param="prompt",
                                code="invalid_value")
+            prompts.append(list(prompt))
         grammar = await constraint(parsed, None)
-        return await respond(request, parsed, prompt_ids, "prompt", "max_tokens", chat=False,
+        return await respond(request, parsed, prompts, "prompt", "max_tokens", chat=False,
                              grammar=grammar)
 
     async def constraint(parsed: Any, plan: tools.ToolPlan | None) -> Any:
-        """The request's grammar constraint (a logits processor), or None: structured output
-        (response_format, guided_*) or a required / named tool call. 400 for a bad schema."""
+        """The request's compiled grammar (one constraint per choice is made from it), or None:
+        structured output (response_format, guided_*) or a required / named tool call. 400
+        for a bad schema."""
         asked = structured.grammar_request(parsed)
         from_tools = plan.grammar() if plan is not None else None
         if asked is not None and from_tools is not None:
@@ -166,11 +171,10 @@ def create_app(engine: Engine, settings: ServerSettings, metrics: ServerMetrics,
         if spec is None:
             return None
         try:
-            grammar = await anyio.to_thread.run_sync(structured.compile_for, spec, engine.target)
+            return await anyio.to_thread.run_sync(structured.compile_for, spec, engine.target)
         except GrammarError as error:
             raise APIError(400, f"invalid schema for structured output: {error}", param=param,
                            code="invalid_value") from error
-        return grammar.constraint()
 
     async def parse(request: Request, schema: type[protocol.SamplingRequest]) -> Any:
         check_api_key(request, settings.api_key)
@@ -188,25 +192,35 @@ def create_app(engine: Engine, settings: ServerSettings, metrics: ServerMetrics,
         if unsupported is not None:
             field, message = unsupported
             raise APIError(400, message, param=field, code="unsupported_parameter")
+        invalid = protocol.invalid_parameter(parsed, engine.target.config.vocab_size,
+                                             settings.max_n, settings.max_prompts)
+        if invalid is not None:
+            field, message = invalid
+            raise APIError(400, message, param=field, code="invalid_value")
         return parsed
 
-    async def respond(http_request: Request, parsed: Any, prompt_ids: list[int], prompt_field: str,
-                      limit_field: str, chat: bool, grammar: Any = None,
+    def processors_for(parsed: Any, prompt_ids: list[int], params: Any, grammar: Any = None) -> list:
+        """Logits processors beyond those the sampling parameters ask for (the engine adds
+        logit_bias and the penalties itself): a grammar's constraint, one per choice."""
+        return [grammar.constraint()] if grammar is not None else []
+
+    async def respond(http_request: Request, parsed: Any, prompts: list[list[int]],
+                      prompt_field: str, limit_field: str, chat: bool, grammar: Any = None,
                       plan: tools.ToolPlan | None = None) -> Response:
-        # 1. The context check and the queue, then the engine.
+        # 1. The context check and the queue, then the engine: n samples of every prompt.
         if not engine.alive:
             raise APIError(503, "the engine is not running", code="engine_down")
-        max_tokens = parsed.requested_max_tokens
-        if max_tokens is None:
-            max_tokens = max(engine.max_model_len - len(prompt_ids), 1)
-        params = parsed.sampling_params(max_tokens)
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
-        constrained = {"logits_processors": [grammar]} if grammar is not None else {}
+
+        def params_for(prompt_ids: list[int]) -> Any:
+            max_tokens = parsed.requested_max_tokens
+            if max_tokens is None:
+                max_tokens = max(engine.max_model_len - len(prompt_ids), 1)
+            return parsed.sampling_params(max_tokens)
+
+        choices = ChoiceSet(engine, asyncio.get_running_loop())
         try:
-            submitted = engine.submit(prompt_ids, params,
-                                      lambda output: loop.call_soon_threadsafe(queue.put_nowait, output),
-                                      **constrained)
+            choices.submit(prompts, parsed.samples, params_for,
+                           lambda prompt_ids, params: processors_for(parsed, prompt_ids, params, grammar))
         except RequestRejected as error:
             field = prompt_field if error.field == "prompt" else limit_field
             raise APIError(400, str(error), param=field, code=error.code) from error
@@ -217,100 +231,83 @@ def create_app(engine: Engine, settings: ServerSettings, metrics: ServerMetrics,
         # 2. Stream the outputs, or collect them into one body.
         response_id = protocol.new_id("chatcmpl" if chat else "cmpl")
         headers = ignored_header(http_request.state.ignored_fields)
+        view = ChoiceView(parsed, tokenizer, chat)
         if parsed.stream:
-            shaped = (submitted, queue, response_id, parsed.include_usage)
-            stream = stream_chat(*shaped, plan) if chat else stream_completion(*shaped)
-            return StreamingResponse(stream,
+            return StreamingResponse(stream(choices, view, response_id, parsed.include_usage, plan),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Request-Id": response_id,
                                               **headers})
-        final, text = await collect(http_request, submitted, queue)
+        await collect(http_request, choices)
         build = protocol.chat_response if chat else protocol.completion_response
-        body = build(response_id, settings.model_name, text, final)
-        if plan is not None:  # tool calls parsed out of the text (tools.py)
-            content, calls = plan.parse(text)
-            choice = body["choices"][0]
-            choice["message"] = {"role": "assistant", "content": content,
-                                 **({"tool_calls": calls} if calls else {})}
-            choice["finish_reason"] = plan.finish_reason(final.finish_reason, calls)
+        body = build(response_id, settings.model_name, [view.whole(c) for c in choices.choices],
+                     choices.usage(), choices.speculative())
+        if plan is not None:  # tool calls parsed out of each choice's text (tools.py)
+            for entry in body["choices"]:
+                content, calls = plan.parse(entry["message"]["content"] or "")
+                entry["message"] = {"role": "assistant", "content": content,
+                                    **({"tool_calls": calls} if calls else {})}
+                entry["finish_reason"] = plan.finish_reason(entry["finish_reason"], calls)
         return JSONResponse(body, headers=headers)
 
-    async def collect(http_request: Request, submitted: EngineRequest,
-                      queue: asyncio.Queue[RequestOutput]) -> tuple[RequestOutput, str]:
-        watcher = asyncio.create_task(abort_on_disconnect(http_request, submitted.request_id))
-        parts: list[str] = []
-        finished = False
+    async def collect(http_request: Request, choices: ChoiceSet) -> None:
+        watcher = asyncio.create_task(abort_on_disconnect(http_request, choices))
         try:
-            while not finished:
-                output = await queue.get()
-                parts.append(output.text)
-                finished = output.finished
+            while not choices.finished:
+                choice, output = await choices.next()
+                if output.finish_reason == "error":
+                    raise engine_failure(output)
         finally:
             watcher.cancel()
-            if not finished:
-                engine.abort(submitted.request_id)
-        if output.finish_reason == "error":
-            raise engine_failure(output)
-        return output, "".join(parts)
+            choices.abort_unfinished()
 
-    async def abort_on_disconnect(http_request: Request, request_id: str) -> None:
+    async def abort_on_disconnect(http_request: Request, choices: ChoiceSet) -> None:
         while True:
             message = await http_request.receive()
             if message["type"] == "http.disconnect":
-                engine.abort(request_id)
+                choices.abort_unfinished()
                 return
 
-    async def stream_outputs(submitted: EngineRequest, queue: asyncio.Queue[RequestOutput],
-                             first: str | None, chunk: Callable[..., dict[str, Any]],
-                             text_delta: Callable[[str], Any], usage_object: str,
-                             include_usage: bool, response_id: str,
-                             tool_stream: tools.ToolStream | None = None) -> AsyncIterator[str]:
+    async def stream(choices: ChoiceSet, view: ChoiceView, response_id: str,
+                     include_usage: bool, plan: tools.ToolPlan | None = None) -> AsyncIterator[str]:
         created, model = int(time.time()), settings.model_name
-        finished = False
+        usage_object = "chat.completion.chunk" if view.chat else "text_completion"
+        tool_streams: dict[int, tools.ToolStream] = {}
         try:
-            if first is not None:
-                yield sse(first)
-            while not finished:
-                output = await queue.get()
-                finished = output.finished
+            if view.chat:  # each choice opens with the assistant's role
+                for choice in choices.choices:
+                    yield sse(protocol.chat_chunk(response_id, model, created,
+                                                  {"role": "assistant", "content": ""},
+                                                  include_usage=include_usage, index=choice.index))
+            while not choices.finished:
+                choice, output = await choices.next()
                 if output.finish_reason == "error":  # this request alone failed
                     yield sse(engine_failure(output).body())
                     yield sse("[DONE]")
                     return
-                if tool_stream is not None:  # tool calls: deltas in OpenAI's shape
-                    deltas = tool_stream.feed(output.text) + (tool_stream.flush() if finished else [])
+                if plan is not None:  # tool calls: deltas in OpenAI's shape (tools.py)
+                    tool_stream = tool_streams.setdefault(choice.index, tools.ToolStream(plan))
+                    deltas = tool_stream.feed(output.text) + (tool_stream.flush() if output.finished else [])
                     for delta in deltas:
-                        yield sse(chunk(response_id, model, created, delta, None, include_usage))
-                    if finished:
-                        reason = tool_stream.plan.finish_reason(output.finish_reason, tool_stream.calls)
-                        body = protocol.with_speculative(
-                            chunk(response_id, model, created, {}, reason, include_usage), output)
-                        yield sse(body)
+                        yield sse(protocol.chat_chunk(response_id, model, created, delta, None,
+                                                      include_usage, choice.index))
+                    if output.finished:
+                        reason = plan.finish_reason(output.finish_reason, tool_stream.calls)
+                        chunk = protocol.chat_chunk(response_id, model, created, {}, reason,
+                                                    include_usage, choice.index)
+                        if len(choices.choices) == 1:
+                            chunk = protocol.with_speculative(chunk, output.speculative)
+                        yield sse(chunk)
                     continue
-                if output.text or finished:
-                    body = chunk(response_id, model, created, text_delta(output.text),
-                                 output.finish_reason if finished else None, include_usage)
-                    if finished:
-                        body = protocol.with_speculative(body, output)
-                    yield sse(body)
-            if finished and include_usage:
-                yield sse(protocol.usage_chunk(response_id, model, created, usage_object, output))
+                chunk = view.chunk(choice, output, response_id, model, created, include_usage)
+                if chunk is not None:
+                    if output.finished and len(choices.choices) == 1:
+                        chunk = protocol.with_speculative(chunk, output.speculative)
+                    yield sse(chunk)
+            if include_usage:
+                yield sse(protocol.usage_chunk(response_id, model, created, usage_object,
+                                               choices.usage(), choices.speculative()))
             yield sse("[DONE]")
         finally:
-            if not finished:  # the client went away (the stream was cancelled)
-                engine.abort(submitted.request_id)
-
-    def stream_chat(submitted, queue, response_id, include_usage, plan=None) -> AsyncIterator[str]:
-        first = json.dumps(protocol.chat_chunk(response_id, settings.model_name, int(time.time()),
-                                               {"role": "assistant", "content": ""},
-                                               include_usage=include_usage), separators=(",", ":"))
-        return stream_outputs(submitted, queue, first, protocol.chat_chunk,
-                              lambda text: {"content": text} if text else {},
-                              "chat.completion.chunk", include_usage, response_id,
-                              tools.ToolStream(plan) if plan is not None else None)
-
-    def stream_completion(submitted, queue, response_id, include_usage) -> AsyncIterator[str]:
-        return stream_outputs(submitted, queue, None, protocol.completion_chunk, lambda text: text,
-                              "text_completion", include_usage, response_id)
+            choices.abort_unfinished()  # the client went away (the stream was cancelled)
 
     return app

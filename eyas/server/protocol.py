@@ -7,9 +7,9 @@ integer. Unknown fields are ignored, as vLLM does, and reported: `ignored_fields
 for the `x-eyas-ignored-fields` response header and a log line. Known OpenAI parameters that
 eyas does not implement are refused by `unsupported_parameter` rather than silently ignored.
 
-Extensions beside the OpenAI fields: `top_k`, `ignore_eos` in requests (as vLLM accepts them);
-`speculative_decoding` in responses (per-request acceptance statistics, when the server
-drafts).
+Extensions beside the OpenAI fields: `top_k`, `ignore_eos`, `repetition_penalty` in requests
+(as vLLM accepts them); `speculative_decoding` in responses (per-request acceptance
+statistics, when the server drafts).
 """
 
 from __future__ import annotations
@@ -21,8 +21,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from eyas.engine.sampling import MAX_SEED, SamplingParams
-from eyas.scheduler.request import RequestOutput
+from eyas.engine.sampling import MAX_LOGPROBS, MAX_SEED, SamplingParams
 
 
 def integral(value: Any) -> Any:
@@ -33,6 +32,7 @@ def integral(value: Any) -> Any:
 
 
 Integer = Annotated[int, BeforeValidator(integral)]
+MAX_COMPLETION_LOGPROBS = 5  # OpenAI's limit for /v1/completions `logprobs`
 
 
 class StrictModel(BaseModel):
@@ -78,7 +78,8 @@ class SamplingRequest(StrictModel):
     stream_options: StreamOptions | None = None
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    logit_bias: dict[str, float] | None = None
+    repetition_penalty: float | None = Field(None, gt=0.0)  # extension (vLLM's)
+    logit_bias: dict[str, float] | None = None  # token id (a string) -> bias in [-100, 100]
     user: str | None = None
     ignore_eos: bool = False  # extension
     # Structured outputs (eyas/server/structured.py): OpenAI's response_format, vLLM's guided_*.
@@ -88,12 +89,30 @@ class SamplingRequest(StrictModel):
     guided_choice: list[str] | None = None  # extension
 
     def sampling_params(self, max_tokens: int) -> SamplingParams:
+        """The engine's parameters (after `invalid_parameter` found nothing wrong)."""
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         return SamplingParams(
             max_tokens=max_tokens,
             temperature=1.0 if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p,
-            top_k=max(self.top_k or 0, 0), seed=self.seed, stop=stop, ignore_eos=self.ignore_eos)
+            top_k=max(self.top_k or 0, 0), seed=self.seed, stop=stop, ignore_eos=self.ignore_eos,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            logit_bias={int(token): bias for token, bias in (self.logit_bias or {}).items()},
+            logprobs=self.output_logprobs, prompt_logprobs=self.prompt_logprobs)
+
+    @property
+    def output_logprobs(self) -> int | None:
+        return None  # the routes' schemas say
+
+    @property
+    def prompt_logprobs(self) -> int | None:
+        return None
+
+    @property
+    def samples(self) -> int:
+        return self.n or 1
 
     @property
     def include_usage(self) -> bool:
@@ -104,7 +123,7 @@ class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Integer | None = Field(None, ge=1)
     logprobs: bool | None = None
-    top_logprobs: Integer | None = None
+    top_logprobs: Integer | None = Field(None, ge=0, le=MAX_LOGPROBS)
     tools: list[Any] | None = None  # checked by eyas/server/tools.py
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
@@ -114,26 +133,41 @@ class ChatCompletionRequest(SamplingRequest):
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
+    @property
+    def output_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
 
 class CompletionRequest(SamplingRequest):
     prompt: str | list[int] | list[str] | list[list[int]]
     echo: bool | None = None
     suffix: str | None = None
-    best_of: Integer | None = None
-    logprobs: Integer | None = None
+    best_of: Integer | None = Field(None, ge=1)
+    logprobs: Integer | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
 
     @property
     def requested_max_tokens(self) -> int:
         return self.max_tokens or 16  # OpenAI's default for completions
 
+    @property
+    def output_logprobs(self) -> int | None:
+        return self.logprobs
+
+    @property
+    def prompt_logprobs(self) -> int | None:
+        return self.logprobs if self.echo else None
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompt field as a list of prompts (a string, or a list of token ids, each)."""
+        prompt = self.prompt
+        if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+            return [prompt]
+        return list(prompt)  # [] is refused by invalid_parameter
+
 
 def unsupported_parameter(request: SamplingRequest) -> tuple[str, str] | None:
     """(field, message) for the first parameter that eyas does not implement, if any."""
     checks: list[tuple[str, bool, str]] = [
-        ("n", (request.n or 1) != 1, "n > 1 is not supported; send n separate requests"),
-        ("presence_penalty", bool(request.presence_penalty), "presence_penalty is not supported"),
-        ("frequency_penalty", bool(request.frequency_penalty), "frequency_penalty is not supported"),
-        ("logit_bias", bool(request.logit_bias), "logit_bias is not supported"),
         ("stop", isinstance(request.stop, list) and len(request.stop) > 4,
          "at most 4 stop sequences are accepted"),
         ("stop", (request.stop == "") or (isinstance(request.stop, list) and "" in request.stop),
@@ -141,20 +175,43 @@ def unsupported_parameter(request: SamplingRequest) -> tuple[str, str] | None:
     ]
     if isinstance(request, ChatCompletionRequest):
         checks += [
-            ("logprobs", bool(request.logprobs), "logprobs are not supported"),
-            ("top_logprobs", request.top_logprobs is not None, "top_logprobs are not supported"),
             ("functions", bool(request.functions), "functions are not supported; use tools"),
         ]
     if isinstance(request, CompletionRequest):
-        prompts = request.prompt
-        several = isinstance(prompts, list) and prompts and not isinstance(prompts[0], int)
         checks += [
-            ("echo", bool(request.echo), "echo is not supported"),
             ("suffix", bool(request.suffix), "suffix is not supported"),
-            ("best_of", (request.best_of or 1) != 1, "best_of > 1 is not supported"),
-            ("logprobs", bool(request.logprobs), "logprobs are not supported"),
-            ("prompt", bool(several) and len(prompts) != 1,
-             "one prompt per request is supported; send a list of prompts as separate requests"),
+            ("best_of", (request.best_of or request.samples) != request.samples,
+             "best_of other than n is not supported (vLLM's V1 engine refuses it too); "
+             "ask for n samples and rank them yourself"),
+        ]
+    return next(((field, message) for field, bad, message in checks if bad), None)
+
+
+def invalid_parameter(request: SamplingRequest, vocab_size: int, max_n: int,
+                      max_prompts: int) -> tuple[str, str] | None:
+    """(field, message) for the first value out of what the server accepts, if any (the
+    schema checked types and plain ranges already)."""
+    checks: list[tuple[str, bool, str]] = [
+        ("n", request.samples > max_n, f"n is {request.samples}; this server allows at most {max_n} "
+                                      f"(--max-n)"),
+    ]
+    for token, bias in (request.logit_bias or {}).items():
+        key = f"logit_bias.{token}"
+        if not token.isdigit() or int(token) >= vocab_size:
+            checks.append((key, True, f"logit_bias keys are token ids in [0, {vocab_size}) written "
+                                      f"as strings; got {token!r}"))
+        elif not -100.0 <= bias <= 100.0:
+            checks.append((key, True, f"logit_bias values are in [-100, 100]; got {bias} for {token}"))
+    if isinstance(request, ChatCompletionRequest):
+        checks.append(("top_logprobs", request.top_logprobs is not None and not request.logprobs,
+                       "top_logprobs needs logprobs: true"))
+    if isinstance(request, CompletionRequest):
+        prompts = request.prompts()
+        checks += [
+            ("prompt", not prompts, "prompt is an empty list"),
+            ("prompt", len(prompts) > max_prompts,
+             f"prompt holds {len(prompts)} prompts; this server takes at most {max_prompts} per "
+             f"request (--max-prompts)"),
         ]
     return next(((field, message) for field, bad, message in checks if bad), None)
 
@@ -199,57 +256,62 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
-def usage(final: RequestOutput) -> dict[str, int]:
-    return {"prompt_tokens": final.prompt_tokens, "completion_tokens": final.completion_tokens,
-            "total_tokens": final.prompt_tokens + final.completion_tokens}
+def chat_choice(index: int, text: str, finish_reason: str | None,
+                logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"index": index, "message": {"role": "assistant", "content": text},
+            "logprobs": logprobs, "finish_reason": finish_reason}
 
 
-def chat_response(response_id: str, model: str, text: str, final: RequestOutput) -> dict[str, Any]:
-    body = {
-        "id": response_id, "object": "chat.completion", "created": int(time.time()), "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                     "logprobs": None, "finish_reason": final.finish_reason}],
-        "usage": usage(final),
-    }
-    return with_speculative(body, final)
+def completion_choice(index: int, text: str, finish_reason: str | None,
+                      logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
-def completion_response(response_id: str, model: str, text: str, final: RequestOutput) -> dict[str, Any]:
-    body = {
-        "id": response_id, "object": "text_completion", "created": int(time.time()), "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": final.finish_reason}],
-        "usage": usage(final),
-    }
-    return with_speculative(body, final)
+def chat_response(response_id: str, model: str, choices: list[dict[str, Any]],
+                  usage: dict[str, int], speculative: dict[str, Any] | None) -> dict[str, Any]:
+    body = {"id": response_id, "object": "chat.completion", "created": int(time.time()),
+            "model": model, "choices": choices, "usage": usage}
+    return with_speculative(body, speculative)
+
+
+def completion_response(response_id: str, model: str, choices: list[dict[str, Any]],
+                        usage: dict[str, int], speculative: dict[str, Any] | None) -> dict[str, Any]:
+    body = {"id": response_id, "object": "text_completion", "created": int(time.time()),
+            "model": model, "choices": choices, "usage": usage}
+    return with_speculative(body, speculative)
 
 
 def chat_chunk(response_id: str, model: str, created: int, delta: dict[str, Any],
-               finish_reason: str | None = None, include_usage: bool = False) -> dict[str, Any]:
+               finish_reason: str | None = None, include_usage: bool = False, index: int = 0,
+               logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
     chunk = {"id": response_id, "object": "chat.completion.chunk", "created": created, "model": model,
-             "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}
+             "choices": [{"index": index, "delta": delta, "logprobs": logprobs,
+                          "finish_reason": finish_reason}]}
     if include_usage:
         chunk["usage"] = None  # OpenAI: null on every chunk but the last, when usage is asked for
     return chunk
 
 
 def completion_chunk(response_id: str, model: str, created: int, text: str,
-                     finish_reason: str | None = None, include_usage: bool = False) -> dict[str, Any]:
+                     finish_reason: str | None = None, include_usage: bool = False, index: int = 0,
+                     logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
     chunk = {"id": response_id, "object": "text_completion", "created": created, "model": model,
-             "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}]}
+             "choices": [completion_choice(index, text, finish_reason, logprobs)]}
     if include_usage:
         chunk["usage"] = None
     return chunk
 
 
-def usage_chunk(response_id: str, model: str, created: int, obj: str, final: RequestOutput) -> dict[str, Any]:
+def usage_chunk(response_id: str, model: str, created: int, obj: str, usage: dict[str, int],
+                speculative: dict[str, Any] | None) -> dict[str, Any]:
     chunk = {"id": response_id, "object": obj, "created": created, "model": model, "choices": [],
-             "usage": usage(final)}
-    return with_speculative(chunk, final)
+             "usage": usage}
+    return with_speculative(chunk, speculative)
 
 
-def with_speculative(body: dict[str, Any], final: RequestOutput) -> dict[str, Any]:
-    if final.speculative is not None:
-        body["speculative_decoding"] = final.speculative
+def with_speculative(body: dict[str, Any], speculative: dict[str, Any] | None) -> dict[str, Any]:
+    if speculative is not None:
+        body["speculative_decoding"] = speculative
     return body
 
 

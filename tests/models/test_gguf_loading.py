@@ -122,11 +122,20 @@ def test_an_int4_load_from_a_gguf_equals_one_from_its_dequantized_safetensors(tm
     save_file({name: source.get(name) for name in source.names()}, str(plain / "model.safetensors"))
     from_gguf = load_layerwise(config, source, "int4", CPU, cache_root=tmp_path / "cache")
     from_folder = load_layerwise(config, open_weights(plain), "int4", CPU, cache_root=tmp_path / "cache")
+    folder_state = from_folder.state_dict()
     for name, tensor in from_gguf.state_dict().items():
-        assert torch.equal(tensor, from_folder.state_dict()[name]), name
+        if not name.startswith("lm_head."):  # the GGUF's untied output layer: a screen of its rows
+            assert torch.equal(tensor, folder_state[name]), name
+    # the untied embedding and output layer stay in the GGUF, read row by row: the same rows
+    assert "embed_tokens.weight" not in from_gguf.state_dict()
+    assert torch.equal(from_gguf.embed_tokens(torch.arange(256)), folder_state["embed_tokens.weight"])
     ids = torch.tensor([[3, 14, 15, 92, 65]])
     with torch.inference_mode():
         assert torch.equal(from_gguf(ids).logits, from_folder(ids).logits)
+        again = load_layerwise(config, source, "int4", CPU, cache_root=tmp_path / "cache")  # cached
+        assert torch.equal(again(ids).logits, from_folder(ids).logits)
+        greedy = again(ids, greedy=True).logits.argmax(-1)
+        assert torch.equal(greedy, from_folder(ids).logits.argmax(-1))
 
 
 AUTO = [("Q4_0", "int4"), ("Q4_1", "int4"), ("Q4_K", "int4"), ("Q5_0", "int4"), ("Q5_1", "int4"),

@@ -160,3 +160,21 @@ def test_greedy_output_of_the_cached_int4_target_equals_the_freshly_quantized_on
     first = generate(fresh, prompt, params).token_ids
     assert len(first) == 24
     assert generate(cached, prompt, params).token_ids == first
+
+
+def test_saving_a_cache_keeps_only_the_most_recently_used_folders_of_that_name(tmp_path):
+    tensors = {"w": torch.arange(8, dtype=torch.int32)}
+    folders = []
+    for step in range(4):
+        cache = Int4Cache(folder=tmp_path / f"m-{step:016x}", source="src", name="m")
+        cache.save(tensors, {})
+        os.utime(cache.folder, ns=(step * 10**9, step * 10**9))  # used in this order
+        folders.append(cache.folder)
+    other = Int4Cache(folder=tmp_path / f"n-{0:016x}", source="src", name="n")
+    other.save(tensors, {})
+    kept = sorted(path.name for path in tmp_path.iterdir())
+    # each save kept itself and the most recently used other folder of its name
+    assert kept == [folders[2].name, folders[3].name, other.folder.name]
+    os.utime(folders[2], ns=(10**12, 10**12))  # used again after 3
+    assert Int4Cache(folder=folders[3], source="src", name="m").load() is not None  # touches 3
+    assert torch.equal(Int4Cache(folder=folders[2], source="src", name="m").load()["w"], tensors["w"])

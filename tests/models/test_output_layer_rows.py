@@ -15,5 +15,38 @@ def test_int8_rows_by_blocks_equal_the_whole_matrix():
     approx = codes.float() * scale.float()[:, None]
     whole = (codes, scale, (weight - approx).norm(dim=1), approx.norm(dim=1))
     for rows_per_chunk in (8192, 1000, 7):
-        for expected, got in zip(whole, _int8_rows(weight, rows_per_chunk)):
+        got_all = _int8_rows(lambda start, stop: weight[start:stop], weight.shape[0], rows_per_chunk)
+        for expected, got in zip(whole, got_all):
             assert torch.equal(expected, got)
+
+
+def test_a_row_source_output_layer_gives_the_float_layers_argmax_and_logits(tmp_path):
+    """An output layer read from GGUF rows (no float copy) screens as the float one does: the
+    same argmax on every row, exact logits when every one is asked for, and its screen buffers
+    round-trip (what the int4 cache keeps)."""
+    import numpy as np
+    from random_checkpoints import write_gguf
+
+    from eyas.models.gguf_loader import GGUFSource
+    from eyas.models.output_layer import ScreenedOutputLayer
+    from eyas.models.source_embedding import SourceEmbedding
+
+    table = np.random.default_rng(5).standard_normal((512, 64)).astype(np.float32)
+    source = GGUFSource(write_gguf(tmp_path / "o.gguf", {"output.weight": (table, "Q8_0")}))
+    full = source.get("lm_head.weight")  # [V, H] float32
+    linear = torch.nn.Linear(64, 512, bias=False)
+    linear.weight.data = full.clone()
+    reference = ScreenedOutputLayer(linear)
+    lean = ScreenedOutputLayer(SourceEmbedding(source.tensors["lm_head.weight"]))
+    assert lean.weight is None and lean.row_source._table is None
+    x = torch.randn(9, 64)
+    x[3] = x[2]  # a repeated row
+    expected = (x @ full.t()).argmax(dim=1)
+    assert torch.equal(lean.greedy_logits(x).argmax(dim=1), expected)
+    assert torch.equal(reference.greedy_logits(x).argmax(dim=1), expected)
+    assert lean.row_source._table is None  # greedy read only the candidates' rows
+    again = ScreenedOutputLayer(SourceEmbedding(source.tensors["lm_head.weight"]), screen=lean.screen_buffers())
+    for name, tensor in lean.screen_buffers().items():
+        assert torch.equal(getattr(again, name), tensor), name
+    assert torch.equal(again.greedy_logits(x).argmax(dim=1), expected)
+    torch.testing.assert_close(lean(x), x @ full.t())  # every logit: the table, made on demand

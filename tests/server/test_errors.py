@@ -52,11 +52,30 @@ BAD_INPUTS = [
      {"model": "tiny", "prompt": list(range(5, 400)), "max_tokens": 1}, "prompt", "context_length_exceeded"),
     ("empty prompt", "/v1/completions", {"model": "tiny", "prompt": []}, "prompt", "invalid_value"),
     ("token id out of range", "/v1/completions", {"model": "tiny", "prompt": [10**7]}, "prompt", "invalid_value"),
-    ("n > 1", "/v1/chat/completions", chat_body(n=2), "n", "unsupported_parameter"),
+    ("n beyond --max-n", "/v1/chat/completions", chat_body(n=17), "n", "invalid_value"),
+    ("n zero", "/v1/chat/completions", chat_body(n=0), "n", "invalid_value"),
     ("best_of", "/v1/completions", {"model": "tiny", "prompt": "a", "best_of": 3}, "best_of", "unsupported_parameter"),
-    ("several prompts", "/v1/completions", {"model": "tiny", "prompt": ["a", "b"]}, "prompt", "unsupported_parameter"),
-    ("logprobs", "/v1/chat/completions", chat_body(logprobs=True), "logprobs", "unsupported_parameter"),
-    ("penalty", "/v1/chat/completions", chat_body(presence_penalty=0.5), "presence_penalty", "unsupported_parameter"),
+    ("prompts beyond --max-prompts", "/v1/completions", {"model": "tiny", "prompt": ["a"] * 65}, "prompt",
+     "invalid_value"),
+    ("one of several prompts empty", "/v1/completions", {"model": "tiny", "prompt": [[5, 6], []]}, "prompt",
+     "invalid_value"),
+    ("top_logprobs above 20", "/v1/chat/completions", chat_body(logprobs=True, top_logprobs=21), "top_logprobs",
+     "invalid_value"),
+    ("top_logprobs negative", "/v1/chat/completions", chat_body(logprobs=True, top_logprobs=-1), "top_logprobs",
+     "invalid_value"),
+    ("top_logprobs without logprobs", "/v1/chat/completions", chat_body(top_logprobs=2), "top_logprobs",
+     "invalid_value"),
+    ("completions logprobs above 5", "/v1/completions", {"model": "tiny", "prompt": "a", "logprobs": 6}, "logprobs",
+     "invalid_value"),
+    ("penalty beyond 2", "/v1/chat/completions", chat_body(presence_penalty=2.5), "presence_penalty", "invalid_value"),
+    ("repetition_penalty zero", "/v1/chat/completions", chat_body(repetition_penalty=0), "repetition_penalty",
+     "invalid_value"),
+    ("logit_bias key not a token id", "/v1/chat/completions", chat_body(logit_bias={"abc": 1}), "logit_bias.abc",
+     "invalid_value"),
+    ("logit_bias token beyond the vocabulary", "/v1/chat/completions", chat_body(logit_bias={"5": 1, "9999999": 1}),
+     "logit_bias.9999999", "invalid_value"),
+    ("logit_bias value beyond 100", "/v1/completions", {"model": "tiny", "prompt": "a", "logit_bias": {"5": 150}},
+     "logit_bias.5", "invalid_value"),
     ("temperature too high", "/v1/chat/completions", chat_body(temperature=2.5), "temperature", "invalid_value"),
     ("temperature negative", "/v1/completions", {"model": "tiny", "prompt": "a", "temperature": -0.1}, "temperature", "invalid_value"),
     ("top_p zero", "/v1/chat/completions", chat_body(top_p=0), "top_p", "invalid_value"),
@@ -80,7 +99,7 @@ def test_bad_input_is_a_400_naming_the_field(tiny_server, case, path, body, para
 
 def test_the_openai_client_sees_a_bad_request_error(tiny_server):
     with pytest.raises(openai.BadRequestError) as caught:
-        tiny_server.client().chat.completions.create(model="tiny", messages=MESSAGES, n=3)
+        tiny_server.client().chat.completions.create(model="tiny", messages=MESSAGES, n=100)
     assert caught.value.status_code == 400 and caught.value.body["param"] == "n"
 
 

@@ -91,3 +91,24 @@ def test_shipped_head_with_an_ngram_graft_equals_plain(smollm_target, mtbench_pr
         counters=("draft_tokens", "accepted_tokens", "ngram_grafted_nodes"))
     assert totals["ngram_grafted_nodes"] > 0  # branches were grafted, and verified
     assert totals["accepted_tokens"] > len(mtbench_prompt_ids) * NEW_TOKENS // 4
+
+
+def test_a_draft_model_runs_in_int4_beside_an_int4_target_and_equals_plain(smollm_int4_target,
+                                                                          mtbench_prompt_ids):
+    """`model:PATH` beside an int4 target loads the draft in int4 (its own model and KV cache,
+    the same fast path); the same weights as the target, so every draft is accepted."""
+    from eyas.engine.speculative.methods import build_proposer, draft_model_precision
+    from eyas.errors import EyasError
+
+    target = smollm_int4_target
+    assert draft_model_precision(target, "smollm2-135m") == ("smollm2-135m", "int4")
+    assert draft_model_precision(target, "dir/m@v2@float32") == ("dir/m@v2", "float32")
+    with pytest.raises(EyasError, match="accepted: auto"):
+        draft_model_precision(target, "smollm2-135m@int3")
+    proposer = build_proposer("model:smollm2-135m", target)
+    assert proposer.draft.precision == "int4" and proposer.draft is not target
+    prompts = mtbench_prompt_ids[:2]
+    params = SamplingParams(max_tokens=NEW_TOKENS)
+    expected = [generate(target, prompt, params).token_ids for prompt in prompts]
+    totals = assert_greedy_equals_plain(target, prompts, proposer, 4, NEW_TOKENS, expected)
+    assert totals["accepted_tokens"] == totals["draft_tokens"] > 0

@@ -13,6 +13,7 @@ from eyas.eagle3.vocab import build_draft_vocab
 from eyas.training.ttt import (
     TargetDistribution,
     TrainingTimeTest,
+    scored_target_rows,
     shift_left,
     target_distribution,
     ttt_attention_mask,
@@ -102,6 +103,48 @@ def test_loss_counts_answer_rows_in_the_draft_vocab_only() -> None:
     assert torch.equal(unroll(taps, ids, loss_mask, changed).loss_sums, result.loss_sums)
 
 
+def reference_unroll(head: Eagle3Head, steps: int, taps, input_ids, loss_mask, target):
+    """The unroll with the output layer applied step by step (plain reference)."""
+    length = input_ids.shape[1]
+    positions = torch.arange(length).expand_as(input_ids)
+    ids, answer = shift_left(input_ids), shift_left(loss_mask, 2).bool()
+    hidden, past_kv, losses, hits = taps, None, [], []
+    for step in range(steps):
+        out = head(hidden, ids, positions + step, attn_mask=ttt_attention_mask(length, step), past_kv=past_kv)
+        rows, times = answer.nonzero(as_tuple=True)
+        logits = out.logits[rows, times]
+        drafted = target.in_draft[rows, times + 1 + step]
+        log_q = F.log_softmax(logits, -1)
+        losses.append(-(drafted.float() * (target.probs[rows, times + 1 + step] * log_q).sum(-1)).sum())
+        hits.append(((logits.argmax(-1) == target.argmax_draft[rows, times + 1 + step]) & drafted).sum())
+        hidden, past_kv = out.hidden, out.past_kv
+        ids, answer = shift_left(ids), shift_left(answer)
+    return torch.stack(losses), torch.stack(hits)
+
+
+def test_one_output_layer_call_for_every_step_equals_the_step_by_step_reference() -> None:
+    """The unroll runs the output layer once over the scored rows of all steps: the loss per step,
+    the hits and the gradients are those of applying it step by step."""
+    head, steps = tiny_head(3), 4
+    generator = torch.Generator().manual_seed(9)
+    taps = torch.randn(2, 10, 3 * H, generator=generator)
+    input_ids = torch.randint(0, V, (2, 10), generator=generator)
+    loss_mask = (torch.rand(2, 10, generator=generator) > 0.3).long()
+    target = random_target(2, 10, seed=4)
+    result = TrainingTimeTest(head, steps)(taps, input_ids, loss_mask, target)
+    weighted_loss(result.loss_sums, 0.8).backward()
+    grads = {name: p.grad.clone() for name, p in head.named_parameters() if p.grad is not None}
+    head.zero_grad()
+    losses, hits = reference_unroll(head, steps, taps, input_ids, loss_mask, target)
+    weighted_loss(losses, 0.8).backward()
+    assert torch.allclose(result.loss_sums, losses, rtol=1e-5, atol=1e-6)
+    assert result.correct.tolist() == hits.tolist() and float(losses.detach().sum()) > 0
+    assert set(grads) == {name for name, p in head.named_parameters() if p.grad is not None}
+    for name, p in head.named_parameters():
+        if p.grad is not None:
+            assert torch.allclose(grads[name], p.grad, rtol=1e-4, atol=1e-6), name
+
+
 def test_weighted_loss_decays() -> None:
     assert weighted_loss(torch.tensor([1.0, 1.0, 1.0]), 0.8).item() == pytest.approx(1 + 0.8 + 0.64)
 
@@ -118,6 +161,42 @@ def test_target_distribution_restricts_to_the_draft_vocab() -> None:
     assert out.argmax_draft.tolist() == [[0, 1, 0]]  # target 1 -> draft 0, target 3 -> draft 1
     expected = torch.softmax(torch.tensor([3.0, 0.0, 0.0]), -1)  # logits of kept ids 1, 3, 4
     assert torch.allclose(out.probs[0, 0], expected)
+
+
+def test_scored_target_rows_by_hand() -> None:
+    loss_mask = torch.tensor([[0, 0, 0, 1, 1, 0, 0, 0, 0, 1]])
+    # answer rows t (loss_mask[t + 2] == 1): 1, 2, 7; steps k < 2 read rows t + 1 and t + 2
+    assert scored_target_rows(loss_mask, 2).int().tolist() == [[0, 0, 1, 1, 1, 0, 0, 0, 1, 1]]
+    assert scored_target_rows(loss_mask, 1).int().tolist() == [[0, 0, 1, 1, 0, 0, 0, 0, 1, 0]]
+
+
+def test_unroll_on_the_scored_rows_only_equals_the_full_distribution() -> None:
+    """The trainer computes the target's distribution on scored_target_rows only: the loss,
+    hits and gradients are those of the distribution on every row."""
+    head, steps = tiny_head(), 3
+    generator = torch.Generator().manual_seed(5)
+    input_ids = torch.randint(0, V, (2, 12), generator=generator)
+    loss_mask = (torch.rand(2, 12, generator=generator) > 0.4).long()
+    loss_mask[:, :3] = 0  # a prompt: rows never read
+    hidden = torch.randn(2, 12, H, generator=generator)
+    lm_head = torch.randn(V, H, generator=generator)
+    vocab = head.draft_vocab
+    rows = scored_target_rows(loss_mask, steps)
+    assert 0 < int(rows.sum()) < rows.numel()
+    full = target_distribution(hidden, lm_head, vocab)
+    partial = target_distribution(hidden, lm_head, vocab, rows=rows)
+    assert torch.equal(partial.probs[rows], full.probs[rows]) and float(partial.probs[~rows].abs().sum()) == 0.0
+    taps = torch.randn(2, 12, 3 * H, generator=generator)
+    results, grads = [], []
+    for target in (full, partial):
+        head.zero_grad()
+        result = TrainingTimeTest(head, steps)(taps, input_ids, loss_mask, target)
+        weighted_loss(result.loss_sums, 0.8).backward()
+        results.append(result)
+        grads.append(head.fc.weight.grad.clone())
+    assert torch.equal(results[0].loss_sums, results[1].loss_sums)
+    assert torch.equal(results[0].correct, results[1].correct)
+    assert torch.equal(grads[0], grads[1])
 
 
 def test_train_time_unroll_equals_serve_time_drafting() -> None:

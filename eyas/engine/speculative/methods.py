@@ -1,6 +1,6 @@
 """`--draft` specs -> proposers. A plain dict is the registry of drafting methods.
 
-Accepted: none | ngram[:MAX_N[,MIN_N[,MATCHES]]] | model:PATH_OR_ALIAS | self | eagle3:DIR
+Accepted: none | ngram[:MAX_N[,MIN_N[,MATCHES]]] | model:PATH_OR_ALIAS[@DTYPE] | self | eagle3:DIR
 | medusa:DIR | layerskip[:auto|LAYERS[:MIN_CONFIDENCE]]   (docs/drafting-methods.md)
 | suffix[:CACHE_MB[,MAX_DEPTH]]
 and eagle3:DIR+ngram[:MAX_N[,MIN_N[,GRAFT_TOKENS]]]: prompt lookup grafted onto the head's tree,
@@ -35,14 +35,29 @@ def _suffix(target: Target, option: str, tree: str | None) -> Proposer:
     return SuffixProposer(SuffixConfig.parse(option))
 
 
+def draft_model_precision(target: Target, option: str) -> tuple[str, str]:
+    """'PATH_OR_ALIAS[@DTYPE]' -> (path or alias, precision). Without '@DTYPE' the draft runs as
+    the target does: int4 beside an int4 target (a draft must read far fewer bytes per token than
+    the target to pay, docs/bring-your-own-target.md), the target's precision otherwise."""
+    from eyas.engine.target import PRECISIONS
+
+    path, at, precision = option.rpartition("@")
+    if not at:
+        return option, target.precision
+    if precision not in PRECISIONS:
+        raise EyasError(f"bad draft precision '@{precision}' in model:{option}; accepted: "
+                        f"{', '.join(PRECISIONS)}")
+    return path, precision
+
+
 def _model(target: Target, option: str, tree: str | None) -> Proposer:
     from eyas.engine.speculative.proposers.draft_model import DraftModelProposer
     from eyas.engine.target import load_target
 
     if not option:
-        raise EyasError("--draft model needs a model: model:PATH_OR_ALIAS")
-    precision = "float32" if target.precision == "int4" else target.precision
-    draft = load_target(option, dtype=precision, device=str(target.device))
+        raise EyasError("--draft model needs a model: model:PATH_OR_ALIAS[@DTYPE]")
+    path, precision = draft_model_precision(target, option)
+    draft = load_target(path, dtype=precision, device=str(target.device))
     return DraftModelProposer(draft, name="model")
 
 
@@ -96,15 +111,15 @@ METHODS: dict[str, Callable[[Target, str, str | None], Proposer]] = {
     "self": _self,
 }
 
-ACCEPTED = ("none, ngram[:MAX_N[,MIN_N[,MATCHES]]], model:PATH_OR_ALIAS, self, eagle3:DIR|NAME, "
+ACCEPTED = ("none, ngram[:MAX_N[,MIN_N[,MATCHES]]], model:PATH_OR_ALIAS[@DTYPE], self, eagle3:DIR|NAME, "
             "medusa:DIR, layerskip[:auto|LAYERS[:MIN_CONFIDENCE]], suffix[:CACHE_MB[,MAX_DEPTH]], "
             "eagle3:DIR|NAME+ngram[:MAX_N[,MIN_N[,GRAFT_TOKENS]]], "
             "eagle3:DIR|NAME+suffix[:CACHE_MB[,MAX_DEPTH]]")
 
 
-def split_graft(spec: str) -> tuple[str, str | None]:
-    """'eagle3:DIR+ngram:3,2,4' -> ('eagle3:DIR', '3,2,4'); no '+ngram' -> (spec, None)."""
-    main, plus, rest = spec.rpartition("+ngram")
+def split_graft(spec: str, marker: str = "+ngram") -> tuple[str, str | None]:
+    """'eagle3:DIR+ngram:3,2,4' -> ('eagle3:DIR', '3,2,4'); no `marker` -> (spec, None)."""
+    main, plus, rest = spec.rpartition(marker)
     if not plus or (rest and not rest.startswith(":")) or not main:
         return spec, None
     return main, rest[1:]
@@ -112,13 +127,10 @@ def split_graft(spec: str) -> tuple[str, str | None]:
 
 def split_suffix_graft(spec: str) -> tuple[str, str | None]:
     """'eagle3:DIR+suffix:256' -> ('eagle3:DIR', '256'); no '+suffix' -> (spec, None)."""
-    main, plus, rest = spec.rpartition("+suffix")
-    if not plus or (rest and not rest.startswith(":")) or not main:
-        return spec, None
-    return main, rest[1:]
+    return split_graft(spec, "+suffix")
 
 
-def _graft(main: Proposer, option: str) -> Proposer:
+def _ngram_graft(main: Proposer, option: str) -> Proposer:
     from eyas.engine.speculative.proposers.graft import NgramGraftProposer
 
     keys = ["max_n", "min_n", "graft_tokens"]
@@ -131,6 +143,21 @@ def _graft(main: Proposer, option: str) -> Proposer:
     return NgramGraftProposer(main, **dict(zip(keys, numbers)))
 
 
+def _suffix_graft(main: Proposer, option: str) -> Proposer:
+    from eyas.engine.speculative.proposers.suffix import SuffixConfig, SuffixProposer
+    from eyas.engine.speculative.proposers.suffix_graft import SuffixGraftProposer
+
+    return SuffixGraftProposer(main, SuffixProposer(SuffixConfig.parse(option)))
+
+
+# '+X' suffixes of --draft: (builder, the method to use for X alone); the last one in the spec
+# is outermost ('+suffix' is looked for first, as before).
+GRAFTS: dict[str, tuple[Callable[[Proposer, str], Proposer], str]] = {
+    "+suffix": (_suffix_graft, "--draft suffix"),
+    "+ngram": (_ngram_graft, "--draft ngram"),
+}
+
+
 def build_proposer(spec: str, target: Target, tree: str | None = None) -> Proposer | None:
     """None for 'none'; otherwise the proposer named by `spec`.
 
@@ -138,23 +165,15 @@ def build_proposer(spec: str, target: Target, tree: str | None = None) -> Propos
     A '+ngram[:MAX_N,MIN_N,GRAFT_TOKENS]' suffix grafts prompt lookup onto an EAGLE-3 tree,
     a '+suffix[:CACHE_MB[,MAX_DEPTH]]' one suffix decoding.
     """
-    main_spec, suffix = split_suffix_graft(spec)
-    if suffix is not None:
-        from eyas.engine.speculative.proposers.suffix import SuffixConfig, SuffixProposer
-        from eyas.engine.speculative.proposers.suffix_graft import SuffixGraftProposer
-
+    for marker, (graft, alone) in GRAFTS.items():
+        main_spec, option = split_graft(spec, marker)
+        if option is None:
+            continue
         main = build_proposer(main_spec, target, tree)
         if main is None:
-            raise EyasError("'+suffix' needs a method to graft onto, e.g. eagle3:smollm2-135m+suffix "
-                            "(for suffix decoding alone: --draft suffix)")
-        return SuffixGraftProposer(main, SuffixProposer(SuffixConfig.parse(suffix)))
-    main_spec, graft = split_graft(spec)
-    if graft is not None:
-        main = build_proposer(main_spec, target, tree)
-        if main is None:
-            raise EyasError("'+ngram' needs a method to graft onto, e.g. eagle3:smollm2-135m+ngram "
-                            "(for prompt lookup alone: --draft ngram)")
-        return _graft(main, graft)
+            raise EyasError(f"'{marker}' needs a method to graft onto, e.g. "
+                            f"eagle3:smollm2-135m{marker} (for {marker[1:]} alone: {alone})")
+        return graft(main, option)
     name, _, option = spec.partition(":")
     if name == "none":
         return None

@@ -115,7 +115,7 @@ class Eagle3Proposer:
         self.step_ratios: dict[str, float] | None = None
 
     def begin(self, target, prompt_ids, params) -> None:
-        if target.model.embed_tokens.weight.shape[0] != self.head.config.vocab_size:
+        if target.model.embed_tokens.num_embeddings != self.head.config.vocab_size:
             raise EyasError("the EAGLE-3 head was trained for a target with another vocabulary")
         self.past, self.committed, self.pending_taps = None, 0, []
         self.pending_unverified = []

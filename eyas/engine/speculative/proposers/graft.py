@@ -45,28 +45,24 @@ import copy
 import torch
 
 from eyas.engine.speculative.draft import DraftTree
+from eyas.engine.speculative.proposers.graft_base import GraftedTree
 from eyas.engine.speculative.proposers.ngram import BranchStats, find_continuations
-from eyas.engine.speculative.sizing import best_prefix
 from eyas.errors import EyasError
 
 MATCH_RATE_KEPT = 0.8  # weight a request's match rate keeps at each step
 
 
-class NgramGraftProposer:
+class NgramGraftProposer(GraftedTree):
+    suffix_name = "+ngram"
+
     def __init__(self, main, max_n: int = 3, min_n: int = 2, graft_tokens: int = 4,
                  search_window: int = 4096) -> None:
-        if not hasattr(main, "renumber"):
-            raise EyasError(f"'+ngram' grafts onto a tree-drafting method that keeps its own "
-                            f"statistics (eagle3); '{main.name}' cannot take it")
-        if not 1 <= min_n <= max_n or graft_tokens < 1:
+        if hasattr(main, "renumber") and (not 1 <= min_n <= max_n or graft_tokens < 1):
             raise EyasError("+ngram:MAX_N,MIN_N,GRAFT_TOKENS needs 1 <= MIN_N <= MAX_N and "
                             f"GRAFT_TOKENS >= 1, got {max_n},{min_n},{graft_tokens}")
-        self.main = main
+        super().__init__(main)
         self.max_n, self.min_n, self.graft_tokens = max_n, min_n, graft_tokens
         self.search_window = search_window
-        self.name = f"{main.name}+ngram"
-        self.tap_layers = tuple(main.tap_layers)
-        self.grafted = 0  # n-gram nodes added to the main trees (statistics)
         # one BranchStats per matched n-gram length: a 3-token match is right more often
         self.branches = {n: BranchStats(graft_tokens) for n in range(min_n, max_n + 1)}
         # the last step's grafted branch: its statistics, first new id, tree size, graft parent
@@ -75,7 +71,6 @@ class NgramGraftProposer:
         # price): per request, starting from the average over every request so far (the
         # average is shared by the copies).
         self.match_rate, self.last_n = 0.0, max_n
-        self.plain_allowed = False  # single_stream: a branch alone must beat a plain step
         self._pooled_match = [0.0]
 
     def __copy__(self) -> NgramGraftProposer:
@@ -85,10 +80,6 @@ class NgramGraftProposer:
         twin.grafted, twin._last = 0, None  # the branch statistics are shared, as the head's are
         twin.match_rate = self._pooled_match[0]  # per request: how repetitive its text is
         return twin
-
-    def draft_seconds_per_token(self, target) -> float:
-        estimate = getattr(self.main, "draft_seconds_per_token", None)
-        return float(estimate(target)) if estimate is not None else 0.0
 
     def expected_tokens(self, max_nodes: int) -> float | None:
         """Tokens per step for a budget of `max_nodes`, at the best split between the main
@@ -106,21 +97,6 @@ class NgramGraftProposer:
             rest = main(max_nodes - b) if max_nodes > b else 1.0
             best = max(best, rest + branch)
         return best
-
-    def draft_seconds(self, max_nodes: int) -> float:
-        main = getattr(self.main, "draft_seconds", None)
-        return main(max_nodes) if main is not None else 0.0
-
-    def single_stream(self, target) -> None:
-        """Decoding one request: where the main proposer drafts nothing, the branch alone may
-        also lose to a plain step (the serving engine decides budgets itself)."""
-        if hasattr(self.main, "single_stream"):
-            self.main.single_stream(target)
-        self.plain_allowed = True
-
-    def step_seconds(self, size: int, seconds: float) -> None:
-        if hasattr(self.main, "step_seconds"):
-            self.main.step_seconds(size, seconds)
 
     def begin(self, target, prompt_ids, params) -> None:
         self.main.begin(target, prompt_ids, params)
@@ -156,12 +132,6 @@ class NgramGraftProposer:
         if matched:
             self.last_n = n
 
-    def _can_price(self) -> bool:
-        """Measured costs and rank statistics to price nodes with (EAGLE-3 with --tree auto);
-        without them every grafted node that fits the budget is kept."""
-        return (getattr(self.main, "cost", None) is not None
-                and getattr(self.main, "choice", None) is not None and getattr(self.main, "auto", False))
-
     def _priced(self, tree: DraftTree, merged: DraftTree, node_map: list[int],
                 stats: BranchStats, max_nodes: int) -> tuple[DraftTree, list[int], int]:
         """The nodes of `merged` worth verifying, priced as in the module docstring: each node's
@@ -170,29 +140,14 @@ class NgramGraftProposer:
         parent, so every prefix is a tree), cut where expected tokens per second peak, at
         `max_nodes` at most. Returns the tree, the main nodes' new ids (0 = dropped) and the
         first new node's id."""
-        cost, choice = self.main.cost, self.main.choice
-        ranks = self.main.ranks.probabilities
         parents = merged.parents.tolist()
         on_path = [1.0]  # node 0 = the root
         for node, parent in enumerate(parents, start=1):
-            if node <= tree.size:
-                rank = self.main.node_ranks[node - 1]
-                step = ranks[rank - 1] if 0 < rank <= len(ranks) else 0.0
-            else:
-                step = stats.rate(node - tree.size - 1)
+            step = self._head_step(node) if node <= tree.size else stats.rate(node - tree.size - 1)
             on_path.append(on_path[parent] * step)
-        order = sorted(range(1, merged.size + 1), key=lambda n: (-on_path[n], n))
-        # the head's modelled drafting for this budget (the one the serving rule prices), or
-        # its one catch-up pass where the chosen shape drafts nothing
-        draft_seconds = self.main.draft_seconds(max_nodes) if choice.depth else cost.draft(1)
-        plain = tree.size == 0 and self.plain_allowed  # the head drafted nothing: the branch
-        if plain:  # alone, against a plain step
-            draft_seconds = 0.0
-        best_count = best_prefix([on_path[node] for node in order[: max(max_nodes, 1)]], cost,
-                                 draft_seconds, plain)
-        if best_count == 0:
+        kept = self._cut(on_path, tree.size, max_nodes)
+        if not kept:
             return DraftTree.empty(), [0] * len(node_map), 1
-        kept = sorted(order[:best_count])  # ids keep parents before children
         new_id = {old: new for new, old in enumerate(kept, start=1)}
         pruned = DraftTree(merged.tokens[[n - 1 for n in kept]],
                            torch.tensor([new_id.get(parents[n - 1], 0) for n in kept], dtype=torch.long))

@@ -33,23 +33,17 @@ import copy
 import torch
 
 from eyas.engine.speculative.draft import DraftTree
+from eyas.engine.speculative.proposers.graft_base import GraftedTree
 from eyas.engine.speculative.proposers.suffix import SuffixProposer
 from eyas.engine.speculative.proposers.suffix_candidates import Candidate
-from eyas.engine.speculative.sizing import best_prefix
-from eyas.errors import EyasError
 
 
-class SuffixGraftProposer:
+class SuffixGraftProposer(GraftedTree):
+    suffix_name = "+suffix"
+
     def __init__(self, main, suffix: SuffixProposer) -> None:
-        if not hasattr(main, "renumber"):
-            raise EyasError(f"'+suffix' grafts onto a tree-drafting method that keeps its own "
-                            f"statistics (eagle3); '{main.name}' cannot take it (for suffix "
-                            f"decoding alone: --draft suffix)")
-        self.main, self.suffix = main, suffix
-        self.name = f"{main.name}+suffix"
-        self.tap_layers = tuple(main.tap_layers)
-        self.plain_allowed = False  # single_stream: a suffix tree alone must beat a plain step
-        self.grafted = 0
+        super().__init__(main, hint=" (for suffix decoding alone: --draft suffix)")
+        self.suffix = suffix
         self._nodes: list[Candidate | None] = []  # the last tree's suffix nodes, in node order
 
     def __copy__(self) -> SuffixGraftProposer:
@@ -70,19 +64,6 @@ class SuffixGraftProposer:
 
     def forget(self) -> None:
         self.suffix.forget()
-
-    def single_stream(self, target) -> None:
-        if hasattr(self.main, "single_stream"):
-            self.main.single_stream(target)
-        self.plain_allowed = True
-
-    def step_seconds(self, size: int, seconds: float) -> None:
-        if hasattr(self.main, "step_seconds"):
-            self.main.step_seconds(size, seconds)
-
-    def draft_seconds_per_token(self, target) -> float:
-        estimate = getattr(self.main, "draft_seconds_per_token", None)
-        return float(estimate(target)) if estimate is not None else 0.0
 
     # -- drafting -----------------------------------------------------------------------
     def propose(self, token_ids: list[int], max_nodes: int) -> DraftTree:
@@ -118,7 +99,7 @@ class SuffixGraftProposer:
                                         candidate.source)
         kept = list(range(1, len(tokens) + 1))
         if priced:
-            kept = self._priced(tree, on_path, max_nodes)
+            kept = self._cut(on_path, tree.size, max_nodes)
         new_id = {old: new for new, old in enumerate(kept, start=1)}
         self.main.renumber([new_id.get(n, 0) for n in range(1, tree.size + 1)], len(kept))
         self._nodes = []
@@ -134,33 +115,12 @@ class SuffixGraftProposer:
         return DraftTree(torch.tensor([tokens[n - 1] for n in kept], dtype=torch.long),
                          torch.tensor([new_id.get(parents[n - 1], 0) for n in kept], dtype=torch.long))
 
-    def _can_price(self) -> bool:
-        """Measured costs and rank statistics to price head nodes with (EAGLE-3, --tree auto)."""
-        return (getattr(self.main, "cost", None) is not None
-                and getattr(self.main, "choice", None) is not None and getattr(self.main, "auto", False))
-
     def _head_on_path(self, parents: list[int]) -> list[float]:
         """P(on the accepted path) of the root (1) and each head node, from its rank statistics."""
-        ranks = self.main.ranks.probabilities
         on_path = [1.0]
         for node, parent in enumerate(parents, start=1):
-            rank = self.main.node_ranks[node - 1] if node - 1 < len(self.main.node_ranks) else 0
-            step = ranks[rank - 1] if 0 < rank <= len(ranks) else 0.0
-            on_path.append(on_path[parent] * step)
+            on_path.append(on_path[parent] * self._head_step(node))
         return on_path
-
-    def _priced(self, tree: DraftTree, on_path: list[float], max_nodes: int) -> list[int]:
-        """The merged nodes worth verifying (ids, parents first): best first, cut where expected
-        tokens per second peak, at most `max_nodes`."""
-        cost, choice = self.main.cost, self.main.choice
-        order = sorted(range(1, len(on_path)), key=lambda n: (-on_path[n], n))
-        draft_seconds = self.main.draft_seconds(max_nodes) if choice.depth else cost.draft(1)
-        plain = tree.size == 0 and self.plain_allowed  # the head drafted nothing: suffix alone
-        if plain:
-            draft_seconds = 0.0
-        count = best_prefix([on_path[n] for n in order[: max(max_nodes, 1)]], cost, draft_seconds,
-                            plain)
-        return sorted(order[:count])
 
     # -- pricing for the serving rule ---------------------------------------------------------
     def expected_tokens(self, max_nodes: int) -> float | None:
@@ -173,10 +133,6 @@ class SuffixGraftProposer:
             rest = main(max_nodes - b) if max_nodes > b else 1.0
             best = max(best, rest + self.suffix.best(b)[1])
         return best
-
-    def draft_seconds(self, max_nodes: int) -> float:
-        main = getattr(self.main, "draft_seconds", None)
-        return main(max_nodes) if main is not None else 0.0
 
     # -- feedback -------------------------------------------------------------------------
     def renumber(self, node_map: list[int], size: int) -> None:
