@@ -35,6 +35,7 @@ from eyas.engine.logprobs import token_logprobs
 from eyas.engine.sampling import next_tokens, target_probs
 from eyas.engine.speculative.acceptance import accept_greedy, accept_sampling
 from eyas.engine.speculative.draft import DraftTree
+from eyas.engine.speculative.prune import prune_draft
 from eyas.engine.speculative.tree import node_depths
 from eyas.engine.target import Target
 from eyas.models.llama import ForwardOutput
@@ -287,7 +288,9 @@ class StepExecutor:
         self.faults.check(request, "draft")
         backlog = len(request.token_ids) - request.proposed_through
         asked_at = time.perf_counter()
-        tree = request.proposer.propose(request.token_ids, budget).truncated(budget)
+        tree = request.proposer.propose(request.token_ids, budget)
+        # drafts a grammar forbids are never verified (prune.py)
+        tree = prune_draft(request.proposer, tree, request.logits_processors, request.output_ids, budget)
         seconds = time.perf_counter() - asked_at
         request.proposed_through = len(request.token_ids)
         if backlog <= steady_backlog:

@@ -30,11 +30,12 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from eyas import __version__
+from eyas.engine.grammar import GrammarError
 from eyas.errors import EyasError
-from eyas.models.tokenizer import chat_prompt_ids, raw_prompt_ids
+from eyas.models.tokenizer import raw_prompt_ids
 from eyas.scheduler.engine import Engine, QueueFull, RequestRejected
 from eyas.scheduler.request import RequestOutput
-from eyas.server import protocol
+from eyas.server import protocol, structured, tools
 from eyas.server.choices import ChoiceSet
 from eyas.server.errors import APIError, install_handlers
 from eyas.server.format import ChoiceView
@@ -127,14 +128,17 @@ def create_app(engine: Engine, settings: ServerSettings, metrics: ServerMetrics,
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         parsed = await parse(request, protocol.ChatCompletionRequest)
-        messages = [{"role": m.role, "content": m.text()} for m in parsed.messages]
+        plan = tools.tool_plan(parsed)
+        messages = tools.template_messages(parsed)
         try:
-            prompt_ids = await anyio.to_thread.run_sync(chat_prompt_ids, tokenizer, messages)
+            prompt_ids = await anyio.to_thread.run_sync(tools.render, tokenizer, messages, plan)
         except Exception as error:  # no chat template, or one that rejects these roles
             raise APIError(400, f"the chat template cannot render these messages: {error}",
                            param="messages", code="invalid_value") from error
         limit_field = "max_completion_tokens" if parsed.max_completion_tokens else "max_tokens"
-        return await respond(request, parsed, [prompt_ids], "messages", limit_field, chat=True)
+        grammar = await constraint(parsed, plan)
+        return await respond(request, parsed, [prompt_ids], "messages", limit_field, chat=True,
+                             grammar=grammar, plan=plan)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -149,7 +153,28 @@ def create_app(engine: Engine, settings: ServerSettings, metrics: ServerMetrics,
                 raise APIError(400, f"prompt token ids must be in [0, {vocab})", param="prompt",
                                code="invalid_value")
             prompts.append(list(prompt))
-        return await respond(request, parsed, prompts, "prompt", "max_tokens", chat=False)
+        grammar = await constraint(parsed, None)
+        return await respond(request, parsed, prompts, "prompt", "max_tokens", chat=False,
+                             grammar=grammar)
+
+    async def constraint(parsed: Any, plan: tools.ToolPlan | None) -> Any:
+        """The request's compiled grammar (one constraint per choice is made from it), or None:
+        structured output (response_format, guided_*) or a required / named tool call. 400
+        for a bad schema."""
+        asked = structured.grammar_request(parsed)
+        from_tools = plan.grammar() if plan is not None else None
+        if asked is not None and from_tools is not None:
+            raise APIError(400, "response_format cannot be combined with tool_choice "
+                                "'required' or a named function", param="response_format",
+                           code="invalid_value")
+        spec, param = asked if asked is not None else (from_tools, "tools")
+        if spec is None:
+            return None
+        try:
+            return await anyio.to_thread.run_sync(structured.compile_for, spec, engine.target)
+        except GrammarError as error:
+            raise APIError(400, f"invalid schema for structured output: {error}", param=param,
+                           code="invalid_value") from error
 
     async def parse(request: Request, schema: type[protocol.SamplingRequest]) -> Any:
         check_api_key(request, settings.api_key)
@@ -174,13 +199,14 @@ def create_app(engine: Engine, settings: ServerSettings, metrics: ServerMetrics,
             raise APIError(400, message, param=field, code="invalid_value")
         return parsed
 
-    def processors_for(parsed: Any, prompt_ids: list[int], params: Any) -> list:
+    def processors_for(parsed: Any, prompt_ids: list[int], params: Any, grammar: Any = None) -> list:
         """Logits processors beyond those the sampling parameters ask for (the engine adds
-        logit_bias and the penalties itself)."""
-        return []
+        logit_bias and the penalties itself): a grammar's constraint, one per choice."""
+        return [grammar.constraint()] if grammar is not None else []
 
     async def respond(http_request: Request, parsed: Any, prompts: list[list[int]],
-                      prompt_field: str, limit_field: str, chat: bool) -> Response:
+                      prompt_field: str, limit_field: str, chat: bool, grammar: Any = None,
+                      plan: tools.ToolPlan | None = None) -> Response:
         # 1. The context check and the queue, then the engine: n samples of every prompt.
         if not engine.alive:
             raise APIError(503, "the engine is not running", code="engine_down")
@@ -194,7 +220,7 @@ def create_app(engine: Engine, settings: ServerSettings, metrics: ServerMetrics,
         choices = ChoiceSet(engine, asyncio.get_running_loop())
         try:
             choices.submit(prompts, parsed.samples, params_for,
-                           lambda prompt_ids, params: processors_for(parsed, prompt_ids, params))
+                           lambda prompt_ids, params: processors_for(parsed, prompt_ids, params, grammar))
         except RequestRejected as error:
             field = prompt_field if error.field == "prompt" else limit_field
             raise APIError(400, str(error), param=field, code=error.code) from error
@@ -207,7 +233,7 @@ def create_app(engine: Engine, settings: ServerSettings, metrics: ServerMetrics,
         headers = ignored_header(http_request.state.ignored_fields)
         view = ChoiceView(parsed, tokenizer, chat)
         if parsed.stream:
-            return StreamingResponse(stream(choices, view, response_id, parsed.include_usage),
+            return StreamingResponse(stream(choices, view, response_id, parsed.include_usage, plan),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Request-Id": response_id,
                                               **headers})
@@ -215,6 +241,12 @@ def create_app(engine: Engine, settings: ServerSettings, metrics: ServerMetrics,
         build = protocol.chat_response if chat else protocol.completion_response
         body = build(response_id, settings.model_name, [view.whole(c) for c in choices.choices],
                      choices.usage(), choices.speculative())
+        if plan is not None:  # tool calls parsed out of each choice's text (tools.py)
+            for entry in body["choices"]:
+                content, calls = plan.parse(entry["message"]["content"] or "")
+                entry["message"] = {"role": "assistant", "content": content,
+                                    **({"tool_calls": calls} if calls else {})}
+                entry["finish_reason"] = plan.finish_reason(entry["finish_reason"], calls)
         return JSONResponse(body, headers=headers)
 
     async def collect(http_request: Request, choices: ChoiceSet) -> None:
@@ -236,9 +268,10 @@ def create_app(engine: Engine, settings: ServerSettings, metrics: ServerMetrics,
                 return
 
     async def stream(choices: ChoiceSet, view: ChoiceView, response_id: str,
-                     include_usage: bool) -> AsyncIterator[str]:
+                     include_usage: bool, plan: tools.ToolPlan | None = None) -> AsyncIterator[str]:
         created, model = int(time.time()), settings.model_name
         usage_object = "chat.completion.chunk" if view.chat else "text_completion"
+        tool_streams: dict[int, tools.ToolStream] = {}
         try:
             if view.chat:  # each choice opens with the assistant's role
                 for choice in choices.choices:
@@ -251,6 +284,20 @@ def create_app(engine: Engine, settings: ServerSettings, metrics: ServerMetrics,
                     yield sse(engine_failure(output).body())
                     yield sse("[DONE]")
                     return
+                if plan is not None:  # tool calls: deltas in OpenAI's shape (tools.py)
+                    tool_stream = tool_streams.setdefault(choice.index, tools.ToolStream(plan))
+                    deltas = tool_stream.feed(output.text) + (tool_stream.flush() if output.finished else [])
+                    for delta in deltas:
+                        yield sse(protocol.chat_chunk(response_id, model, created, delta, None,
+                                                      include_usage, choice.index))
+                    if output.finished:
+                        reason = plan.finish_reason(output.finish_reason, tool_stream.calls)
+                        chunk = protocol.chat_chunk(response_id, model, created, {}, reason,
+                                                    include_usage, choice.index)
+                        if len(choices.choices) == 1:
+                            chunk = protocol.with_speculative(chunk, output.speculative)
+                        yield sse(chunk)
+                    continue
                 chunk = view.chunk(choice, output, response_id, model, created, include_usage)
                 if chunk is not None:
                     if output.finished and len(choices.choices) == 1:

@@ -51,6 +51,9 @@ class TextPart(StrictModel):
 class ChatMessage(StrictModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # assistant: the calls it made (tools.py)
+    tool_call_id: str | None = None  # tool: the call this is the result of
+    name: str | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -79,6 +82,11 @@ class SamplingRequest(StrictModel):
     logit_bias: dict[str, float] | None = None  # token id (a string) -> bias in [-100, 100]
     user: str | None = None
     ignore_eos: bool = False  # extension
+    # Structured outputs (eyas/server/structured.py): OpenAI's response_format, vLLM's guided_*.
+    response_format: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None  # extension
+    guided_regex: str | None = None  # extension
+    guided_choice: list[str] | None = None  # extension
 
     def sampling_params(self, max_tokens: int) -> SamplingParams:
         """The engine's parameters (after `invalid_parameter` found nothing wrong)."""
@@ -116,9 +124,10 @@ class ChatCompletionRequest(SamplingRequest):
     max_completion_tokens: Integer | None = Field(None, ge=1)
     logprobs: bool | None = None
     top_logprobs: Integer | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    tools: list[Any] | None = None
+    tools: list[Any] | None = None  # checked by eyas/server/tools.py
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
     functions: list[Any] | None = None
-    response_format: dict[str, Any] | None = None
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -166,10 +175,7 @@ def unsupported_parameter(request: SamplingRequest) -> tuple[str, str] | None:
     ]
     if isinstance(request, ChatCompletionRequest):
         checks += [
-            ("tools", bool(request.tools), "tools are not supported"),
-            ("functions", bool(request.functions), "functions are not supported"),
-            ("response_format", (request.response_format or {"type": "text"}).get("type") != "text",
-             "only response_format {\"type\": \"text\"} is supported"),
+            ("functions", bool(request.functions), "functions are not supported; use tools"),
         ]
     if isinstance(request, CompletionRequest):
         checks += [

@@ -59,7 +59,6 @@ BAD_INPUTS = [
      "invalid_value"),
     ("one of several prompts empty", "/v1/completions", {"model": "tiny", "prompt": [[5, 6], []]}, "prompt",
      "invalid_value"),
-    ("tools", "/v1/chat/completions", chat_body(tools=[{"type": "function"}]), "tools", "unsupported_parameter"),
     ("top_logprobs above 20", "/v1/chat/completions", chat_body(logprobs=True, top_logprobs=21), "top_logprobs",
      "invalid_value"),
     ("top_logprobs negative", "/v1/chat/completions", chat_body(logprobs=True, top_logprobs=-1), "top_logprobs",

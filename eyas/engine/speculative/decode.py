@@ -26,6 +26,7 @@ from eyas.engine.sequence import GenerationResult, Sequence
 from eyas.engine.speculative.draft import DraftTree, SpecMetrics
 from eyas.engine.speculative.policy import PolicyConfig, SpeculationPolicy
 from eyas.engine.speculative.proposers.base import Proposer
+from eyas.engine.speculative.prune import prune_draft
 from eyas.engine.speculative.tree import node_depths
 from eyas.engine.speculative.verifier import verify
 from eyas.engine.target import Target
@@ -76,8 +77,10 @@ def speculative_generate(
         speculate = switch.speculate_now()
         tree = DraftTree.empty()
         if speculate:
-            tree = proposer.propose(sequence.all_ids, min(num_draft_tokens, remaining - 1))
-            tree = tree.truncated(min(num_draft_tokens, remaining - 1))
+            budget = min(num_draft_tokens, remaining - 1)
+            tree = proposer.propose(sequence.all_ids, budget)
+            # drafts a grammar forbids are dropped before verification (prune.py)
+            tree = prune_draft(proposer, tree, logits_processors, sequence.output_ids, budget)
         drafted_at = time.perf_counter()
         result, output = verify(target, cache, context_length, root, tree, params, generator,
                                 proposer.tap_layers, logits_processors, sequence.output_ids)

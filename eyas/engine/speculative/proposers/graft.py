@@ -163,6 +163,12 @@ class NgramGraftProposer(GraftedTree):
                 return n, found[0]
         return self.max_n, []
 
+    def renumber(self, node_map: list[int], size: int) -> None:
+        """The tree was cut further (drafts a grammar forbids, `prune.prune_draft`): the main
+        proposer's statistics follow its nodes; this step's branch is not scored."""
+        self._last = None
+        self.main.renumber(node_map, size)
+
     def observe(self, tree, result, output) -> None:
         if self._last is not None and result is not None and tree is not None:
             stats, first_new, size, parent = self._last

@@ -135,6 +135,12 @@ class SuffixGraftProposer(GraftedTree):
         return best
 
     # -- feedback -------------------------------------------------------------------------
+    def renumber(self, node_map: list[int], size: int) -> None:
+        """The tree was cut further (drafts a grammar forbids, `prune.prune_draft`): the main
+        proposer's statistics follow its nodes; this step's suffix nodes are not scored."""
+        self._nodes = []
+        self.main.renumber(node_map, size)
+
     def observe(self, tree, result, output) -> None:
         if result is not None:
             if tree is not None and tree.size and len(self._nodes) == tree.size:
