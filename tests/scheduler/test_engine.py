@@ -308,3 +308,31 @@ def test_the_shipped_head_fused_beside_the_int4_target_serves_a_batch_equal_to_p
     assert [r.token_ids for r in results] == expected
     spec = [r.stats["speculative"] for r in results]
     assert sum(s["draft_tokens"] for s in spec) > 0 and sum(s["accepted_tokens"] for s in spec) > 0
+
+
+def test_a_finished_request_lets_go_of_its_draft_models_cache(tiny_target):
+    """Whoever still holds a finished request (a client's handle) does not keep the draft
+    model's KV cache alive: the engine drops the request's proposer once its final output is
+    out (and its speculative statistics are in it)."""
+    import threading
+
+    served = engine(tiny_target, "self")
+    done = threading.Event()
+    finals = []
+
+    def on_output(output):
+        if output.finished:
+            finals.append(output)
+            done.set()
+
+    try:
+        request = served.submit(prompts()[0], SamplingParams(max_tokens=16, ignore_eos=True), on_output)
+        assert done.wait(60)
+        for _ in range(100):  # the engine forgets the request right after its final output
+            if request.proposer is None:
+                break
+            threading.Event().wait(0.05)
+    finally:
+        served.shutdown()
+    assert request.proposer is None
+    assert finals[0].speculative is not None and finals[0].speculative["draft_tokens"] > 0
