@@ -286,6 +286,6 @@ class Engine:
         if request.status == RequestStatus.FINISHED:
             # its final output is out: the proposer's own state (a draft model's KV cache,
             # tens of MB for a long request) goes now, whoever still holds the request
-            request.proposer = None
+            request.proposer = request.acceptance.tree = None
         with self._wakeup:
             self._requests.pop(request.request_id, None)
