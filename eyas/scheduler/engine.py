@@ -283,9 +283,10 @@ class Engine:
         finish = getattr(request.proposer, "finish", None)
         if finish is not None:  # suffix decoding: the output joins the global store (once)
             finish()
-        if request.status == RequestStatus.FINISHED:
-            # its final output is out: the proposer's own state (a draft model's KV cache,
-            # tens of MB for a long request) goes now, whoever still holds the request
+        if request.status == RequestStatus.FINISHED and request.row is None:
+            # final output out and its row released (a request failed mid-step is forgotten
+            # again at release): the proposer's own state (a draft model's KV cache, tens of
+            # MB for a long request) goes now, whoever still holds the request
             request.proposer = request.acceptance.tree = None
         with self._wakeup:
             self._requests.pop(request.request_id, None)

@@ -68,16 +68,16 @@ def test_the_openapi_document_is_served_with_the_request_schemas(tiny_plain_serv
 
 
 def test_ignored_fields_are_named_in_a_header_and_a_log_line(tiny_plain_server, caplog):
-    body = {"model": "tiny", "messages": [{"role": "user", "content": "Hi", "name": "ann"}], "max_tokens": 2,
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "Hi", "nickname": "ann"}], "max_tokens": 2,
             "frobnicate": True, "stream_options": None}
     with caplog.at_level(logging.WARNING, logger="eyas.server"):
         response = httpx.post(tiny_plain_server.url + "/v1/chat/completions", json=body, timeout=60)
         streamed = httpx.post(tiny_plain_server.url + "/v1/chat/completions", json={**body, "stream": True},
                               timeout=60)
     assert response.status_code == 200
-    assert response.headers["x-eyas-ignored-fields"] == "messages.[0].name,frobnicate"
-    assert streamed.headers["x-eyas-ignored-fields"] == "messages.[0].name,frobnicate"
-    assert any("messages.[0].name, frobnicate" in record.getMessage() for record in caplog.records)
+    assert response.headers["x-eyas-ignored-fields"] == "messages.[0].nickname,frobnicate"
+    assert streamed.headers["x-eyas-ignored-fields"] == "messages.[0].nickname,frobnicate"
+    assert any("messages.[0].nickname, frobnicate" in record.getMessage() for record in caplog.records)
     clean = httpx.post(tiny_plain_server.url + "/v1/chat/completions",
                        json={"model": "tiny", "messages": MESSAGES, "max_tokens": 2}, timeout=60)
     assert "x-eyas-ignored-fields" not in clean.headers
