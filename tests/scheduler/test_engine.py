@@ -198,25 +198,6 @@ def test_eos_inside_an_accepted_draft_ends_the_answer_where_plain_does(tiny_targ
     assert [(len(r.token_ids), r.finish_reason) for r in one_token] == [(1, "length")] * 2
 
 
-@pytest.fixture(scope="module")
-def random_head_dir(tiny_target, tmp_path_factory):
-    """An untrained EAGLE-3 head for the tiny target, saved as `eagle3:DIR` expects."""
-    import torch
-
-    from eyas.eagle3 import Eagle3Config, Eagle3Head, build_draft_vocab, save_head
-
-    torch.manual_seed(0)
-    config = Eagle3Config.for_target(tiny_target.config, draft_vocab_size=512, target_layer_ids=[0, 1, 2])
-    head = Eagle3Head(config)
-    counts = torch.zeros(tiny_target.config.vocab_size)
-    counts[torch.randperm(tiny_target.config.vocab_size)[:2000]] = 1.0
-    head.set_vocab(build_draft_vocab(counts, 512))
-    head.set_embedding(tiny_target.model.embed_tokens.weight)
-    folder = tmp_path_factory.mktemp("eagle3-head")
-    save_head(head.eval(), folder)
-    return folder
-
-
 @pytest.mark.parametrize("overlap", [False, True], ids=["sequential", "overlap"])
 def test_eagle3_drafts_across_the_batch_equal_plain(tiny_target, plain, random_head_dir, overlap):
     """EAGLE-3 reads the target's taps from the batched pass (and from chunked prefill)."""

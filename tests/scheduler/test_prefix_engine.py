@@ -55,29 +55,11 @@ def alone(tiny_target):
     return first, second
 
 
-@pytest.fixture(scope="module")
-def tiny_head_dir(tiny_target, tmp_path_factory):
-    import torch
-
-    from eyas.eagle3 import Eagle3Config, Eagle3Head, build_draft_vocab, save_head
-
-    torch.manual_seed(0)
-    config = Eagle3Config.for_target(tiny_target.config, draft_vocab_size=512, target_layer_ids=[0, 1, 2])
-    head = Eagle3Head(config)
-    counts = torch.zeros(tiny_target.config.vocab_size)
-    counts[torch.randperm(tiny_target.config.vocab_size)[:2000]] = 1.0
-    head.set_vocab(build_draft_vocab(counts, 512))
-    head.set_embedding(tiny_target.model.embed_tokens.weight)
-    folder = tmp_path_factory.mktemp("eagle3-head")
-    save_head(head.eval(), folder)
-    return folder
-
-
 @pytest.mark.parametrize("draft, overlap", [("none", False), ("none", True), ("ngram:3,1,3", False),
                                             ("self", True), ("eagle3", False), ("eagle3", True)])
-def test_reused_prefixes_give_the_outputs_of_decoding_alone(tiny_target, alone, tiny_head_dir,
+def test_reused_prefixes_give_the_outputs_of_decoding_alone(tiny_target, alone, random_head_dir,
                                                             draft, overlap):
-    spec = f"eagle3:{tiny_head_dir}" if draft == "eagle3" else draft
+    spec = f"eagle3:{random_head_dir}" if draft == "eagle3" else draft
     served = engine(tiny_target, spec, overlap)
     try:
         first, second = two_turns(served)
