@@ -101,12 +101,19 @@ def gguf_source_info(path: str | Path) -> dict:
 
 def dequantize(tensor: GGUFTensor) -> np.ndarray:
     """A GGUF tensor -> float32 numpy array in Hugging Face orientation ([O, I] for a
-    matrix). Quantized blocks go through gguf.quants' per-type formula in large chunks (its
-    `dequantize` works 16 rows at a time: ~10x slower for an embedding table)."""
+    matrix)."""
+    return dequantize_data(tensor, np.asarray(tensor.data))
+
+
+def dequantize_data(tensor: GGUFTensor, data: np.ndarray) -> np.ndarray:
+    """Rows of `tensor.data` (all of it, or some rows: `tensor.data[ids]`) -> float32, in the
+    shape of those rows' values. Quantized blocks go through gguf.quants' per-type formula in
+    large chunks (its `dequantize` works 16 rows at a time: ~10x slower for an embedding
+    table); each block depends on itself alone, so a row reads the same whichever rows come
+    with it."""
     from gguf import quants
 
     qtype = tensor.tensor_type
-    data = np.asarray(tensor.data)
     if qtype.name in ("F32", "F16"):
         return data.astype(np.float32)
     if qtype.name == "BF16":  # stored as uint16 words

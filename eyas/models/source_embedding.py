@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from eyas.models.gguf_header import GGUFTensor
+from eyas.models.gguf_loader import dequantize_data
 
 
 class SourceEmbedding(nn.Module):
@@ -31,14 +32,12 @@ class SourceEmbedding(nn.Module):
         from gguf import quants
 
         qtype = tensor.tensor_type
-        self.plain = qtype.name in ("F32", "F16", "BF16")  # rows converted, not dequantized
-        if len(tensor.dims) != 2 or not (self.plain or qtype in quants._type_traits):
+        readable = qtype.name in ("F32", "F16", "BF16") or qtype in quants._type_traits
+        if len(tensor.dims) != 2 or not readable:
             raise ValueError(f"{tensor.name}: a {qtype.name} tensor of shape {tensor.dims} is not "
                              f"read row by row")
         self.tensor = tensor
         self.embedding_dim, self.num_embeddings = tensor.dims  # GGUF order: [H, V]
-        self.block_size, self.type_size = quants.GGML_QUANT_SIZES[qtype]
-        self._kind = None if self.plain else quants._type_traits[qtype]
         self.dtype = torch.float32
         self.device = torch.device("cpu")
         self._table: Tensor | None = None
@@ -49,13 +48,8 @@ class SourceEmbedding(nn.Module):
 
     def rows(self, ids: np.ndarray) -> np.ndarray:
         """Dequantized rows [N, H] float32 of the token ids [N]."""
-        data = self.tensor.data[ids]  # [N, H] elements or [N, bytes per row], read from the map
-        if self.plain:
-            if self.tensor.tensor_type.name == "BF16":  # stored as bytes: two per bfloat16
-                data = (data.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
-            return np.ascontiguousarray(data, dtype=np.float32)
-        flat = self._kind.dequantize_blocks(data.reshape(-1, self.type_size))
-        return np.ascontiguousarray(flat.reshape(len(ids), self.embedding_dim), dtype=np.float32)
+        rows = dequantize_data(self.tensor, self.tensor.data[ids])  # read from the map
+        return np.ascontiguousarray(rows, dtype=np.float32)
 
     def forward(self, input_ids: Tensor) -> Tensor:  # [...] -> [..., H]
         if self._table is not None:
