@@ -7,12 +7,17 @@ scales and minimums in the kernel's layout, norms, biases) are kept as one safet
 
     <cache>/int4/<source name>-<key>/model.safetensors   the decoder layers + final norm
                                     /manifest.json       its size and sha256 (utils/integrity.py)
+                                    /verified.json       the file's inode, size and times when
+                                                         its sha256 last matched
 
 keyed by the source files (path, size, modification time) and the packing format. The token
 embedding and an untied output layer are not in it: they are used as the source holds them and
 read from the source (memory-mapped) on each load, so the cache is the int4 part alone. No float
 copy of a weight is written. The file is written tensor by tensor (no second copy in memory) and
 read back memory-mapped: loading maps it, checks its digest and builds no tensor of its own.
+The digest is checked on the first load and again whenever the file's inode, size or times
+differ from those recorded when it last matched (verified.json), not on every load: hashing a
+1 GB cache would cost ~1 s of each.
 
 A cache whose digest, size or header does not check out is rebuilt from the source, with one
 line on stderr saying why. A new key (the source file changed, or the extension's sources, or
@@ -40,11 +45,12 @@ import torch
 from torch import Tensor
 
 from eyas.errors import EyasError
-from eyas.utils.integrity import verify_files, write_manifest
-from eyas.utils.io import atomic_dir, cache_dir
+from eyas.utils.integrity import read_manifest, verify_files, write_manifest
+from eyas.utils.io import atomic_dir, cache_dir, read_json, write_json_atomic
 
 CACHE_VERSION = 2  # bump when what the cache holds changes (2: the output screen of an untied GGUF)
 FILE = "model.safetensors"
+STAMP = "verified.json"  # the file's state when its digest last matched (skips re-hashing)
 DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
           torch.uint8: "U8", torch.int8: "I8", torch.int32: "I32", torch.int64: "I64"}
 SAFETENSORS_DTYPES = {code: dtype for dtype, code in DTYPES.items()}
@@ -92,7 +98,9 @@ class Int4Cache:
         if not (self.folder / "manifest.json").is_file():
             return None
         try:
-            verify_files(self.folder, [FILE])
+            if not self._stamp_matches():
+                verify_files(self.folder, [FILE])
+                self._write_stamp()
             tensors = read_mapped(self.folder / FILE)
             self.folder.touch()  # last used: what `prune` keeps
             return tensors
@@ -100,6 +108,33 @@ class Int4Cache:
             print(f"[eyas] the int4 cache {self.folder} is damaged ({error}); rebuilding it from "
                   f"{self.source}", file=sys.stderr, flush=True)
             return None
+
+    def _file_state(self) -> dict[str, int | str]:
+        """What the stamp compares: the file's identity and times, and the digest it was
+        checked against."""
+        stat = (self.folder / FILE).stat()
+        manifest = read_manifest(self.folder) or {}
+        digest = manifest.get(FILE)
+        return {"bytes": stat.st_size, "inode": stat.st_ino, "mtime_ns": stat.st_mtime_ns,
+                "ctime_ns": stat.st_ctime_ns, "sha256": digest.sha256 if digest else ""}
+
+    def _stamp_matches(self) -> bool:
+        """True when the file was hashed and matched its manifest before and has not been
+        touched since (same inode, size, modification and change times): hashing a 1 GB cache
+        costs ~1 s of every load, and any write to the file changes its times."""
+        stamp = self.folder / STAMP
+        if not stamp.is_file():
+            return False
+        try:
+            return read_json(stamp) == self._file_state()
+        except (EyasError, OSError, ValueError):
+            return False
+
+    def _write_stamp(self) -> None:
+        try:
+            write_json_atomic(self.folder / STAMP, self._file_state())
+        except OSError:  # a read-only cache: verified on every load instead
+            pass
 
     def save(self, tensors: dict[str, Tensor], metadata: dict[str, str]) -> None:
         """Write the tensors and their manifest; the folder appears whole (one rename)."""

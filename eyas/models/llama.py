@@ -18,6 +18,7 @@ Usage:
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Collection, Sequence
@@ -152,13 +153,20 @@ class Transformer(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # The layer-by-layer loaders build the model on the meta device and fill it. There,
+        # normal_ and arange run torch's Python reference ops, whose first use imports
+        # torch._dynamo (~2.5 s of a cached load): skip the random init, build the table on the CPU.
+        on_meta = torch.get_default_device().type == "meta"
+        embedding = torch.empty(config.vocab_size, config.hidden_size) if on_meta else None
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, _weight=embedding)
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        self.register_buffer("inv_freq", rope_inverse_frequencies(config), persistent=False)
+        with torch.device("cpu") if on_meta else contextlib.nullcontext():
+            inv_freq = rope_inverse_frequencies(config)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
         self._rope_cache: tuple[Tensor, Tensor] | None = None
         self.fused_plan: fused_cpu.FusedStack | bool | None = None  # False = none; None = not looked at
 

@@ -178,3 +178,30 @@ def test_saving_a_cache_keeps_only_the_most_recently_used_folders_of_that_name(t
     os.utime(folders[2], ns=(10**12, 10**12))  # used again after 3
     assert Int4Cache(folder=folders[3], source="src", name="m").load() is not None  # touches 3
     assert torch.equal(Int4Cache(folder=folders[2], source="src", name="m").load()["w"], tensors["w"])
+
+
+def test_the_int4_cache_is_hashed_once_then_again_only_when_the_file_changes(tmp_path, monkeypatch,
+                                                                           capsys):
+    from eyas.utils import integrity
+
+    folder = write_llama_folder(tmp_path / "model", layers=2, hidden=128, intermediate=256)
+    config = ModelConfig.from_folder(folder)
+    load_layerwise(config, open_weights(folder), "int4", CPU, cache_root=tmp_path / "cache")
+    hashed: list[str] = []
+    real_sha256 = integrity.file_sha256
+    monkeypatch.setattr(integrity, "file_sha256", lambda path: hashed.append(path.name) or real_sha256(path))
+    load_layerwise(config, open_weights(folder), "int4", CPU, cache_root=tmp_path / "cache")
+    assert hashed == ["model.safetensors"]  # first load from the cache: checked, stamped
+    (file,) = (tmp_path / "cache").glob("*/model.safetensors")
+    assert (file.parent / "verified.json").is_file()
+    load_layerwise(config, open_weights(folder), "int4", CPU, cache_root=tmp_path / "cache")
+    assert hashed == ["model.safetensors"]  # unchanged since: not hashed again
+    data = bytearray(file.read_bytes())
+    data[-100] ^= 0xFF  # a later write of the same size
+    file.write_bytes(bytes(data))
+    later = file.stat().st_mtime_ns + 1_000_000_000
+    os.utime(file, ns=(later, later))
+    capsys.readouterr()
+    load_layerwise(config, open_weights(folder), "int4", CPU, cache_root=tmp_path / "cache")
+    assert hashed == ["model.safetensors"] * 3  # checked: damaged; the rebuilt file's manifest
+    assert "damaged" in capsys.readouterr().err
