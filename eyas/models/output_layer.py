@@ -125,7 +125,7 @@ class ScreenedOutputLayer(nn.Module):
         flat = x.reshape(-1, shape[-1]).float()  # [R, H]
         if flat.shape[0] == 0:
             return flat.new_zeros(*shape[:-1], self.out_features)
-        lean = self.row_source is not None and self.row_source._table is None
+        lean = self.row_source is not None and not self.row_source.has_table
         if self.int8dot and not lean:  # steps 1-3 in one C++ call (csrc/int8_screen.cpp)
             approx = torch.ops.eyas.int8_screen_greedy(flat, self.packed, self.scale_float, self.code_sums,
                                                        self.weight_error, self.approx_norm,

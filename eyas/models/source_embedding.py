@@ -62,6 +62,11 @@ class SourceEmbedding(nn.Module):
         return rows.reshape(*input_ids.shape, self.embedding_dim).to(input_ids.device)
 
     @property
+    def has_table(self) -> bool:
+        """Whether the float32 table was built (by `weight`); until then rows come from the file."""
+        return self._table is not None
+
+    @property
     def weight(self) -> Tensor:
         """The whole float32 table [V, H], dequantized on first use and kept."""
         if self._table is None:
