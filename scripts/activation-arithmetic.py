@@ -10,13 +10,17 @@ The float32 SmolLM2 target answers each MT-Bench first turn greedily (128 tokens
 kernel (csrc/int4_gemm.cpp) reads prompt + answer in one pass (teacher forcing). The emulation
 computes what the kernel computes: the int4 codes, float16 scales and minimums of the weights,
 each activation group rounded to integers q = round(x / d) with its own scale d, and
-y = sum over groups of d * s * (codes . q) + m * sum(x), in float64 (the kernel's float order
-changes a logit by ~1e-6, far below the rounding of the activations).
+y = sum over groups of d * s * (codes . q) + m * sum(x), in float32 as the kernel (in another
+order: that changes a logit by ~1e-6, far below the rounding of the activations).
 
 Candidate names: a{BITS}g{GROUP} (BITS-bit integers with d = max|x| / (2^(BITS-1) - 1) per GROUP
 inputs: a14g32 is the kernel's default, a8g32 its 8-bit option), a8g32+top{K}hi (8 bits, and
-the K groups of a row with the largest max|x| in 14 bits), a8g32+out{K} (8 bits, and the K inputs
-of a row with the largest |x| multiplied exactly). Printed per candidate: top-1 agreement with
+the K groups of a row with the largest max|x| in 14 bits), a{BITS}g{GROUP}+mean (and the
+mean of each group's rounding error added back: with the weights' mean code per group, one
+float term per group like the minimum's), a8g32+out{K} (8 bits, and the K inputs
+of a row with the largest |x| multiplied exactly); a suffix @PROJECTION[,PROJECTION] applies a
+candidate to those projections only (qkv_proj, o_proj, gate_up_proj, down_proj), 14 bits
+elsewhere: a8g32@down_proj; or @L<FIRST>-<LAST> to decoder layers FIRST..LAST. Printed per candidate: top-1 agreement with
 float32 and the positions that differ, mean KL(float32 || candidate).
 """
 
@@ -41,20 +45,35 @@ ANSWER_TOKENS = 128
 
 
 def round_groups(x: Tensor, bits: int, group: int) -> Tensor:
-    """x [N, I] float64 -> the activations the integer dot products see, q * d, [N, I]."""
+    """x [N, I] float32 -> the activations the integer dot products see, q * d, [N, I]."""
     levels = 2.0 ** (bits - 1) - 1
     grouped = x.reshape(x.shape[0], -1, group)  # [N, I/g, g]
     amax = grouped.abs().amax(-1, keepdim=True)
-    inverse = torch.where(amax > 0, levels / amax.float(), torch.zeros_like(amax.float()))
-    q = torch.round(grouped.float() * inverse)  # float32 product, round half to even: the kernel's
-    return (q.double() * (amax / levels)).reshape(x.shape)
+    inverse = torch.where(amax > 0, levels / amax, torch.zeros_like(amax))
+    q = torch.round(grouped * inverse)  # round half to even, as the kernel's conversion
+    return (q * (amax / levels)).reshape(x.shape)
 
 
 def emulate(x: Tensor, name: str) -> Tensor:
-    """x [N, I] float64 -> what the candidate arithmetic `name` makes of it, [N, I]."""
+    """x [N, I] float32 -> what the candidate arithmetic `name` makes of it, [N, I]."""
     plain = re.fullmatch(r"a(\d+)g(\d+)", name)
     if plain:
         return round_groups(x, int(plain.group(1)), int(plain.group(2)))
+    centred = re.fullmatch(r"a(\d+)g(\d+)\+mean", name)
+    if centred:  # the rounding error's mean per group added back: sum(e) = sum(x) - d sum(q)
+        bits, group = int(centred.group(1)), int(centred.group(2))
+        rounded = round_groups(x, bits, group)
+        error = (x - rounded).reshape(x.shape[0], -1, group).mean(-1, keepdim=True)
+        return (rounded.reshape(x.shape[0], -1, group) + error).reshape(x.shape)
+    first = re.fullmatch(r"a8g32\+first(\d+)", name)
+    if first:  # diagnosis only: the first P rows of the call (positions, at batch 1) in 14 bits
+        rows = int(first.group(1))
+        return torch.cat([round_groups(x[:rows], 14, 32), round_groups(x[rows:], 8, 32)])
+    spiky = re.fullmatch(r"a8g32\+rows(\d+)", name)
+    if spiky:  # rows whose max|x| exceeds R times their root mean square in 14 bits
+        ratio = x.abs().amax(-1) / x.pow(2).mean(-1).sqrt().clamp(min=1e-30)  # [N]
+        fine = (ratio > int(spiky.group(1)))[:, None]
+        return torch.where(fine, round_groups(x, 14, 32), round_groups(x, 8, 32))
     high = re.fullmatch(r"a8g32\+top(\d+)hi", name)
     if high:  # the K groups with the largest max|x| in 14 bits, the others in 8
         coarse, fine = round_groups(x, 8, 32), round_groups(x, 14, 32)
@@ -74,30 +93,40 @@ def emulate(x: Tensor, name: str) -> Tensor:
 class EmulatedInt4Linear(nn.Module):
     """A decoder projection as the int4 kernel computes it, with activations per `arithmetic`."""
 
-    def __init__(self, weight: Tensor, arithmetic: dict) -> None:  # weight [O, I]
+    def __init__(self, weight: Tensor, arithmetic: dict, projection: str, layer: int) -> None:  # [O, I]
         super().__init__()
+        self.projection = projection  # qkv_proj, o_proj, gate_up_proj or down_proj
+        self.layer = layer
         codes, scale, minimum = quantize_groups(weight, 32)
-        scale, minimum = scale.half().double(), minimum.half().double()  # [O, I/32], as packed
-        self.scaled_codes = (codes.double().reshape(*scale.shape, 32) * scale[..., None]).reshape(weight.shape)
+        scale, minimum = scale.half().float(), minimum.half().float()  # [O, I/32], as packed
+        self.scaled_codes = (codes.float().reshape(*scale.shape, 32) * scale[..., None]).reshape(weight.shape)
         self.minimum = minimum
         self.arithmetic = arithmetic  # {"name": candidate}, shared by every projection
 
     def forward(self, x: Tensor) -> Tensor:  # [..., I] -> [..., O]
-        flat = x.reshape(-1, x.shape[-1]).double()
-        rounded = emulate(flat, self.arithmetic["name"])
+        flat = x.reshape(-1, x.shape[-1]).float()
+        name, _, where = self.arithmetic["name"].partition("@")  # "a8g32@down_proj,o_proj", "a8g32@L0-14"
+        rounded = emulate(flat, name if not where or self.applies(where) else "a14g32")
         sums = flat.reshape(flat.shape[0], -1, 32).sum(-1)  # [N, I/32]: the kernel's exact sums
         y = rounded @ self.scaled_codes.T + sums @ self.minimum.T
-        return y.float().reshape(*x.shape[:-1], -1)
+        return y.reshape(*x.shape[:-1], -1)
+
+    def applies(self, where: str) -> bool:
+        """Whether the candidate's scope `where` covers this projection: names, or layers L<a>-<b>."""
+        layers = re.fullmatch(r"L(\d+)-(\d+)", where)
+        if layers:
+            return int(layers.group(1)) <= self.layer <= int(layers.group(2))
+        return self.projection in where.split(",")
 
 
-def emulated_model(target, arithmetic: dict, only: str | None = None) -> nn.Module:
-    """The float32 target with its decoder projections (those named `only`, else all) emulated."""
+def emulated_model(target, arithmetic: dict) -> nn.Module:
+    """The float32 target with its decoder projections emulated."""
     model = target.model
-    for layer in model.layers:
+    for index, layer in enumerate(model.layers):
         for parent in (layer.self_attn, layer.mlp):
             for name, child in list(parent.named_children()):
-                if hasattr(child, "weight_t") and (only is None or name == only):
-                    setattr(parent, name, EmulatedInt4Linear(child.weight_t.t().contiguous(), arithmetic))
+                if hasattr(child, "weight_t"):
+                    setattr(parent, name, EmulatedInt4Linear(child.weight_t.t().contiguous(), arithmetic, name, index))
     return model
 
 
@@ -118,12 +147,10 @@ def main(num_prompts: int = 40, names: list[str] | None = None) -> None:
     starts = [len(p) - 1 for p in prompts]  # the row that predicts the first answer token
     with torch.inference_mode():
         expected = [reference.model(s).logits[0, b:-1].float() for s, b in zip(sequences, starts)]
-    only = os.environ.get("ONLY")  # e.g. ONLY=down_proj: emulate that projection alone
     arithmetic = {"name": "a14g32"}
-    model = emulated_model(load_target("smollm2-135m", dtype="float32"), arithmetic, only)
+    model = emulated_model(load_target("smollm2-135m", dtype="float32"), arithmetic)
     positions = sum(len(e) for e in expected)
-    print(f"{num_prompts} MT-Bench prompts, {positions} answer positions of the float32 model"
-          + (f", {only} only" if only else ""), flush=True)
+    print(f"{num_prompts} MT-Bench prompts, {positions} answer positions of the float32 model", flush=True)
     for name in names or CANDIDATES:
         arithmetic["name"] = name
         agree, divergence = 0, 0.0
