@@ -13,15 +13,19 @@ each activation group rounded to integers q = round(x / d) with its own scale d,
 y = sum over groups of d * s * (codes . q) + m * sum(x), in float32 as the kernel (in another
 order: that changes a logit by ~1e-6, far below the rounding of the activations).
 
-Candidate names: a{BITS}g{GROUP} (BITS-bit integers with d = max|x| / (2^(BITS-1) - 1) per GROUP
-inputs: a14g32 is the kernel's default, a8g32 its 8-bit option), a8g32+top{K}hi (8 bits, and
-the K groups of a row with the largest max|x| in 14 bits), a{BITS}g{GROUP}+mean (and the
-mean of each group's rounding error added back: with the weights' mean code per group, one
-float term per group like the minimum's), a8g32+out{K} (8 bits, and the K inputs
-of a row with the largest |x| multiplied exactly); a suffix @PROJECTION[,PROJECTION] applies a
-candidate to those projections only (qkv_proj, o_proj, gate_up_proj, down_proj), 14 bits
-elsewhere: a8g32@down_proj; or @L<FIRST>-<LAST> to decoder layers FIRST..LAST. Printed per candidate: top-1 agreement with
-float32 and the positions that differ, mean KL(float32 || candidate).
+Candidates (the default list: CANDIDATES):
+  a{BITS}g{GROUP}      BITS-bit integers, d = max|x| / (2^(BITS-1) - 1) per GROUP inputs
+                       (a14g32: the kernel's default; a8g32: its 8-bit option)
+  a{BITS}g{GROUP}+mean and each group's mean rounding error added back (with the weights' mean
+                       code per group: one float term per group, like the minimum's)
+  a8g32+top{K}hi       8 bits, the K groups of a row with the largest max|x| in 14 bits
+  a8g32+out{K}         8 bits, the K inputs of a row with the largest |x| multiplied exactly
+  a8g32+rows{R}        8 bits, rows whose max|x| exceeds R times their RMS in 14 bits
+  a8g32+first{P}       diagnosis: the first P positions in 14 bits
+A suffix @PROJECTION[,PROJECTION] applies a candidate to those projections only (qkv_proj,
+o_proj, gate_up_proj, down_proj), @L{FIRST}-{LAST} to those decoder layers only; 14 bits
+elsewhere (a8g32@down_proj, a8g32@L0-9). Printed per candidate: top-1 agreement with float32,
+the positions that differ, and the mean KL(float32 || candidate).
 """
 
 from __future__ import annotations
@@ -40,7 +44,8 @@ from eyas.engine.target import load_target
 from eyas.models.quant import quantize_groups
 from eyas.scheduler.measure import load_prompts
 
-CANDIDATES = ["a14g32", "a8g32", "a8g16", "a8g8", "a8g32+top2hi", "a8g32+top4hi", "a8g32+out4", "a8g32+out16"]
+CANDIDATES = ["a14g32", "a12g32", "a10g32", "a8g32", "a8g16", "a8g8", "a8g32+mean", "a8g32+top4hi",
+              "a8g32+out16", "a8g32@o_proj"]
 ANSWER_TOKENS = 128
 
 
@@ -87,7 +92,8 @@ def emulate(x: Tensor, name: str) -> Tensor:
         top = x.abs().topk(int(outliers.group(1)), dim=-1).indices
         chosen = torch.zeros_like(x, dtype=torch.bool).scatter_(1, top, True)
         return torch.where(chosen, x, round_groups(torch.where(chosen, 0.0, x), 8, 32))
-    raise ValueError(f"unknown candidate {name!r}; accepted: {', '.join(CANDIDATES)} and a<BITS>g<GROUP>")
+    raise ValueError(f"unknown candidate {name!r}; accepted: the forms this script's docstring lists, "
+                     f"e.g. {', '.join(CANDIDATES)}")
 
 
 class EmulatedInt4Linear(nn.Module):
@@ -126,11 +132,13 @@ def emulated_model(target, arithmetic: dict) -> nn.Module:
         for parent in (layer.self_attn, layer.mlp):
             for name, child in list(parent.named_children()):
                 if hasattr(child, "weight_t"):
-                    setattr(parent, name, EmulatedInt4Linear(child.weight_t.t().contiguous(), arithmetic, name, index))
+                    weight = child.weight_t.t().contiguous()  # [O, I]
+                    setattr(parent, name, EmulatedInt4Linear(weight, arithmetic, name, index))
     return model
 
 
 def answers(reference, prompts: list[list[int]]) -> list[list[int]]:
+    """The float32 target's greedy answers to `prompts` (cached under /tmp: generating is slow)."""
     path = f"/tmp/eyas-answers-{len(prompts)}x{ANSWER_TOKENS}.pt"
     if os.path.exists(path):
         return torch.load(path)
