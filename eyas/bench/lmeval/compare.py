@@ -1,0 +1,195 @@
+"""Run lm-eval-harness on the local tasks through `eyas serve` and through transformers.
+
+lm-eval lives in its own virtual environment (its pins are not eyas's); this script runs with
+eyas's Python, builds the tasks (`tasks.py`), starts `eyas serve` once per drafting method,
+points lm-eval's `local-completions` model at it, runs lm-eval's `hf` backend on the same
+weights (the GGUF, dequantized to float32 by transformers, on the CPU), and prints one table.
+
+Usage (make lm-eval does the set-up and runs the defaults):
+    python -m eyas.bench.lmeval.compare --lm-eval-python .venv-lmeval/bin/python
+    python -m eyas.bench.lmeval.compare --lm-eval-python .venv-lmeval/bin/python \\
+        --systems hf eyas:none eyas:ngram --limit 20 --out runs/lmeval
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eyas.bench.lmeval.tasks import ADDITION_TASK, ENDINGS_TASK, build_tasks
+from eyas.errors import EyasError
+
+# (task, lm-eval metric key) pairs reported, in table order.
+METRICS = ((ENDINGS_TASK, "acc,none"), (ENDINGS_TASK, "acc_norm,none"), (ADDITION_TASK, "exact_match,strip"))
+
+
+@dataclass
+class CompareConfig:
+    lm_eval_python: str
+    model: str = "smollm2-135m"
+    systems: list[str] = field(default_factory=lambda: ["hf", "eyas:none", "eyas:ngram"])
+    tasks: list[str] = field(default_factory=lambda: [ENDINGS_TASK, ADDITION_TASK])
+    out: Path = Path("runs/lmeval")
+    limit: int | None = None
+    batch_size: int = 8  # prompts per /v1/completions request, and the hf backend's batch
+    threads: int | None = None  # torch threads of the server and of the hf run (None: torch's default)
+
+    def __post_init__(self) -> None:
+        for system in self.systems:
+            if system != "hf" and not system.startswith("eyas:"):
+                raise ValueError(f"unknown system '{system}'; accepted: hf, eyas:DRAFT (eyas:none, eyas:ngram, ...)")
+        if self.batch_size < 1:
+            raise ValueError("batch_size must be >= 1")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_healthy(url: str, process: subprocess.Popen, timeout: float = 600.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise EyasError(f"eyas serve exited with code {process.returncode} before it was healthy")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(1.0)
+    raise EyasError(f"eyas serve was not healthy at {url} after {timeout:.0f} s")
+
+
+def lm_eval_command(config: CompareConfig, model_type: str, model_args: str, output: Path,
+                    task_dir: Path) -> list[str]:
+    command = [config.lm_eval_python, "-m", "lm_eval", "--model", model_type, "--model_args", model_args,
+               "--include_path", str(task_dir), "--tasks", ",".join(config.tasks),
+               "--batch_size", str(config.batch_size), "--output_path", str(output), "--log_samples"]
+    if model_type == "hf":
+        command += ["--device", "cpu"]
+    if config.limit is not None:
+        command += ["--limit", str(config.limit)]
+    return command
+
+
+def read_results(output: Path) -> dict[str, dict[str, float]]:
+    """The newest results_*.json lm-eval wrote under `output`: {task: {metric: value}}."""
+    files = sorted(output.rglob("results_*.json"), key=lambda path: path.stat().st_mtime)
+    if not files:
+        raise EyasError(f"lm-eval wrote no results under {output}")
+    results = json.loads(files[-1].read_text())["results"]
+    return {task: {key: value for key, value in metrics.items() if isinstance(value, (int, float))}
+            for task, metrics in results.items()}
+
+
+def run_hf(config: CompareConfig, gguf: Path, tokenizer: Path, task_dir: Path) -> tuple[list[str], dict]:
+    model_args = (f"pretrained={gguf.parent},gguf_file={gguf.name},tokenizer={tokenizer},"
+                  "dtype=float32")
+    output = config.out / "hf"
+    command = lm_eval_command(config, "hf", model_args, output, task_dir)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    if config.threads:
+        env.update(OMP_NUM_THREADS=str(config.threads))
+    subprocess.run(command, check=True, env=env)
+    return command, read_results(output)
+
+
+def run_eyas(config: CompareConfig, draft: str, tokenizer: Path, task_dir: Path) -> tuple[list[str], dict]:
+    port = free_port()
+    serve = [sys.executable, "-m", "eyas.cli.serve", "--model", config.model, "--dtype", "float32",
+             "--draft", draft, "--port", str(port), "--log-level", "warning"]
+    env = dict(os.environ)
+    if config.threads:
+        env.update(OMP_NUM_THREADS=str(config.threads))
+    server = subprocess.Popen(serve, env=env)
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}/health", server)
+        model_args = (f"model={config.model},base_url=http://127.0.0.1:{port}/v1/completions,"
+                      f"tokenizer_backend=huggingface,tokenizer={tokenizer},num_concurrent=1,"
+                      "max_retries=1,timeout=600")
+        output = config.out / f"eyas-{draft.replace(':', '_')}"
+        command = lm_eval_command(config, "local-completions", model_args, output, task_dir)
+        subprocess.run(command, check=True, env=dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1"))
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    return [*serve, "&&", *command], read_results(output)
+
+
+def compare(config: CompareConfig) -> dict:
+    from eyas.models.registry import resolve_model
+    from eyas.models.weight_source import gguf_file
+
+    folder = resolve_model(config.model)  # config.json + tokenizer (the weights stay in a GGUF)
+    gguf = gguf_file(folder)
+    task_dir = config.out / "tasks"
+    counts = build_tasks(task_dir)
+    runs: dict[str, dict] = {}
+    for system in config.systems:
+        started = time.monotonic()
+        if system == "hf":
+            if gguf is None:
+                raise EyasError("the hf run loads the target's GGUF; this model has none")
+            command, results = run_hf(config, gguf, folder, task_dir)
+        else:
+            command, results = run_eyas(config, system.split(":", 1)[1], folder, task_dir)
+        runs[system] = {"command": shlex.join(command), "results": results,
+                        "seconds": round(time.monotonic() - started, 1)}
+    summary = {"model": config.model, "items": counts, "limit": config.limit, "runs": runs}
+    (config.out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def table(summary: dict) -> str:
+    header = "| system | " + " | ".join(f"{task} {key.split(',')[0]}" for task, key in METRICS) + " | seconds |"
+    lines = [header, "|" + "---|" * (len(METRICS) + 2)]
+    for system, run in summary["runs"].items():
+        cells = []
+        for task, key in METRICS:
+            metrics = run["results"].get(task, {})
+            value, stderr = metrics.get(key), metrics.get(key.replace(",", "_stderr,"))
+            cells.append("-" if value is None else f"{value:.4f}" + (f" ± {stderr:.4f}" if stderr else ""))
+        lines.append(f"| {system} | " + " | ".join(cells) + f" | {run['seconds']} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lm-eval-python", default=os.environ.get("LM_EVAL_PYTHON", ".venv-lmeval/bin/python"),
+                        help="the Python of the environment lm-eval is installed in (default: %(default)s)")
+    parser.add_argument("--model", default="smollm2-135m", help="an eyas model with a GGUF (default: %(default)s)")
+    parser.add_argument("--systems", nargs="+", default=["hf", "eyas:none", "eyas:ngram"],
+                        help="hf and/or eyas:DRAFT, each run in turn (default: %(default)s)")
+    parser.add_argument("--tasks", nargs="+", default=[ENDINGS_TASK, ADDITION_TASK])
+    parser.add_argument("--out", type=Path, default=Path("runs/lmeval"))
+    parser.add_argument("--limit", type=int, default=None, help="first N items of each task")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args(argv)
+    config = CompareConfig(lm_eval_python=args.lm_eval_python, model=args.model, systems=args.systems,
+                           tasks=args.tasks, out=args.out, limit=args.limit, batch_size=args.batch_size,
+                           threads=args.threads)
+    if not Path(config.lm_eval_python).exists():
+        raise SystemExit(f"no Python at {config.lm_eval_python}: make lm-eval creates .venv-lmeval "
+                         "(or pass --lm-eval-python)")
+    summary = compare(config)
+    print(table(summary))
+    for system, run in summary["runs"].items():
+        print(f"{system}: {run['command']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
