@@ -94,10 +94,41 @@ def read_results(output: Path) -> dict[str, dict[str, float]]:
             for task, metrics in results.items()}
 
 
+def read_samples(output: Path, task: str) -> dict[int, list]:
+    """{doc_id: resps} of the newest samples file of `task` under `output` (--log_samples):
+    per choice [[loglikelihood, is_greedy]] for multiple choice, [[text]] for generation."""
+    files = sorted(output.rglob(f"samples_{task}_*.jsonl"), key=lambda path: path.stat().st_mtime)
+    if not files:
+        return {}
+    records = (json.loads(line) for line in files[-1].read_text().splitlines() if line.strip())
+    return {record["doc_id"]: record["resps"] for record in records}
+
+
+def agreement(reference: dict[int, list], other: dict[int, list]) -> dict[str, float]:
+    """How close two runs' per-item answers are: for loglikelihoods, the largest absolute
+    difference and how many items pick the same choice; for generations, how many are equal."""
+    shared = sorted(set(reference) & set(other))
+    if not shared:
+        return {}
+    first = reference[shared[0]]
+    if len(first[0][0]) == 2 and not isinstance(first[0][0], str):  # [[loglikelihood, is_greedy]] per choice
+        values = [(float(a[0][0]), float(b[0][0])) for doc in shared for a, b in zip(reference[doc], other[doc])]
+        same_choice = sum(_argmax(reference[doc]) == _argmax(other[doc]) for doc in shared)
+        return {"items": len(shared), "max_abs_loglikelihood_diff": max(abs(a - b) for a, b in values),
+                "same_choice": same_choice}
+    same_text = sum(reference[doc] == other[doc] for doc in shared)
+    return {"items": len(shared), "same_generation": same_text}
+
+
+def _argmax(choices: list) -> int:
+    scores = [float(choice[0][0]) for choice in choices]
+    return scores.index(max(scores))
+
+
 def run_hf(config: CompareConfig, gguf: Path, tokenizer: Path, task_dir: Path) -> tuple[list[str], dict]:
     model_args = (f"pretrained={gguf.parent},gguf_file={gguf.name},tokenizer={tokenizer},"
                   "dtype=float32")
-    output = config.out / "hf"
+    output = _output_dir(config, "hf")
     command = lm_eval_command(config, "hf", model_args, output, task_dir)
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     if config.threads:
@@ -119,13 +150,17 @@ def run_eyas(config: CompareConfig, draft: str, tokenizer: Path, task_dir: Path)
         model_args = (f"model={config.model},base_url=http://127.0.0.1:{port}/v1/completions,"
                       f"tokenizer_backend=huggingface,tokenizer={tokenizer},num_concurrent=1,"
                       "max_retries=1,timeout=600")
-        output = config.out / f"eyas-{draft.replace(':', '_')}"
+        output = _output_dir(config, "eyas:" + draft)
         command = lm_eval_command(config, "local-completions", model_args, output, task_dir)
         subprocess.run(command, check=True, env=dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1"))
     finally:
         server.terminate()
         server.wait(timeout=60)
     return [*serve, "&&", *command], read_results(output)
+
+
+def _output_dir(config: CompareConfig, system: str) -> Path:
+    return config.out / ("hf" if system == "hf" else "eyas-" + system.split(":", 1)[1].replace(":", "_"))
 
 
 def compare(config: CompareConfig) -> dict:
@@ -146,7 +181,13 @@ def compare(config: CompareConfig) -> dict:
         else:
             command, results = run_eyas(config, system.split(":", 1)[1], folder, task_dir)
         runs[system] = {"command": shlex.join(command), "results": results,
-                        "seconds": round(time.monotonic() - started, 1)}
+                        "seconds": round(time.monotonic() - started, 1), "output": str(_output_dir(config, system))}
+    reference = config.systems[0]
+    for system in config.systems[1:]:
+        runs[system]["agreement_with_" + reference] = {
+            task: agreement(read_samples(Path(runs[reference]["output"]), task),
+                            read_samples(Path(runs[system]["output"]), task))
+            for task in config.tasks}
     summary = {"model": config.model, "items": counts, "limit": config.limit, "runs": runs}
     (config.out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
@@ -188,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     print(table(summary))
     for system, run in summary["runs"].items():
         print(f"{system}: {run['command']}")
+        for key, value in run.items():
+            if key.startswith("agreement_with_"):
+                print(f"  {key}: {json.dumps(value)}")
     return 0
 
 

