@@ -42,11 +42,14 @@ class CompareConfig:
     limit: int | None = None
     batch_size: int = 8  # prompts per /v1/completions request, and the hf backend's batch
     threads: int | None = None  # torch threads of the server and of the hf run (None: torch's default)
+    speculation: str = "auto"  # eyas serve --speculation for runs with a draft
 
     def __post_init__(self) -> None:
         for system in self.systems:
             if system != "hf" and not system.startswith("eyas:"):
                 raise ValueError(f"unknown system '{system}'; accepted: hf, eyas:DRAFT (eyas:none, eyas:ngram, ...)")
+        if self.speculation not in ("auto", "always", "never"):
+            raise ValueError(f"speculation must be auto, always or never, not '{self.speculation}'")
         if self.batch_size < 1:
             raise ValueError("batch_size must be >= 1")
 
@@ -137,10 +140,24 @@ def run_hf(config: CompareConfig, gguf: Path, tokenizer: Path, task_dir: Path) -
     return command, read_results(output)
 
 
-def run_eyas(config: CompareConfig, draft: str, tokenizer: Path, task_dir: Path) -> tuple[list[str], dict]:
+def scrape_acceptance(base_url: str) -> dict:
+    """The server's speculative-decoding counters since it started (acceptance length etc.)."""
+    from eyas.bench.metrics_scrape import SpecDecodeCounters, acceptance_from_counters, parse_spec_counters
+
+    try:
+        with urllib.request.urlopen(f"{base_url}/metrics", timeout=10) as response:
+            counters = parse_spec_counters(response.read().decode())
+    except OSError:
+        counters = None
+    return acceptance_from_counters(SpecDecodeCounters(), counters)
+
+
+def run_eyas(config: CompareConfig, draft: str, tokenizer: Path, task_dir: Path) -> tuple[list[str], dict, dict]:
     port = free_port()
     serve = [sys.executable, "-m", "eyas.cli.serve", "--model", config.model, "--dtype", "float32",
              "--draft", draft, "--port", str(port), "--log-level", "warning"]
+    if draft != "none":
+        serve += ["--speculation", config.speculation]
     env = dict(os.environ)
     if config.threads:
         env.update(OMP_NUM_THREADS=str(config.threads))
@@ -153,10 +170,11 @@ def run_eyas(config: CompareConfig, draft: str, tokenizer: Path, task_dir: Path)
         output = _output_dir(config, "eyas:" + draft)
         command = lm_eval_command(config, "local-completions", model_args, output, task_dir)
         subprocess.run(command, check=True, env=dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1"))
+        acceptance = scrape_acceptance(f"http://127.0.0.1:{port}")
     finally:
         server.terminate()
         server.wait(timeout=60)
-    return [*serve, "&&", *command], read_results(output)
+    return [*serve, "&&", *command], read_results(output), acceptance
 
 
 def _output_dir(config: CompareConfig, system: str) -> Path:
@@ -178,9 +196,10 @@ def compare(config: CompareConfig) -> dict:
             if gguf is None:
                 raise EyasError("the hf run loads the target's GGUF; this model has none")
             command, results = run_hf(config, gguf, folder, task_dir)
+            acceptance = None
         else:
-            command, results = run_eyas(config, system.split(":", 1)[1], folder, task_dir)
-        runs[system] = {"command": shlex.join(command), "results": results,
+            command, results, acceptance = run_eyas(config, system.split(":", 1)[1], folder, task_dir)
+        runs[system] = {"command": shlex.join(command), "results": results, "speculative_decoding": acceptance,
                         "seconds": round(time.monotonic() - started, 1), "output": str(_output_dir(config, system))}
     reference = config.systems[0]
     for system in config.systems[1:]:
@@ -218,10 +237,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=None, help="first N items of each task")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--speculation", default="auto", choices=("auto", "always", "never"),
+                        help="eyas serve --speculation of the runs with a draft (default: %(default)s)")
     args = parser.parse_args(argv)
     config = CompareConfig(lm_eval_python=args.lm_eval_python, model=args.model, systems=args.systems,
                            tasks=args.tasks, out=args.out, limit=args.limit, batch_size=args.batch_size,
-                           threads=args.threads)
+                           threads=args.threads, speculation=args.speculation)
     if not Path(config.lm_eval_python).exists():
         raise SystemExit(f"no Python at {config.lm_eval_python}: make lm-eval creates .venv-lmeval "
                          "(or pass --lm-eval-python)")
@@ -230,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     for system, run in summary["runs"].items():
         print(f"{system}: {run['command']}")
         for key, value in run.items():
-            if key.startswith("agreement_with_"):
+            if key.startswith("agreement_with_") or (key == "speculative_decoding" and value):
                 print(f"  {key}: {json.dumps(value)}")
     return 0
 
