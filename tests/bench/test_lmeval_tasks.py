@@ -7,7 +7,7 @@ import json
 import pytest
 import yaml
 
-from eyas.bench.lmeval.compare import agreement
+from eyas.bench.lmeval.compare import CompareConfig, agreement, lm_eval_command, table, tasks_for
 from eyas.bench.lmeval.tasks import (
     ADDITION_TASK,
     ENDINGS_TASK,
@@ -103,3 +103,27 @@ def test_agreement_reads_loglikelihoods_and_generations() -> None:
     assert result["same_choice"] == 1
     assert result["max_abs_loglikelihood_diff"] == pytest.approx(3.0)
     assert agreement({0: [[" 12"]], 1: [[" 7"]]}, {0: [[" 12"]], 1: [[" 8"]]}) == {"items": 2, "same_generation": 1}
+
+
+def test_runs_with_a_draft_do_the_generation_task_only(tmp_path) -> None:
+    config = CompareConfig(lm_eval_python="/venv/bin/python")
+    assert tasks_for(config, "none") == [ENDINGS_TASK, ADDITION_TASK]
+    assert tasks_for(config, "ngram") == [ADDITION_TASK]
+    command = lm_eval_command(config, "hf", "pretrained=X", tmp_path / "hf", tmp_path, [ENDINGS_TASK])
+    assert command[:3] == ["/venv/bin/python", "-m", "lm_eval"]
+    assert command[command.index("--tasks") + 1] == ENDINGS_TASK
+    assert command[command.index("--device") + 1] == "cpu"
+    with pytest.raises(ValueError, match="unknown system 'vllm'"):
+        CompareConfig(lm_eval_python="x", systems=["vllm"])
+    with pytest.raises(ValueError, match="speculation must be"):
+        CompareConfig(lm_eval_python="x", speculation="sometimes")
+
+
+def test_the_table_shows_each_metric_with_its_stderr() -> None:
+    summary = {"runs": {"hf": {"seconds": 12.5, "results": {
+        ENDINGS_TASK: {"acc,none": 0.5, "acc_stderr,none": 0.1, "acc_norm,none": 0.75},
+        ADDITION_TASK: {"exact_match,strip": 0.32, "exact_match_stderr,strip": 0.0666}}},
+        "eyas:ngram": {"seconds": 3.0, "results": {ADDITION_TASK: {"exact_match,strip": 0.32}}}}}
+    lines = table(summary).splitlines()
+    assert lines[2] == "| hf | 0.5000 ± 0.1000 | 0.7500 | 0.3200 ± 0.0666 | 12.5 |"
+    assert lines[3] == "| eyas:ngram | - | - | 0.3200 | 3.0 |"

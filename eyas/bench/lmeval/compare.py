@@ -3,7 +3,9 @@
 lm-eval lives in its own virtual environment (its pins are not eyas's); this script runs with
 eyas's Python, builds the tasks (`tasks.py`), starts `eyas serve` once per drafting method,
 points lm-eval's `local-completions` model at it, runs lm-eval's `hf` backend on the same
-weights (the GGUF, dequantized to float32 by transformers, on the CPU), and prints one table.
+weights (the GGUF, dequantized to float32 by transformers, on the CPU), and prints one table
+with how close each run's items are to the first system's. A run with a draft speculates on
+every step (`--speculation always`) and does the generation task only (`--draft-tasks`).
 
 Usage (make lm-eval does the set-up and runs the defaults):
     python -m eyas.bench.lmeval.compare --lm-eval-python .venv-lmeval/bin/python
@@ -42,7 +44,10 @@ class CompareConfig:
     limit: int | None = None
     batch_size: int = 8  # prompts per /v1/completions request, and the hf backend's batch
     threads: int | None = None  # torch threads of the server and of the hf run (None: torch's default)
-    speculation: str = "auto"  # eyas serve --speculation for runs with a draft
+    speculation: str = "always"  # eyas serve --speculation of runs with a draft: drafts on every step
+    # Runs with a draft do only these of `tasks`: a loglikelihood request asks for one token
+    # (max_tokens 1), which comes from the prefill, so drafts never run in multiple choice.
+    draft_tasks: list[str] = field(default_factory=lambda: [ADDITION_TASK])
 
     def __post_init__(self) -> None:
         for system in self.systems:
@@ -76,15 +81,20 @@ def wait_healthy(url: str, process: subprocess.Popen, timeout: float = 600.0) ->
 
 
 def lm_eval_command(config: CompareConfig, model_type: str, model_args: str, output: Path,
-                    task_dir: Path) -> list[str]:
+                    task_dir: Path, tasks: list[str]) -> list[str]:
     command = [config.lm_eval_python, "-m", "lm_eval", "--model", model_type, "--model_args", model_args,
-               "--include_path", str(task_dir), "--tasks", ",".join(config.tasks),
+               "--include_path", str(task_dir), "--tasks", ",".join(tasks),
                "--batch_size", str(config.batch_size), "--output_path", str(output), "--log_samples"]
     if model_type == "hf":
         command += ["--device", "cpu"]
     if config.limit is not None:
         command += ["--limit", str(config.limit)]
     return command
+
+
+def tasks_for(config: CompareConfig, draft: str) -> list[str]:
+    """The tasks an eyas run does: all of them without a draft, else the draft tasks among them."""
+    return config.tasks if draft == "none" else [task for task in config.tasks if task in config.draft_tasks]
 
 
 def read_results(output: Path) -> dict[str, dict[str, float]]:
@@ -132,7 +142,7 @@ def run_hf(config: CompareConfig, gguf: Path, tokenizer: Path, task_dir: Path) -
     model_args = (f"pretrained={gguf.parent},gguf_file={gguf.name},tokenizer={tokenizer},"
                   "dtype=float32")
     output = _output_dir(config, "hf")
-    command = lm_eval_command(config, "hf", model_args, output, task_dir)
+    command = lm_eval_command(config, "hf", model_args, output, task_dir, config.tasks)
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     if config.threads:
         env.update(OMP_NUM_THREADS=str(config.threads))
@@ -168,7 +178,8 @@ def run_eyas(config: CompareConfig, draft: str, tokenizer: Path, task_dir: Path)
                       f"tokenizer_backend=huggingface,tokenizer={tokenizer},num_concurrent=1,"
                       "max_retries=1,timeout=600")
         output = _output_dir(config, "eyas:" + draft)
-        command = lm_eval_command(config, "local-completions", model_args, output, task_dir)
+        command = lm_eval_command(config, "local-completions", model_args, output, task_dir,
+                                  tasks_for(config, draft))
         subprocess.run(command, check=True, env=dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1"))
         acceptance = scrape_acceptance(f"http://127.0.0.1:{port}")
     finally:
@@ -178,7 +189,10 @@ def run_eyas(config: CompareConfig, draft: str, tokenizer: Path, task_dir: Path)
 
 
 def _output_dir(config: CompareConfig, system: str) -> Path:
-    return config.out / ("hf" if system == "hf" else "eyas-" + system.split(":", 1)[1].replace(":", "_"))
+    if system == "hf":
+        return config.out / "hf"
+    draft = system.split(":", 1)[1]
+    return config.out / ("eyas-" + "".join(c if c.isalnum() or c in "-." else "_" for c in draft))
 
 
 def compare(config: CompareConfig) -> dict:
@@ -237,12 +251,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=None, help="first N items of each task")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--speculation", default="auto", choices=("auto", "always", "never"),
+    parser.add_argument("--speculation", default="always", choices=("auto", "always", "never"),
                         help="eyas serve --speculation of the runs with a draft (default: %(default)s)")
+    parser.add_argument("--draft-tasks", nargs="+", default=[ADDITION_TASK],
+                        help="the tasks runs with a draft do; multiple choice asks for one token, "
+                             "which drafts never touch (default: %(default)s)")
     args = parser.parse_args(argv)
     config = CompareConfig(lm_eval_python=args.lm_eval_python, model=args.model, systems=args.systems,
                            tasks=args.tasks, out=args.out, limit=args.limit, batch_size=args.batch_size,
-                           threads=args.threads, speculation=args.speculation)
+                           threads=args.threads, speculation=args.speculation,
+                           draft_tasks=args.draft_tasks)
     if not Path(config.lm_eval_python).exists():
         raise SystemExit(f"no Python at {config.lm_eval_python}: make lm-eval creates .venv-lmeval "
                          "(or pass --lm-eval-python)")
