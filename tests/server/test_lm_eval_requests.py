@@ -7,12 +7,18 @@ from __future__ import annotations
 
 import httpx
 import pytest
+import torch
 
 from eyas.engine.generate import generate
 from eyas.engine.sampling import SamplingParams
-from tests.server.test_openai_features import full_logprobs
 
 CONTEXT = [5, 6, 7, 8, 9] * 3
+
+
+def full_logprobs(target, ids: list[int]) -> torch.Tensor:
+    """log_softmax of one plain forward over ids [S] -> [S, V]: row p predicts ids[p + 1]."""
+    with torch.inference_mode():
+        return torch.log_softmax(target.model(torch.tensor([ids])).logits[0].float(), dim=-1)
 
 
 def lm_eval_parse(choice: dict, ctxlen: int) -> tuple[float, bool]:
