@@ -269,7 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     for system, run in summary["runs"].items():
         print(f"{system}: {run['command']}")
         for key, value in run.items():
-            if key.startswith("agreement_with_") or (key == "speculative_decoding" and value):
+            if key.startswith("agreement_with_"):
+                print(f"  {key}: {json.dumps({task: found for task, found in value.items() if found})}")
+            elif key == "speculative_decoding" and value and value.get("spec_decode_num_drafts"):
                 print(f"  {key}: {json.dumps(value)}")
     return 0
 
