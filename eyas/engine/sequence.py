@@ -19,6 +19,10 @@ class GenerationResult:
     finish_reason: str  # "stop" (EOS or stop string) or "length"
     prompt_tokens: int
     stats: dict[str, Any] = field(default_factory=dict)  # timings, speculative metrics
+    # With SamplingParams.logprobs / prompt_logprobs (engine/logprobs.py): one TokenLogprob per
+    # generated token (an EOS that ended the answer included); one per prompt token (None first)
+    logprobs: list | None = None
+    prompt_logprobs: list | None = None
 
 
 class Sequence:
