@@ -42,7 +42,7 @@ class ProposerFactory:
             self.spec = spec
             self.method = check_spec(spec)
             prototype = build_proposer(spec, target, tree=tree)
-        if prototype is not None and hasattr(prototype, "slots"):
+        if prototype is not None and hasattr(prototype, "slots") and not self.shared:
             prototype.slots = min(prototype.slots, max_slots)  # a draft cache per request
         self.prototype: Proposer | None = prototype
 
