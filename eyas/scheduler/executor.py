@@ -205,7 +205,7 @@ class StepExecutor:
         model = self.target.model
         forward_started = time.perf_counter()
         output = model(batch.input_ids, batch.positions, cache=self.pool.view(0, span),
-                       write_at=batch.write_slots, attn_mask=batch.attn_mask, kv_len=batch.kv_len,
+                       kv_len=batch.kv_len, **batch.pass_arguments(),
                        tap_layers=self.tap_layers, logits_at=None)
         hidden = output.hidden[batch.query_rows, batch.query_cols]  # [N, H]
         # A screening output layer gives each row's argmax exactly, whichever rows share the
@@ -260,8 +260,9 @@ class StepExecutor:
                 verdict = accept_sampling(tree, probs, request.generator)
             stage = "verify"
             context = request.context_length
-            self.pool.cache.compact(request.row, [context + node for node in verdict.accepted_nodes],
-                                    start=context + 1)
+            if verdict.accepted_nodes:
+                self.pool.cache.compact(request.row, [context + node for node in verdict.accepted_nodes],
+                                        start=context + 1)
             if self.pool.keep_taps and row_output.taps is not None:
                 kept = torch.tensor([0] + list(verdict.accepted_nodes), device=row_output.taps.device)
                 self.pool.write_taps(request.row, context, row_output.taps[0, kept])
