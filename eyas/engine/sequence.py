@@ -104,12 +104,3 @@ class Sequence:
         delta = text[self._emitted : safe]
         self._emitted = safe
         return delta
-
-    def result(self, stats: dict[str, Any] | None = None) -> GenerationResult:
-        return GenerationResult(
-            token_ids=list(self.output_ids),
-            text=self.text,
-            finish_reason=self.finish_reason or "length",
-            prompt_tokens=len(self.prompt_ids),
-            stats=stats or {},
-        )
