@@ -19,6 +19,10 @@ class GenerationResult:
     finish_reason: str  # "stop" (EOS or stop string) or "length"
     prompt_tokens: int
     stats: dict[str, Any] = field(default_factory=dict)  # timings, speculative metrics
+    # With SamplingParams.logprobs / prompt_logprobs (engine/logprobs.py): one TokenLogprob per
+    # generated token (an EOS that ended the answer included); one per prompt token (None first)
+    logprobs: list | None = None
+    prompt_logprobs: list | None = None
 
 
 class Sequence:
@@ -100,12 +104,3 @@ class Sequence:
         delta = text[self._emitted : safe]
         self._emitted = safe
         return delta
-
-    def result(self, stats: dict[str, Any] | None = None) -> GenerationResult:
-        return GenerationResult(
-            token_ids=list(self.output_ids),
-            text=self.text,
-            finish_reason=self.finish_reason or "length",
-            prompt_tokens=len(self.prompt_ids),
-            stats=stats or {},
-        )

@@ -1,4 +1,5 @@
-"""Continuous batching with speculative decoding across the batch (what `eyas serve` runs).
+"""Continuous batching with speculative decoding across the batch: the one engine that decodes
+every request (`eyas serve`, and with one row `eyas generate`, `eval`, `bench offline`).
 
 A request walks through these files in order:
 
@@ -13,5 +14,6 @@ executor.py     runs a StepPlan: drafts, the forward, per-row acceptance and KV 
 output.py       detokenization, stop strings, text deltas, finishing (RequestOutput events)
 loop.py         StepLoop: schedule -> run -> postprocess; overlapped with a helper thread or not
 engine.py       Engine: submit / abort / generate from any thread; runs the loop
+single.py       one request (or a fixed batch) decoded on the caller's thread: generate_one
 measure.py      python -m eyas.scheduler.measure: tokens/s against concurrency, per configuration
 """

@@ -44,7 +44,8 @@ class DecodeBatch:
     input_ids: Tensor  # [B, T] long
     positions: Tensor  # [B, T] long
     write_slots: Tensor  # [B, T] long: cache slot of each query in its own row
-    attn_mask: Tensor  # [B, T, S] bool, S = kv_len
+    attn_mask: Tensor | None  # [B, T, S] bool, S = kv_len; None: one row of one query (it
+    # sees every slot up to kv_len)
     kv_len: int
     query_rows: Tensor  # [N] long: batch row of each real query (roots and nodes, row-major)
     query_cols: Tensor  # [N] long: its column in the pass
@@ -54,11 +55,21 @@ class DecodeBatch:
     def tokens_per_row(self) -> int:
         return self.input_ids.shape[1]
 
+    def pass_arguments(self) -> dict:
+        """write_at and attn_mask for the target's forward. A pass of one row writes its
+        queries at contiguous slots (an int start, as a single-stream pass); with one query
+        as well (a plain step) it sees every slot up to kv_len and needs no mask."""
+        if self.input_ids.shape[0] > 1:
+            return {"write_at": self.write_slots, "attn_mask": self.attn_mask}
+        return {"write_at": self.kv_len - self.tokens_per_row, "attn_mask": self.attn_mask}
+
 
 def build_decode_batch(inputs: list[RowInput], device: torch.device | str = "cpu",
                        pad_id: int = 0) -> DecodeBatch:
     """`inputs` must cover rows 0..B-1 in order (idle rows included, with root None)."""
     assert [item.row for item in inputs] == list(range(len(inputs))), "rows must be 0..B-1"
+    if len(inputs) == 1 and inputs[0].size == 1:  # one plain row (single-stream): no mask
+        return one_plain_row(inputs[0], device)
     batch = len(inputs)
     length = max(max(item.size for item in inputs), 1)  # T
     contexts = torch.tensor([item.context_length for item in inputs], dtype=torch.long)  # [B]
@@ -96,3 +107,14 @@ def build_decode_batch(inputs: list[RowInput], device: torch.device | str = "cpu
         query_rows=torch.tensor(query_rows, dtype=torch.long, device=device),
         query_cols=torch.tensor(query_cols, dtype=torch.long, device=device), offsets=offsets,
     )
+
+
+def one_plain_row(item: RowInput, device: torch.device | str) -> DecodeBatch:
+    """The pass of one row holding only its root: written at slot context, seeing slots
+    [0, context] (every slot up to kv_len: no mask), as single-stream decoding runs it."""
+    context = item.context_length
+    slots = torch.tensor([[context]], dtype=torch.long, device=device)  # [1, 1]
+    zero = torch.zeros(1, dtype=torch.long, device=device)
+    return DecodeBatch(input_ids=torch.tensor([[item.root]], dtype=torch.long, device=device),
+                       positions=slots, write_slots=slots, attn_mask=None, kv_len=context + 1,
+                       query_rows=zero, query_cols=zero, offsets=[0])

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from eyas.engine.speculative.policy import PolicyConfig
 from eyas.errors import EyasError
 
-SPECULATION_MODES = ("auto", "always", "never")
+SPECULATION_MODES = ("auto", "always", "never", "timed")
 
 
 @dataclass
@@ -21,7 +22,12 @@ class EngineConfig:
     max_step_tokens: int = 512  # tokens in one step: decode rows x (1 + drafts) + prefill chunks
     prefill_chunk: int = 256  # most prompt tokens of one request prefilled per step
     num_draft_tokens: int = 4  # most draft tokens per request per step
-    speculation: str = "auto"  # auto: from measured costs | always | never
+    # auto: k per step from measured costs (speculation.py) | always | never | timed: one
+    # request at a time (max_running 1, what `eyas generate`, `eval` and `bench offline` run):
+    # its proposer sizes its own drafts (`single_stream`) and `policy` falls back to plain
+    # steps while timed speculative steps are slower per token (engine/speculative/policy.py)
+    speculation: str = "auto"
+    policy: PolicyConfig | None = None  # timed: the fallback rule (None: PolicyConfig())
     tree: str | None = None  # EAGLE-3 tree shape: auto, chain:K or DEPTH,TOPK,TOTAL
     overlap: bool = False  # schedule N+1 and postprocess N-1 while step N computes (loop.py)
     prefix_caching: bool = True  # reuse the KV rows of earlier requests' prefixes (prefix_cache.py)
@@ -45,6 +51,9 @@ class EngineConfig:
         if self.speculation not in SPECULATION_MODES:
             raise EyasError(f"unknown speculation mode '{self.speculation}'; accepted: "
                             f"{', '.join(SPECULATION_MODES)}")
+        if self.speculation == "timed" and self.max_running != 1:
+            raise EyasError(f"speculation 'timed' decodes one request at a time (max_running 1), "
+                            f"got max_running {self.max_running}")
 
     def resolved_max_model_len(self, context_length: int) -> int:
         if self.max_model_len is None:

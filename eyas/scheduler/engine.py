@@ -13,6 +13,9 @@ Usage:
     engine.run()   # instead of start(): the loop on this thread (eyas serve: the main thread,
                    # which loaded the model; see loop.py for why that is faster)
 
+One request decoded on the caller's thread (`eyas generate`, `eval`, `bench offline`) is the
+same engine with one row: eyas.scheduler.single.generate_one.
+
 Once the loop runs on its own thread, run no torch work on the thread that started it:
 start() ends that thread's idle OpenMP workers, and new ones beside the loop's would make
 every decode step 2-3x slower on a small CPU (utils/openmp.py).
@@ -31,13 +34,15 @@ from eyas.engine.logits_process import LogitsProcessor
 from eyas.engine.penalties import sampling_processors
 from eyas.engine.sampling import SamplingParams
 from eyas.engine.sequence import GenerationResult, Sequence
+from eyas.engine.speculative.policy import SpeculationPolicy
+from eyas.engine.speculative.proposers.base import Proposer
 from eyas.engine.target import Target
 from eyas.errors import EyasError
 from eyas.scheduler.config import EngineConfig
 from eyas.scheduler.executor import StepExecutor
 from eyas.scheduler.kv_pool import KVPool
 from eyas.scheduler.loop import StepLoop
-from eyas.scheduler.output import EngineObserver, OutputProcessor
+from eyas.scheduler.output import EngineObserver, OutputProcessor, generation_result
 from eyas.scheduler.prefix_cache import PrefixCache
 from eyas.scheduler.proposers import ProposerFactory
 from eyas.scheduler.request import Request, RequestOutput, RequestStatus
@@ -67,8 +72,10 @@ class RequestRejected(EyasError):
 
 
 class Engine:
-    def __init__(self, target: Target, config: EngineConfig | None = None, draft: str = "none",
-                 observer: EngineObserver | None = None) -> None:
+    def __init__(self, target: Target, config: EngineConfig | None = None,
+                 draft: str | Proposer = "none", observer: EngineObserver | None = None) -> None:
+        """draft: a --draft spec (every request gets its own copy of the proposer it builds),
+        or a proposer object, served as it is (one request at a time: speculation 'timed')."""
         self.target = target
         self.config = config = config or EngineConfig()
         self.max_model_len = config.resolved_max_model_len(target.config.context_length)
@@ -87,7 +94,8 @@ class Engine:
         self.scheduler = Scheduler(config, self.pool, self.proposers.enabled, self.costs, pooled,
                                    self.prefix_cache)
         self.executor = StepExecutor(target, self.pool, self.proposers.tap_layers, self.costs, pooled,
-                                     prefix_caching=config.prefix_caching)
+                                     prefix_caching=config.prefix_caching,
+                                     single_stream=config.speculation == "timed")
         self.faults = self.executor.faults  # per-request fault injection for tests (faults.py)
         self.outputs = OutputProcessor(self.proposers.method, observer, self.faults)
         self.observer = observer
@@ -120,6 +128,8 @@ class Engine:
                           logits_processors=sampling_processors(params, prompt_ids) + list(logits_processors))
         if request_id is not None:
             request.request_id = request_id
+        if self.config.speculation == "timed":
+            request.timing = SpeculationPolicy(self.config.policy)
         with self._wakeup:
             if self._stopping:
                 raise QueueFull("the server is shutting down", "shutting_down")
@@ -166,40 +176,37 @@ class Engine:
 
     def generate_many(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams],
                       timeout: float | None = None,
-                      logits_processors: Iterable[LogitsProcessor] = ()) -> list[GenerationResult]:
+                      logits_processors: Iterable[LogitsProcessor] | list[list[LogitsProcessor]] = ()
+                      ) -> list[GenerationResult]:
         """Submit every prompt at once (they batch together) and wait for all; `params` is one
-        SamplingParams for every prompt or one per prompt (e.g. a seed each)."""
+        SamplingParams for every prompt or one per prompt (e.g. a seed each); likewise
+        `logits_processors`: one list for every prompt, or a list of lists, one per prompt
+        (a grammar constraint holds per-request state: one each)."""
         each = params if isinstance(params, list) else [params] * len(prompts)
         processors = list(logits_processors)
-        if len(each) != len(prompts):
-            raise ValueError(f"{len(each)} sampling parameters for {len(prompts)} prompts")
+        per_prompt = (processors if processors and all(isinstance(p, (list, tuple)) for p in processors)
+                      else [processors] * len(prompts))
+        if len(each) != len(prompts) or len(per_prompt) != len(prompts):
+            raise ValueError(f"{len(each)} sampling parameters and {len(per_prompt)} processor "
+                             f"lists for {len(prompts)} prompts")
         done = [threading.Event() for _ in prompts]
-        finals: list[RequestOutput | None] = [None] * len(prompts)
-        tokens: list[list[int]] = [[] for _ in prompts]
-        texts: list[list[str]] = [[] for _ in prompts]
+        outputs: list[list[RequestOutput]] = [[] for _ in prompts]
 
         def collector(index: int) -> Callable[[RequestOutput], None]:
             def on_output(output: RequestOutput) -> None:
-                tokens[index].extend(output.token_ids)
-                texts[index].append(output.text)
+                outputs[index].append(output)
                 if output.finished:
-                    finals[index] = output
                     done[index].set()
             return on_output
 
-        for index, (prompt, request_params) in enumerate(zip(prompts, each)):
-            self.submit(prompt, request_params, collector(index),
-                        logits_processors=processors)
+        requests = [self.submit(prompt, request_params, collector(index),
+                                logits_processors=per_prompt[index])
+                    for index, (prompt, request_params) in enumerate(zip(prompts, each))]
         results = []
-        for index, event in enumerate(done):
+        for request, event, collected in zip(requests, done, outputs):
             if not event.wait(timeout):
                 raise TimeoutError("the engine did not finish in time")
-            final = finals[index]
-            stats = dict(final.timings or {})
-            if final.speculative:
-                stats["speculative"] = final.speculative
-            results.append(GenerationResult(tokens[index], "".join(texts[index]),
-                                            final.finish_reason, final.prompt_tokens, stats))
+            results.append(generation_result(request, collected))
         return results
 
     @property

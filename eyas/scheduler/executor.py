@@ -38,6 +38,7 @@ from eyas.engine.speculative.draft import DraftTree
 from eyas.engine.speculative.prune import prune_draft
 from eyas.engine.speculative.tree import node_depths
 from eyas.engine.target import Target
+from eyas.errors import EyasError
 from eyas.models.llama import ForwardOutput
 from eyas.scheduler.batch import RowInput, build_decode_batch
 from eyas.scheduler.faults import FaultInjector, InjectedFault, describe
@@ -77,10 +78,13 @@ class StepResult:
 class StepExecutor:
     def __init__(self, target: Target, pool: KVPool, tap_layers: Sequence[int] = (),
                  costs: StepCostModel | None = None, pooled: AcceptanceEstimate | None = None,
-                 prefix_caching: bool = False) -> None:
+                 prefix_caching: bool = False, single_stream: bool = False) -> None:
         self.target = target
         self.pool = pool
         self.prefix_caching = prefix_caching
+        # one request at a time (speculation "timed"): its proposer sizes its own drafts and
+        # hears each step's wall time; the request's policy times plain and speculative steps
+        self.single_stream = single_stream
         self.tap_layers = tuple(tap_layers)
         self.costs = costs
         self.pooled = pooled or AcceptanceEstimate()  # server-wide acceptance (priors of new requests)
@@ -104,10 +108,13 @@ class StepExecutor:
     # ---- decode: one pass over every running request --------------------------------
     def _decode(self, decode: list[Request], plan: StepPlan, result: StepResult) -> None:
         # 1. Drafts (bounded by what max_tokens still allows); shadow drafts on plain steps.
-        trees, asked = self._draft(decode, plan, result)
+        started = time.perf_counter()
+        trees, asked, draft_seconds = self._draft(decode, plan, result)
         decode = [request for request in decode if request.failure is None]
         if not decode:
             return
+        drafted = time.perf_counter()
+        emitted_before = len(result.emitted)
         # 2-3. One pass over every row, then acceptance row by row. Should the shared pass
         # itself fail (one row's input breaking it), each row is redone alone: only the row
         # that breaks it fails, the others get what they would have got in the batch.
@@ -121,13 +128,39 @@ class StepExecutor:
                     self._verify([request], trees, asked, result)
                 except Exception as row_error:
                     self._failed(request, "verify", row_error, result)
+        # 4. Each request's seconds: its own drafting, and the pass it waited for.
+        finished = time.perf_counter()
+        for request, emitted in result.emitted[emitted_before:]:
+            self._timed(request, trees[request.row], len(emitted), draft_seconds.get(request.row, 0.0),
+                        finished - drafted, finished - started)
 
-    def _draft(self, decode: list[Request], plan: StepPlan,
-               result: StepResult) -> tuple[dict[int, DraftTree], set[int]]:
-        """Each request's draft tree by row, and the rows whose proposer was asked for one."""
+    def _timed(self, request: Request, tree: DraftTree, emitted: int, draft_seconds: float,
+               verify_seconds: float, step_seconds: float) -> None:
+        metrics = request.spec_metrics
+        if tree.size:
+            metrics.draft_seconds += draft_seconds
+            metrics.verify_seconds += verify_seconds
+        else:
+            metrics.plain_seconds += step_seconds
+        if not self.single_stream:
+            return
+        step_clock = getattr(request.proposer, "step_seconds", None)  # EAGLE-3 sizing
+        if step_clock is not None:
+            step_clock(tree.size, step_seconds)
+        if request.timing is not None:
+            if tree.size:
+                request.timing.record_speculative(step_seconds, emitted)
+            else:
+                request.timing.record_plain(step_seconds)
+
+    def _draft(self, decode: list[Request], plan: StepPlan, result: StepResult
+               ) -> tuple[dict[int, DraftTree], set[int], dict[int, float]]:
+        """Each request's draft tree by row, the rows whose proposer was asked for one, and
+        the seconds each of those spent drafting."""
         drafting_started = time.perf_counter()
         trees: dict[int, DraftTree] = {}
         asked: set[int] = set()
+        seconds: dict[int, float] = {}
         steady = plan.max_draft_tokens + 1  # the most tokens one step emits per request
         span = max(request.row for request in decode) + 1
         for request in decode:
@@ -138,7 +171,9 @@ class StepExecutor:
                 if budget > 0 and request.proposer is not None:
                     asked.add(request.row)
                     request.shadow.clear()
+                    asked_at = time.perf_counter()
                     trees[request.row] = self._propose(request, budget, steady)
+                    seconds[request.row] = time.perf_counter() - asked_at
                 elif self._shadow_allowed(request, plan, span) and remaining > 0:
                     shadow = self._propose(request, min(plan.max_draft_tokens, remaining), steady)
                     if shadow.size:
@@ -148,7 +183,7 @@ class StepExecutor:
             except Exception as error:
                 self._failed(request, "draft", error, result)
         result.stats.draft_seconds += time.perf_counter() - drafting_started
-        return trees, asked
+        return trees, asked, seconds
 
     def _verify(self, decode: list[Request], trees: dict[int, DraftTree], asked: set[int],
                 result: StepResult) -> None:
@@ -170,7 +205,7 @@ class StepExecutor:
         model = self.target.model
         forward_started = time.perf_counter()
         output = model(batch.input_ids, batch.positions, cache=self.pool.view(0, span),
-                       write_at=batch.write_slots, attn_mask=batch.attn_mask, kv_len=batch.kv_len,
+                       kv_len=batch.kv_len, **batch.pass_arguments(),
                        tap_layers=self.tap_layers, logits_at=None)
         hidden = output.hidden[batch.query_rows, batch.query_cols]  # [N, H]
         # A screening output layer gives each row's argmax exactly, whichever rows share the
@@ -225,8 +260,9 @@ class StepExecutor:
                 verdict = accept_sampling(tree, probs, request.generator)
             stage = "verify"
             context = request.context_length
-            self.pool.cache.compact(request.row, [context + node for node in verdict.accepted_nodes],
-                                    start=context + 1)
+            if verdict.accepted_nodes:
+                self.pool.cache.compact(request.row, [context + node for node in verdict.accepted_nodes],
+                                        start=context + 1)
             if self.pool.keep_taps and row_output.taps is not None:
                 kept = torch.tensor([0] + list(verdict.accepted_nodes), device=row_output.taps.device)
                 self.pool.write_taps(request.row, context, row_output.taps[0, kept])
@@ -249,11 +285,11 @@ class StepExecutor:
 
     def _failed(self, request: Request, stage: str, error: Exception, result: StepResult) -> None:
         """This request's work raised at `stage`: it alone ends (finish_reason 'error')."""
-        if isinstance(error, InjectedFault):
+        if isinstance(error, (InjectedFault, EyasError)):  # a test's fault, a user's mistake
             log.error("%s failed at %s: %s", request.request_id, stage, error)
         else:
             log.exception("%s failed at %s; it alone ends", request.request_id, stage)
-        request.fail(stage, describe(error))
+        request.fail(stage, describe(error), error)
         result.failed.append(request)
 
     def _settle_near_ties(self, decode: list[Request], inputs: list[RowInput], offsets: list[int],
@@ -352,6 +388,8 @@ class StepExecutor:
             stats.prefix_cache_hits += request.context_length
         if request.proposer is None:
             return
+        if self.single_stream and hasattr(request.proposer, "single_stream"):
+            request.proposer.single_stream(self.target)  # priced n-grams, EAGLE-3 probes
         request.proposer.begin(self.target, request.prompt_ids, request.params)
         reused = request.context_length
         if reused and self.tap_layers:

@@ -46,6 +46,7 @@ class Failure:
 
     stage: str  # one of FAILURE_LABELS
     message: str  # "<ExceptionType>: <text>", shown to the client
+    error: BaseException | None = None  # what was raised (single-stream callers re-raise it)
 
 
 @dataclass

@@ -12,6 +12,7 @@ import logging
 import time
 from typing import Any, Protocol
 
+from eyas.engine.sequence import GenerationResult
 from eyas.scheduler.executor import StepResult, StepStats
 from eyas.scheduler.faults import FaultInjector, InjectedFault, describe
 from eyas.scheduler.request import Request, RequestOutput, RequestStatus
@@ -125,3 +126,26 @@ def logprobs_of(request: Request, before: int, taken: int) -> dict[str, Any]:
     if request.params.prompt_logprobs is not None and before == 0 and taken:
         fields["prompt_logprobs"] = list(request.prompt_logprobs)
     return fields
+
+
+def generation_result(request: Request, outputs: list[RequestOutput]) -> GenerationResult:
+    """The GenerationResult of a finished request: tokens and text from its outputs, timings
+    (ttft_s from submission, decode_s and tokens_per_s after the first token) and, with a
+    proposer, its speculative statistics."""
+    tokens = [token for output in outputs for token in output.token_ids]
+    final = outputs[-1]
+    first, done = request.first_token_time, request.finish_time
+    decode_seconds = max(done - first, 1e-9) if first is not None else 0.0
+    stats = {
+        **(final.timings or {}),
+        "ttft_s": first - request.arrival_time if first is not None else 0.0,
+        "decode_s": decode_seconds,
+        "tokens_per_s": max(len(tokens) - 1, 0) / decode_seconds if decode_seconds else 0.0,
+    }
+    if final.speculative:
+        stats["speculative"] = final.speculative
+    logprobs = ([entry for output in outputs for entry in (output.logprobs or [])]
+                if request.params.logprobs is not None else None)
+    prompt_logprobs = next((o.prompt_logprobs for o in outputs if o.prompt_logprobs is not None), None)
+    return GenerationResult(tokens, "".join(output.text for output in outputs), final.finish_reason,
+                            final.prompt_tokens, stats, logprobs, prompt_logprobs)

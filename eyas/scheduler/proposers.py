@@ -3,7 +3,9 @@
 Accepted specs: those of eyas.engine.speculative.methods (ACCEPTED there).
 The drafting methods themselves live in eyas.engine.speculative (its METHODS dict is the one
 registry): a prototype is built once (a draft model is loaded once), then every request gets a
-shallow copy, which shares the weights and keeps its own state (`begin` resets it).
+shallow copy, which shares the weights and keeps its own state (`begin` resets it). A
+proposer given as an object (single-stream decoding: `eyas.scheduler.single`) is served as it
+is, to the one request of its engine.
 `eagle3:DIR` takes its tree shape from `tree` (auto, chain:K or DEPTH,TOPK,TOTAL); the serving
 policy caps each request's tree at the step's draft budget.
 """
@@ -31,12 +33,16 @@ def check_spec(spec: str) -> str:
 
 
 class ProposerFactory:
-    def __init__(self, spec: str, target: Target, max_slots: int, tree: str | None = None) -> None:
-        name = check_spec(spec)
-        self.spec = spec
-        self.method = name
-        prototype = build_proposer(spec, target, tree=tree)
-        if prototype is not None and hasattr(prototype, "slots"):
+    def __init__(self, spec: str | Proposer, target: Target, max_slots: int, tree: str | None = None) -> None:
+        self.shared = not isinstance(spec, str)  # an object: handed out itself, not copied
+        if self.shared:
+            self.spec = self.method = getattr(spec, "name", type(spec).__name__)
+            prototype = spec
+        else:
+            self.spec = spec
+            self.method = check_spec(spec)
+            prototype = build_proposer(spec, target, tree=tree)
+        if prototype is not None and hasattr(prototype, "slots") and not self.shared:
             prototype.slots = min(prototype.slots, max_slots)  # a draft cache per request
         self.prototype: Proposer | None = prototype
 
@@ -63,4 +69,6 @@ class ProposerFactory:
         return store
 
     def new(self) -> Proposer | None:
-        return copy.copy(self.prototype) if self.prototype is not None else None
+        if self.prototype is None or self.shared:
+            return self.prototype
+        return copy.copy(self.prototype)

@@ -25,6 +25,7 @@ from eyas.engine.logprobs import TokenLogprob
 from eyas.engine.sampling import SamplingParams
 from eyas.engine.sequence import Sequence
 from eyas.engine.speculative.draft import SpecMetrics
+from eyas.engine.speculative.policy import SpeculationPolicy
 from eyas.engine.speculative.proposers.base import Proposer
 from eyas.scheduler.faults import Failure
 from eyas.scheduler.speculation import AcceptanceEstimate, ShadowDraft
@@ -93,6 +94,7 @@ class Request:
     shadow: ShadowDraft = field(default_factory=ShadowDraft)  # unverified draft (plain steps)
     proposed_through: int = 0  # len(token_ids) when the proposer was last asked
     spec_metrics: SpecMetrics = field(default_factory=SpecMetrics)
+    timing: SpeculationPolicy | None = None  # speculation "timed": its fallback rule (config.py)
     output_logprobs: list[TokenLogprob] = field(default_factory=list)  # one per token emitted
     prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)  # filled by prefill
     # ---- text level and timing (postprocess) -------------------------------------------
@@ -134,10 +136,10 @@ class Request:
     def prefill_complete_scheduled(self) -> bool:
         return self.prefill_scheduled >= self.prompt_len
 
-    def fail(self, stage: str, message: str) -> None:
+    def fail(self, stage: str, message: str, error: BaseException | None = None) -> None:
         """This request's work raised: no more steps for it (the loop finishes it 'error')."""
         if self.failure is None:
-            self.failure = Failure(stage, message)
+            self.failure = Failure(stage, message, error)
         self.token_done = True
 
     def append_tokens(self, tokens: list[int], eos_token_ids: set[int]) -> None:
@@ -154,4 +156,9 @@ class Request:
                 self.token_done = True
 
     def speculative_stats(self, method: str) -> dict[str, Any]:
-        return {"method": method, **self.spec_metrics.as_dict()}
+        """SpecMetrics, the fallbacks of its timed policy and the proposer's own statistics
+        (an EAGLE-3 tree's shape, suffix matches, ...)."""
+        if self.timing is not None:
+            self.spec_metrics.fallbacks = self.timing.fallbacks
+        own = self.proposer.stats() if hasattr(self.proposer, "stats") else {}
+        return {"method": method, **self.spec_metrics.as_dict(), **own}

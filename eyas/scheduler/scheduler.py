@@ -151,6 +151,8 @@ class Scheduler:
         most = min(self.config.num_draft_tokens, budget // len(decode) - 1)
         if most < 1:
             return 0, 0
+        if self.config.speculation == "timed":  # one request: its own policy (config.py)
+            return (most if all(r.timing.speculate_now() for r in decode) else 0), most
         if self.config.speculation == "always" or self.costs is None:
             return most, most
         rows = max(r.row for r in decode) + 1

@@ -6,7 +6,7 @@ import torch
 
 from eyas.engine.speculative.acceptance import accept_greedy
 from eyas.engine.speculative.draft import DraftTree
-from eyas.engine.speculative.tree import node_depths, tree_mask, verification_inputs
+from eyas.engine.speculative.tree import node_depths, tree_mask
 
 VOCAB = 10
 
@@ -47,9 +47,13 @@ def test_tree_mask_rows_are_ancestors_and_self():
 
 
 def test_positions_and_full_mask_include_the_context():
-    ids, positions, mask = verification_inputs(EXAMPLE, root_token=3, context_length=4)
+    from eyas.scheduler.batch import RowInput, build_decode_batch
+
+    batch = build_decode_batch([RowInput(0, 4, 3, EXAMPLE)])  # one row: the tree's own pass
+    ids, positions, mask = batch.input_ids, batch.positions, batch.attn_mask
     assert ids.tolist() == [[3, 5, 6, 7, 8, 9, 4]]
     assert positions.tolist() == [[4, 5, 5, 6, 6, 6, 7]]
+    assert batch.pass_arguments()["write_at"] == 4
     assert node_depths(EXAMPLE) == [1, 1, 2, 2, 2, 3]
     assert mask.shape == (1, 7, 11)
     assert bool(mask[0, :, :4].all())  # everyone sees the context

@@ -1,4 +1,4 @@
-"""The verifier on a real (tiny) model: KV cache after acceptance, max_tokens and EOS cuts."""
+"""Verification on a real (tiny) model: KV cache after acceptance, max_tokens and EOS cuts."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from eyas.engine.sampling import SamplingParams
 from eyas.engine.speculative.decode import speculative_generate
 from eyas.engine.speculative.draft import DraftTree
 from eyas.engine.speculative.policy import PolicyConfig
-from eyas.engine.speculative.verifier import verify
 
 NO_FALLBACK = PolicyConfig(enabled=False)
 
@@ -43,6 +42,9 @@ PROMPT = list(range(100, 112))
 
 @torch.inference_mode()
 def test_cache_after_acceptance_equals_plain_cache(tiny_target):
+    from eyas.scheduler.config import EngineConfig
+    from eyas.scheduler.engine import Engine
+
     truth = plain(tiny_target, PROMPT, 6)
     model = tiny_target.model
     # Plain cache: prompt + the first 4 generated tokens.
@@ -50,16 +52,27 @@ def test_cache_after_acceptance_equals_plain_cache(tiny_target):
     model(torch.tensor([PROMPT + truth[:4]]), cache=reference, write_at=0)
     # Speculative: prompt, then root = truth[0] with a tree where the true path is the
     # second branch: [wrong, truth1 -> truth2 -> truth3(wrong last)].
-    cache = new_cache(tiny_target, 1, 40)
-    model(torch.tensor([PROMPT]), cache=cache, write_at=0)
     wrong = (truth[1] + 1) % 1000 + 3
     draft = DraftTree(torch.tensor([wrong, truth[1], truth[2], wrong]), torch.tensor([0, 0, 2, 3]))
-    result, _ = verify(tiny_target, cache, len(PROMPT), truth[0], draft, SamplingParams(), None)
-    assert result.accepted_nodes == [2, 3]
-    assert result.emitted == truth[1:4]
+
+    class OneTree(ScriptedProposer):
+        def propose(self, token_ids, max_nodes):
+            return draft
+
+    config = EngineConfig(max_running=1, speculation="timed", policy=NO_FALLBACK, num_draft_tokens=4)
+    engine = Engine(tiny_target, config, draft=OneTree(None))
+    request = engine.submit(PROMPT, SamplingParams(max_tokens=6, ignore_eos=True))
+    engine.scheduler.add(engine._incoming.popleft())
+    engine.loop.step()  # the prefill: root = truth[0]
+    engine.loop.step()  # the tree above, verified in one pass
+    assert request.token_ids[len(PROMPT):] == truth[:4]  # root + accepted nodes 2, 3
+    assert request.spec_metrics.accepted_per_position == [1, 1, 0]
     length = len(PROMPT) + 3  # context + root + 2 accepted (truth[3] is the next root)
-    assert torch.allclose(cache.keys[:, :, :, :length], reference.keys[:, :, :, :length], atol=1e-5)
-    assert torch.allclose(cache.values[:, :, :, :length], reference.values[:, :, :, :length], atol=1e-5)
+    assert request.context_length == length
+    cache = engine.pool.cache
+    row = request.row
+    assert torch.allclose(cache.keys[:, row, :, :length], reference.keys[:, 0, :, :length], atol=1e-5)
+    assert torch.allclose(cache.values[:, row, :, :length], reference.values[:, 0, :, :length], atol=1e-5)
 
 
 def test_all_drafts_right_equals_plain_and_counts_every_acceptance(tiny_target):

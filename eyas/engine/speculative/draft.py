@@ -79,10 +79,10 @@ class SpecMetrics:
     accepted: int = 0  # draft tokens accepted
     accepted_per_position: list[int] = field(default_factory=list)  # by depth 1, 2, ...
     drafted_per_position: list[int] = field(default_factory=list)
-    draft_seconds: float = 0.0
-    verify_seconds: float = 0.0
+    draft_seconds: float = 0.0  # its proposer's own drafting, on speculative steps
+    verify_seconds: float = 0.0  # the passes of its speculative steps (a batch's whole pass)
     plain_steps: int = 0  # steps decoded without speculation (fallback)
-    plain_seconds: float = 0.0
+    plain_seconds: float = 0.0  # its plain steps, whole
     fallbacks: int = 0  # times speculation was switched off because it did not pay
 
     def record(self, tree: DraftTree, depths: list[int], result: VerifyResult) -> None:

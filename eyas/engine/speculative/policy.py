@@ -1,6 +1,7 @@
 """Never slower by design: switch speculation off for a while when it does not pay.
 
-The decode loop reports each step's wall time and emitted tokens. Plain steps measure the
+Single-stream decoding (the engine with one request, speculation "timed": scheduler/config.py)
+reports each step's wall time and emitted tokens. Plain steps measure the
 plain time per token; after every `window` speculative steps the speculative time per token is
 compared with it. Speculation that is slower falls back to plain decoding for `backoff` tokens
 (doubling, up to `max_backoff`, each time it fails again), then is tried again: acceptance

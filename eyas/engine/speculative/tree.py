@@ -32,18 +32,6 @@ def tree_mask(tree: DraftTree) -> Tensor:
     return mask
 
 
-def verification_inputs(tree: DraftTree, root_token: int, context_length: int
-                        ) -> tuple[Tensor, Tensor, Tensor]:
-    """ids [1, N+1], positions [1, N+1] and attention mask [1, N+1, context + N + 1]."""
-    ids = torch.cat([torch.tensor([root_token]), tree.tokens])[None]
-    depths = torch.tensor([0] + node_depths(tree))
-    positions = (context_length + depths)[None]
-    size = tree.size + 1
-    mask = torch.ones(1, size, context_length + size, dtype=torch.bool)
-    mask[0, :, context_length:] = tree_mask(tree)
-    return ids, positions, mask
-
-
 def children_of(tree: DraftTree) -> dict[int, list[int]]:
     """node -> its children in the order given (siblings are tried in that order)."""
     children: dict[int, list[int]] = {}

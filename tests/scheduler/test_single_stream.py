@@ -1,0 +1,122 @@
+"""Single-stream decoding is the serving engine with one row (scheduler/single.py): what it
+gives callers beyond tokens (logprobs, streamed text, timings, the timed policy's stats), its
+errors, and the engine config it runs under (tiny model)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eyas.engine.generate import generate, generate_batch
+from eyas.engine.sampling import SamplingParams
+from eyas.engine.speculative.decode import speculative_generate
+from eyas.engine.speculative.draft import DraftTree
+from eyas.engine.speculative.policy import PolicyConfig
+from eyas.errors import EyasError
+from eyas.scheduler.config import EngineConfig
+
+PROMPT = list(range(100, 112))
+
+
+class Oracle:
+    """Drafts the true continuation (known beforehand), so every step verifies a chain."""
+
+    name = "oracle"
+    tap_layers = ()
+
+    def __init__(self, truth: list[int]) -> None:
+        self.truth = truth
+        self.finished = 0
+
+    def begin(self, target, prompt_ids, params) -> None:
+        self.prompt_length = len(prompt_ids)
+
+    def propose(self, token_ids, max_nodes) -> DraftTree:
+        done = len(token_ids) - self.prompt_length
+        tokens = self.truth[done : done + max_nodes]
+        return DraftTree.chain(tokens) if tokens else DraftTree.empty()
+
+    def observe(self, tree, result, output) -> None:
+        pass
+
+    def finish(self) -> None:
+        self.finished += 1
+
+    def stats(self) -> dict:
+        return {"oracle_calls": 1}
+
+
+def test_greedy_logprobs_with_drafts_equal_plain_and_one_forward(tiny_target) -> None:
+    params = SamplingParams(max_tokens=10, ignore_eos=True, logprobs=3, prompt_logprobs=1)
+    plain = generate(tiny_target, PROMPT, params)
+    oracle = Oracle(plain.token_ids)
+    spec = speculative_generate(tiny_target, PROMPT, params, oracle, 4, policy=PolicyConfig(enabled=False))
+    assert spec.token_ids == plain.token_ids
+    assert spec.stats["speculative"]["accepted_tokens"] > 0
+    assert [e.token for e in spec.logprobs] == plain.token_ids == [e.token for e in plain.logprobs]
+    for a, b in zip(spec.logprobs, plain.logprobs):
+        assert a.logprob == pytest.approx(b.logprob, abs=1e-4)
+        assert [t for t, _ in a.top] == [t for t, _ in b.top]
+    with torch.inference_mode():  # one forward over prompt + output: row p predicts p + 1
+        ids = torch.tensor([PROMPT + plain.token_ids])
+        rows = torch.log_softmax(tiny_target.model(ids, logits_at="all").logits[0].float(), -1)
+    expected = [float(rows[len(PROMPT) - 1 + i, t]) for i, t in enumerate(plain.token_ids)]
+    assert [e.logprob for e in spec.logprobs] == pytest.approx(expected, abs=1e-4)
+    assert spec.prompt_logprobs[0] is None and len(spec.prompt_logprobs) == len(PROMPT)
+    assert spec.prompt_logprobs[1].logprob == pytest.approx(float(rows[0, PROMPT[1]]), abs=1e-4)
+
+
+def test_stats_streamed_text_finish_and_proposer_stats(tiny_target) -> None:
+    params = SamplingParams(max_tokens=9, ignore_eos=True)
+    plain = generate(tiny_target, PROMPT, params)
+    oracle = Oracle(plain.token_ids)
+    deltas: list[str] = []
+    spec = speculative_generate(tiny_target, PROMPT, params, oracle, 4, on_text=deltas.append,
+                                policy=PolicyConfig(enabled=False))
+    assert "".join(deltas) == spec.text == plain.text
+    stats = spec.stats
+    assert stats["ttft_s"] > 0 and stats["decode_s"] > 0 and stats["tokens_per_s"] > 0
+    speculative = stats["speculative"]
+    assert speculative["method"] == "oracle" and speculative["oracle_calls"] == 1
+    assert speculative["verification_steps"] == 2  # 8 tokens after the first: 5, then 3
+    assert speculative["draft_seconds"] > 0 and speculative["verify_seconds"] > 0
+    assert speculative["fallbacks"] == 0 and speculative["plain_steps"] == 0
+    assert oracle.finished == 1  # told once that the request ended (suffix decoding's store)
+
+
+def test_timed_policy_starts_with_plain_steps(tiny_target) -> None:
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    plain = generate(tiny_target, PROMPT, params)
+    spec = speculative_generate(tiny_target, PROMPT, params, Oracle(plain.token_ids), 2)
+    assert spec.token_ids == plain.token_ids
+    assert spec.stats["speculative"]["plain_steps"] == PolicyConfig().warmup_plain_steps
+
+
+def test_errors_of_the_request_reach_the_caller(tiny_target) -> None:
+    class Broken(Oracle):
+        def begin(self, target, prompt_ids, params) -> None:
+            raise EyasError("this proposer cannot serve that target")
+
+    with pytest.raises(EyasError, match="cannot serve that target"):
+        speculative_generate(tiny_target, PROMPT, SamplingParams(max_tokens=4), Broken([]), 2)
+    with pytest.raises(EyasError, match="the prompt is empty"):
+        generate(tiny_target, [], SamplingParams(max_tokens=4))
+
+
+def test_max_tokens_is_cut_to_the_context(tiny_target) -> None:
+    context = tiny_target.config.context_length
+    result = generate(tiny_target, PROMPT, SamplingParams(max_tokens=10 * context, ignore_eos=True))
+    assert len(result.token_ids) == context - len(PROMPT) and result.finish_reason == "length"
+
+
+def test_seeded_batch_rows_follow_seed_plus_row(tiny_target) -> None:
+    params = SamplingParams(max_tokens=8, temperature=1.0, seed=11, ignore_eos=True)
+    together = generate_batch(tiny_target, [PROMPT, PROMPT[:7]], params)
+    assert together[0].token_ids == generate(tiny_target, PROMPT, params).token_ids
+    second = SamplingParams(max_tokens=8, temperature=1.0, seed=12, ignore_eos=True)
+    assert together[1].token_ids == generate(tiny_target, PROMPT[:7], second).token_ids
+
+
+def test_timed_speculation_is_one_request_at_a_time() -> None:
+    with pytest.raises(EyasError, match="max_running 1"):
+        EngineConfig(max_running=2, speculation="timed")
