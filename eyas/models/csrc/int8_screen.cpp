@@ -45,6 +45,9 @@ namespace {
 constexpr int64_t kRows = 16, kMaxHidden = 2048, kTile = 4;
 constexpr float kRelative = 8.0f / 16777216.0f, kSafety = 1.01f, kAbsolute = 1e-6f;
 
+// The screen's activation arithmetic: 8 bits (one pass) or 14 (two); the argmax is exact either way.
+int screen_bits = 14;
+
 using ScreenFn = void (*)(const int8_t*, int64_t, const uint8_t*, const uint8_t*, int64_t, const float*,
                           const float*, const float*, const float*, const int32_t*, const float*, const float*,
                           float*, float*, int64_t);
@@ -90,7 +93,43 @@ void screen_tile(const int8_t* block, int64_t quads, const uint8_t* hi, const ui
   }
 }
 
+// One 8-bit pass (screen_activation_bits() == 8): `first` holds xq + 128 (0..255 as unsigned
+// bytes; vpdpbusd does not saturate), `second` is unused. codes . (xq + 128) - 128 sum(codes)
+// = codes . xq, exact in int32 (|.| <= 255 * 127 * H < 2^31).
+template <int R>
+void screen_tile8(const int8_t* block, int64_t quads, const uint8_t* first, const uint8_t*, int64_t hidden,
+                  const float* d, const float* x_norm, const float* x_error, const float* scale,
+                  const int32_t* sums, const float* weight_error, const float* approx_norm, float* approx,
+                  float* bound, int64_t vocab) {
+  __m512i acc[R][2];  // per row: even/odd quads (independent chains)
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
+  for (int64_t k = 0; k < quads; ++k) {
+    const __m512i w = _mm512_loadu_si512(block + 64 * k);
+    for (int r = 0; r < R; ++r) {
+      int32_t q;
+      std::memcpy(&q, first + r * hidden + 4 * k, 4);
+      acc[r][k & 1] = _mm512_dpbusd_epi32(acc[r][k & 1], _mm512_set1_epi32(q), w);
+    }
+  }
+  const __m512i offset = _mm512_slli_epi32(_mm512_loadu_si512(sums), 7);
+  const __m512 s = _mm512_loadu_ps(scale), werr = _mm512_loadu_ps(weight_error);
+  const __m512 anorm = _mm512_loadu_ps(approx_norm);
+  const __m512 sign = _mm512_set1_ps(-0.0f);
+  for (int r = 0; r < R; ++r) {
+    const __m512i dot = _mm512_sub_epi32(_mm512_add_epi32(acc[r][0], acc[r][1]), offset);
+    const __m512 value = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(s, _mm512_set1_ps(d[r])));
+    __m512 b = _mm512_mul_ps(_mm512_set1_ps(x_norm[r]), werr);
+    b = _mm512_fmadd_ps(_mm512_set1_ps(x_error[r]), anorm, b);
+    b = _mm512_fmadd_ps(_mm512_andnot_ps(sign, value), _mm512_set1_ps(kRelative), b);
+    b = _mm512_fmadd_ps(b, _mm512_set1_ps(kSafety), _mm512_set1_ps(kAbsolute));
+    _mm512_storeu_ps(approx + r * vocab, value);
+    _mm512_storeu_ps(bound + r * vocab, b);
+  }
+}
+
 constexpr ScreenFn kScreenTiles[kTile + 1] = {nullptr, screen_tile<1>, screen_tile<2>, screen_tile<3>, screen_tile<4>};
+constexpr ScreenFn kScreenTiles8[kTile + 1] = {nullptr, screen_tile8<1>, screen_tile8<2>, screen_tile8<3>,
+                                               screen_tile8<4>};
 
 }  // namespace vnni
 #endif
@@ -141,18 +180,62 @@ void screen_tile(const int8_t* block, int64_t quads, const uint8_t* hi, const ui
   }
 }
 
+// One 8-bit pass: `first` holds |xq| (0..127), `second` xq (as int8). vpsignb gives each code
+// xq's sign (zero where xq is), so vpmaddubsw multiplies |xq| by sign(xq) codes: a pair sums to
+// at most 2 * 127 * 127 = 32258 < 2^15, no saturation, and the int32 sums are codes . xq, the
+// same integers as vpdpbusd above, then the same float operations.
+template <int R>
+void screen_tile8(const int8_t* block, int64_t quads, const uint8_t* first, const uint8_t* second, int64_t hidden,
+                  const float* d, const float* x_norm, const float* x_error, const float* scale,
+                  const int32_t*, const float* weight_error, const float* approx_norm, float* approx,
+                  float* bound, int64_t vocab) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int half = 0; half < 2; ++half) {
+    __m256i acc[R][2];  // per row: even/odd quads
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+    for (int64_t k = 0; k < quads; ++k) {
+      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * k + 32 * half));
+      for (int r = 0; r < R; ++r) {
+        int32_t m, q;
+        std::memcpy(&m, first + r * hidden + 4 * k, 4);
+        std::memcpy(&q, second + r * hidden + 4 * k, 4);
+        const __m256i signed_w = _mm256_sign_epi8(w, _mm256_set1_epi32(q));
+        acc[r][k & 1] = _mm256_add_epi32(acc[r][k & 1],
+                                         _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi32(m), signed_w), ones));
+      }
+    }
+    const int64_t j = 8 * half;
+    const __m256 s = _mm256_loadu_ps(scale + j), werr = _mm256_loadu_ps(weight_error + j);
+    const __m256 anorm = _mm256_loadu_ps(approx_norm + j);
+    for (int r = 0; r < R; ++r) {
+      const __m256i dot = _mm256_add_epi32(acc[r][0], acc[r][1]);
+      const __m256 value = _mm256_mul_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(s, _mm256_set1_ps(d[r])));
+      __m256 b = _mm256_mul_ps(_mm256_set1_ps(x_norm[r]), werr);
+      b = _mm256_fmadd_ps(_mm256_set1_ps(x_error[r]), anorm, b);
+      b = _mm256_fmadd_ps(_mm256_andnot_ps(sign, value), _mm256_set1_ps(kRelative), b);
+      b = _mm256_fmadd_ps(b, _mm256_set1_ps(kSafety), _mm256_set1_ps(kAbsolute));
+      _mm256_storeu_ps(approx + r * vocab + j, value);
+      _mm256_storeu_ps(bound + r * vocab + j, b);
+    }
+  }
+}
+
 constexpr ScreenFn kScreenTiles[kTile + 1] = {nullptr, screen_tile<1>, screen_tile<2>, screen_tile<3>, screen_tile<4>};
+constexpr ScreenFn kScreenTiles8[kTile + 1] = {nullptr, screen_tile8<1>, screen_tile8<2>, screen_tile8<3>,
+                                               screen_tile8<4>};
 
 }  // namespace avx2
 #endif
 
 // The selected implementation's tiles (int8dot.h), null where this build has none.
 const ScreenFn* screen_tiles() {
+  const bool eight = screen_bits == 8;
 #ifdef EYAS_VNNI
-  if (int8dot_kernel() == Int8Dot::avx512vnni) return vnni::kScreenTiles;
+  if (int8dot_kernel() == Int8Dot::avx512vnni) return eight ? vnni::kScreenTiles8 : vnni::kScreenTiles;
 #endif
 #ifdef EYAS_AVX2
-  if (int8dot_kernel() == Int8Dot::avx2) return avx2::kScreenTiles;
+  if (int8dot_kernel() == Int8Dot::avx2) return eight ? avx2::kScreenTiles8 : avx2::kScreenTiles;
 #endif
   return nullptr;
 }
@@ -188,7 +271,10 @@ void screen_into(const at::Tensor& x, const at::Tensor& packed, const at::Tensor
   const ScreenFn* tiles = screen_tiles();
   const int64_t vocab = packed.size(0) * kRows, hidden = packed.size(1) * 4, rows = x.size(0);
   const int64_t blocks = vocab / kRows;
-  // 1. Each row: 14-bit integers (hi + 64, lo + 64 as unsigned bytes), |x| and |x - x^|.
+  // 1. Each row: its integers (14 bits: hi + 64, lo + 64 as unsigned bytes; 8 bits: xq + 128
+  // for vpdpbusd, or |xq| and xq for vpmaddubsw), |x| and |x - x^|.
+  const bool eight = screen_bits == 8, biased = eight && int8dot_kernel() == Int8Dot::avx512vnni;
+  const float levels = eight ? kActivationLevels8 : kActivationLevels;
   std::vector<uint8_t> hi(rows * hidden), lo(rows * hidden);
   std::vector<float> d(rows), x_norm(rows), x_error(rows);
   const float* xp = x.data_ptr<float>();
@@ -196,14 +282,21 @@ void screen_into(const at::Tensor& x, const at::Tensor& packed, const at::Tensor
     const float* xr = xp + r * hidden;
     float amax = 0.0f;
     for (int64_t i = 0; i < hidden; ++i) amax = std::max(amax, std::fabs(xr[i]));
-    const float inverse = amax > 0.0f ? kActivationLevels / amax : 0.0f;
-    d[r] = amax / kActivationLevels;
+    const float inverse = amax > 0.0f ? levels / amax : 0.0f;
+    d[r] = amax / levels;
     double norm = 0.0, error = 0.0;
     for (int64_t i = 0; i < hidden; ++i) {
       const int32_t q = int32_t(std::nearbyint(xr[i] * inverse));
-      const int32_t h = activation_high(q), l = q - 128 * h;
-      hi[r * hidden + i] = uint8_t(h + 64);
-      lo[r * hidden + i] = uint8_t(l + 64);
+      if (!eight) {
+        const int32_t h = activation_high(q), l = q - 128 * h;
+        hi[r * hidden + i] = uint8_t(h + 64);
+        lo[r * hidden + i] = uint8_t(l + 64);
+      } else if (biased) {
+        hi[r * hidden + i] = uint8_t(q + 128);
+      } else {
+        hi[r * hidden + i] = uint8_t(std::abs(q));
+        lo[r * hidden + i] = uint8_t(int8_t(q));
+      }
       const double rest = double(xr[i]) - double(d[r]) * q;
       norm += double(xr[i]) * xr[i];
       error += rest * rest;
@@ -311,6 +404,13 @@ at::Tensor int8_screen_greedy(const at::Tensor& x_in, const at::Tensor& packed, 
     }
   });
   return approx;
+}
+
+int screen_activation_bits() { return screen_bits; }
+
+void set_screen_activation_bits(int64_t bits) {
+  TORCH_CHECK(bits == 14 || bits == 8, "int8 screen activations: 14 or 8 bits, not ", bits);
+  screen_bits = int(bits);
 }
 
 }  // namespace eyas
