@@ -138,30 +138,52 @@ def test_a_row_gets_the_same_bits_alone_and_in_any_batch(name):
         assert torch.equal(ext.int4_linear(x[5:9], packed), together[5:9])
 
 
+def eight_bit_screen_reference(x, codes, scale):
+    """csrc/int8_screen.cpp's 8-bit arithmetic in float64 and exact integers: per group g of 32
+    inputs the largest shift s_g <= cap with 2^s_g max|x_g| <= max|x|, xq = round(x *
+    (2^s_g 127 / max|x|)), T = sum_g 2^(cap - s_g) (codes . xq)_g exactly, then float32
+    float(T) * (s * D) with D = (max|x| / 127) 2^-cap. Returns that, T [R, V] and D [R, 1]."""
+    rows, hidden = x.shape
+    groups = hidden // 32
+    cap = 0
+    while cap < 7 and groups * (32 * 127 * 127 << (cap + 1)) <= 2**31 - 1:
+        cap += 1
+    amax = x.abs().amax(1, keepdim=True)  # [R, 1]
+    inverse, d = 127.0 / amax, amax / 127.0  # float32, as the kernel has them
+    grouped = x.reshape(rows, groups, 32)
+    gmax = grouped.abs().amax(-1)  # [R, G]
+    shift = torch.zeros(rows, groups, dtype=torch.int64)
+    for _ in range(cap):
+        shift += ((shift < cap) & (gmax * 2.0 ** (shift + 1).float() <= amax)).long()
+    xq = torch.round(grouped * (inverse[:, :, None] * 2.0 ** shift[:, :, None].float())).clamp(-127, 127)
+    dots = torch.einsum("rgk,vgk->rvg", xq.double(), codes.double().reshape(-1, groups, 32))  # exact
+    total = (dots * 2.0 ** (cap - shift[:, None, :]).double()).sum(-1)  # [R, V] exact integers
+    step = d * 2.0 ** -cap  # [R, 1] float32, exact
+    return total.float() * (scale[None] * step), total, step
+
+
 @IMPLEMENTATIONS
 def test_the_8bit_screen_is_the_documented_integer_arithmetic(name):
-    """8-bit activations (csrc/int8_screen.cpp): approx = float(codes . xq) * (s * d), xq =
-    round(x * (127 / max|x|)), d = max|x| / 127, in float32 with one rounding per operation."""
+    """8-bit activations (csrc/int8_screen.cpp) with a power-of-two step per group of 32 inputs:
+    the kernel's logits are eight_bit_screen_reference's bit for bit, including a T above 2^24
+    (its conversion to float rounds) and rows whose outlier shifts the other groups."""
     torch.manual_seed(4)
     weight = torch.randn(256, 1536) * 0.05
     weight[0] = 0.05 * torch.randn(1536).sign()
     weight[0, :3] *= 0.6
     scale = (weight.abs().amax(1) / 127).to(torch.bfloat16).float()
     codes = (weight / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
-    x = torch.randn(5, 1536)
-    x[1] = weight[0].sign() * 3.0  # codes . xq = 1533 * 127^2 + 3 * 127 * 76: odd, above 2^24
-    amax = x.abs().amax(1, keepdim=True)  # [R, 1]
-    xq = torch.round(x * (127.0 / amax))  # float32, as the kernel rounds it
-    exact_dot = xq.double() @ codes.double().t()  # [R, V] exact integers
-    assert exact_dot[1, 0] > 2**24 and exact_dot[1, 0].float().double() != exact_dot[1, 0]  # rounds
-    dot = exact_dot.float()  # one rounding
-    expected = dot * (scale[None] * (amax / 127.0))
+    x = torch.randn(6, 1536)
+    x[1] = weight[0].sign() * 3.0  # codes . xq = 1533 * 127^2 + 3 * 127 * 76: odd, times 2^cap
+    x[2, 7] = 60.0  # an outlier: every other group gets a finer step
+    x[3, 128:160] = 0.0  # a group of zeros
+    expected, total, step = eight_bit_screen_reference(x, codes, scale)
+    assert total[1, 0] > 2**24 and total[1, 0].float().double() != total[1, 0]  # rounds to float
+    exact = total * (scale.double()[None] * step.double())  # x^ . A_j
     with kernel(name) as ext, screen_bits(ext, 8):
         approx, bound = ext.int8_screen(x, ext.int8_screen_pack(codes), scale,
                                         codes.sum(1, dtype=torch.int32), torch.zeros(256), torch.zeros(256))
     assert torch.equal(approx, expected)
-    d = (amax / 127.0).double()  # [R, 1] in float32, as the kernel has it
-    exact = xq.double() @ (codes.double() * scale.double()[:, None]).t() * d
     assert bool(((approx.double() - exact).abs() <= bound.double()).all())  # float rounding bounded
 
 
