@@ -66,14 +66,14 @@ using ScreenFn = void (*)(const int8_t*, int64_t, const uint8_t*, const uint8_t*
                           const float*, const float*, const float*, const int32_t*, const float*, const float*,
                           float*, float*, int64_t);
 
-// A pass's 8-bit activations, rows [R, ...]: |xq| [R, H], xq [R, H] (AVX2), the sign bits of
-// xq per quad of inputs repeated over 16 lanes [R, H/4] (AVX-512), each group's exponent e_g
-// [R, G] and the row's step D [R] (x^ = D 2^e_g xq).
+// A pass's 8-bit activations, rows [R, ...]: |xq| [R, H] (AVX2), xq [R, H], each group's
+// exponent e_g [R, G], 128 sum_g 2^e_g sum(xq_g) [R] (wrapped to int32; AVX-512) and the row's
+// step D [R] (x^ = D 2^e_g xq).
 struct Eight {
   const uint8_t* magnitude;
   const int8_t* value;
-  const uint64_t* sign_mask;
   const int32_t* exponent;
+  const int32_t* correction;
   const float* step;
   int64_t hidden, quads, groups;
 };
@@ -122,28 +122,29 @@ void screen_tile(const int8_t* block, int64_t quads, const uint8_t* hi, const ui
   }
 }
 
-// 8-bit activations (screen_activation_bits() == 8, see the file's header): per row, |xq| bytes
-// broadcast as vpdpbusd's unsigned operand, the codes negated where xq < 0 (a masked vpsubb on
-// port 5, beside vpdpbusd on port 0), so the products are codes * xq; each group of 32 inputs'
-// int32 sum shifted left by its exponent into the row's total T = sum_g 2^e_g (codes . xq)_g.
+// 8-bit activations (screen_activation_bits() == 8, see the file's header): the codes made
+// unsigned on the fly (c + 128, a vpxor per 64 bytes, shared by the rows) are vpdpbusd's
+// unsigned operand and xq (-127..127) its signed one, broadcast: one instruction per row and 4
+// inputs. Each group of 32 inputs' int32 sum, shifted left by its exponent, goes into the row's
+// total; the 128 * xq terms come off at the end as one per-row integer (`correction`), so T =
+// sum_g 2^e_g (codes . xq)_g exactly (int32 arithmetic wraps, and T itself fits).
 template <int R>
 void screen_tile8(const int8_t* block, const Eight& a, int64_t r0, const float* x_norm, const float* x_error,
                   const float* scale, const float* weight_error, const float* approx_norm, float* approx,
                   float* bound, int64_t vocab) {
-  const __m512i zero = _mm512_setzero_si512();
+  const __m512i zero = _mm512_setzero_si512(), bias = _mm512_set1_epi8(char(0x80));
   __m512i total[R];
-  for (int r = 0; r < R; ++r) total[r] = zero;
+  for (int r = 0; r < R; ++r) total[r] = _mm512_sub_epi32(zero, _mm512_set1_epi32(a.correction[r0 + r]));
   for (int64_t g = 0; g < a.groups; ++g) {
     __m512i acc[R][2];  // per row: even/odd quads (independent chains)
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = zero;
     const int64_t stop = std::min(a.quads, 8 * g + 8);
     for (int64_t k = 8 * g; k < stop; ++k) {
-      const __m512i w = _mm512_loadu_si512(block + 64 * k);
+      const __m512i biased_w = _mm512_xor_si512(_mm512_loadu_si512(block + 64 * k), bias);
       for (int r = 0; r < R; ++r) {
-        int32_t m;
-        std::memcpy(&m, a.magnitude + (r0 + r) * a.hidden + 4 * k, 4);
-        const __m512i signed_w = _mm512_mask_sub_epi8(w, a.sign_mask[(r0 + r) * a.quads + k], zero, w);
-        acc[r][k & 1] = _mm512_dpbusd_epi32(acc[r][k & 1], _mm512_set1_epi32(m), signed_w);
+        int32_t q;
+        std::memcpy(&q, a.value + (r0 + r) * a.hidden + 4 * k, 4);
+        acc[r][k & 1] = _mm512_dpbusd_epi32(acc[r][k & 1], biased_w, _mm512_set1_epi32(q));
       }
     }
     for (int r = 0; r < R; ++r) {
@@ -326,8 +327,7 @@ namespace {
 struct Eighths {
   std::vector<uint8_t> magnitude;
   std::vector<int8_t> value;
-  std::vector<uint64_t> sign_mask;
-  std::vector<int32_t> exponent;
+  std::vector<int32_t> exponent, correction;
   std::vector<float> step;
   Eight view{};
 };
@@ -339,8 +339,8 @@ Eighths prepare_eight(const float* xp, int64_t rows, int64_t hidden, float* x_no
   Eighths e;
   e.magnitude.resize(rows * hidden);
   e.value.resize(rows * hidden);
-  e.sign_mask.assign(rows * quads, 0);
   e.exponent.resize(rows * groups);
+  e.correction.resize(rows);
   e.step.resize(rows);
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = xp + r * hidden;
@@ -349,6 +349,7 @@ Eighths prepare_eight(const float* xp, int64_t rows, int64_t hidden, float* x_no
     const float inverse = amax > 0.0f ? kActivationLevels8 / amax : 0.0f, d = amax / kActivationLevels8;
     e.step[r] = std::ldexp(d, -cap);
     double norm = 0.0, error = 0.0;
+    int64_t correction = 0;
     for (int64_t g = 0; g < groups; ++g) {
       const int64_t begin = 32 * g, end = std::min(hidden, begin + 32);
       float gmax = 0.0f;
@@ -358,20 +359,23 @@ Eighths prepare_eight(const float* xp, int64_t rows, int64_t hidden, float* x_no
       e.exponent[r * groups + g] = cap - shift;
       const float scaled = std::ldexp(inverse, shift);
       const double group_step = std::ldexp(double(d), -shift);
+      int64_t group_sum = 0;
       for (int64_t i = begin; i < end; ++i) {
         const int32_t q = std::clamp(int32_t(std::nearbyint(xr[i] * scaled)), -127, 127);
         e.magnitude[r * hidden + i] = uint8_t(std::abs(q));
         e.value[r * hidden + i] = int8_t(q);
-        if (q < 0) e.sign_mask[r * quads + i / 4] |= uint64_t(0x1111111111111111ULL) << (i % 4);
+        group_sum += q;
         const double rest = double(xr[i]) - group_step * q;
         norm += double(xr[i]) * xr[i];
         error += rest * rest;
       }
+      correction += 128 * group_sum * (int64_t(1) << (cap - shift));
     }
+    e.correction[r] = int32_t(uint32_t(uint64_t(correction)));  // modulo 2^32, as the kernel sums
     x_norm[r] = float(std::sqrt(norm) * (1.0 + 1e-6));  // rounded up: the bound stays a bound
     x_error[r] = float(std::sqrt(error) * (1.0 + 1e-6));
   }
-  e.view = Eight{e.magnitude.data(), e.value.data(), e.sign_mask.data(), e.exponent.data(), e.step.data(),
+  e.view = Eight{e.magnitude.data(), e.value.data(), e.exponent.data(), e.correction.data(), e.step.data(),
                  hidden, quads, groups};
   return e;
 }
