@@ -19,8 +19,11 @@
 //   8 bits (prepare_eight): xq in -127..127 with a power-of-two step per group of 32 inputs,
 //   x^ = D 2^e_g xq, so a group far below the row's largest input keeps its levels (one scale
 //   per row leaves SmolLM2's hidden states, whose few huge inputs set max|x|, so few levels that
-//   rows re-check ~1,600 candidates on average, some all 49,152); the group sums, exact int32,
-//   shift left by e_g into one integer T per logit: one pass.
+//   rows re-check ~1,600 candidates on average, some all 49,152; per group, ~60); the group
+//   sums, exact int32, shift left by e_g into one integer T per logit: one pass. vpdpbusd takes
+//   the codes made unsigned (c + 128, one vpxor per 64 weight bytes) and xq signed, and one
+//   per-row integer removes the 128 * xq terms; vpmaddubsw would saturate on that, so AVX2
+//   multiplies |xq| by the codes with xq's sign (vpsignb): the same integers.
 //
 // Error bound, for row x and vocabulary row j (W_j the float32 weights, A_j = s_j * codes_j
 // the int8 copy, x^ the rounded activations):
