@@ -35,8 +35,8 @@ def activation_passes() -> int:
 
 
 def screen_activation_passes() -> int:
-    """int8 passes per row of the output layer's screen: two for 14-bit activations (the
-    default), one for 8-bit (EYAS_SCREEN_ACTIVATIONS=8; csrc/int8_screen.cpp)."""
+    """int8 passes per row of the output layer's screen: one for 8-bit activations (the
+    default), two for 14-bit (EYAS_SCREEN_ACTIVATIONS=14; csrc/int8_screen.cpp)."""
     from eyas.models.extension import screen_activation_bits
 
     return 2 if screen_activation_bits() == 14 else 1

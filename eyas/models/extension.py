@@ -397,15 +397,15 @@ def int4_activation_bits() -> int:
     return int(choice)
 
 
-SCREEN_ACTIVATIONS = ("14", "8")
+SCREEN_ACTIVATIONS = ("8", "14")
 
 
 def screen_activation_bits() -> int:
-    """How the output layer's int8 screen (csrc/int8_screen.cpp) rounds activations: 14 bits
-    (the default: two int8 passes per row, one scale per row) or 8 bits (one pass, a
-    power-of-two step per group of 32 inputs: a wider bound, so more candidates re-checked in
+    """How the output layer's int8 screen (csrc/int8_screen.cpp) rounds activations: 8 bits
+    (the default: one int8 pass per row, a power-of-two step per group of 32 inputs) or 14
+    bits (two passes, one scale per row: a tighter bound, so fewer candidates re-checked in
     float32), from EYAS_SCREEN_ACTIVATIONS. The argmax is exact with either."""
-    choice = os.environ.get("EYAS_SCREEN_ACTIVATIONS", "14").strip() or "14"
+    choice = os.environ.get("EYAS_SCREEN_ACTIVATIONS", "8").strip() or "8"
     if choice not in SCREEN_ACTIVATIONS:
         raise ValueError(f"EYAS_SCREEN_ACTIVATIONS={choice!r}: accepted values are {', '.join(SCREEN_ACTIVATIONS)}")
     loaded = module() if enabled() else None

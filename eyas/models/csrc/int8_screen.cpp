@@ -5,9 +5,11 @@
 // Floor it chases: read bandwidth for a few rows (the int8 copy of the output layer, V x H bytes
 // plus 16 bytes per vocabulary row, read once per call: 29 MB for SmolLM2), the int8
 // multiply-add peak for many (V x H multiply-adds per row and per 8-bit pass: 8-bit activations,
-// set_screen_activation_bits(8), are one pass, 14-bit activations, the default, two). The exact
+// the default, are one pass, 14-bit ones, set_screen_activation_bits(14), two). The exact
 // re-check of candidates (int8_screen_greedy) reads a handful of float32 rows and must stay
-// small beside either: 8-bit activations widen the bound, so they re-check more candidates.
+// small beside either: 8-bit activations widen the bound, so they re-check more candidates
+// (~50 per row on SmolLM2's hidden states, against ~5 with 14 bits), for ~20% less time per
+// extra row of greedy_logits at one thread (scripts/screen-activations.py).
 //
 // Why: PyTorch's int8 kernel (`_weight_int8pack_mm`) takes bf16 activations and costs ~0.45 ms
 // per row for SmolLM2's 49152 x 576 layer on the 2-core machine, and the bound around it then
@@ -63,7 +65,7 @@ constexpr int64_t kRows = 16, kMaxHidden = 2048, kTile = 4;
 constexpr float kRelative = 8.0f / 16777216.0f, kSafety = 1.01f, kAbsolute = 1e-6f;
 
 // The screen's activation arithmetic: 8 bits (one pass) or 14 (two); the argmax is exact either way.
-int screen_bits = 14;
+int screen_bits = 8;
 
 using ScreenFn = void (*)(const int8_t*, int64_t, const uint8_t*, const uint8_t*, int64_t, const float*,
                           const float*, const float*, const float*, const int32_t*, const float*, const float*,
