@@ -4,7 +4,8 @@ A pass over T new tokens (after `context` cached ones) must at least
 - read every weight once (the int4 decoder, the output layer's int8 screen) and the KV cache:
   bytes / read bandwidth;
 - do T rows of integer multiply-adds, once per 8-bit pass of the activation arithmetic the
-  kernels ship (14-bit activations = two int8 halves, two dot products, csrc/int8dot.h):
+  kernels ship (14-bit activations = two int8 halves, two dot products, csrc/int8dot.h; the
+  output screen's own choice, csrc/int8_screen.cpp, for its multiply-adds):
   multiply-adds / integer peak (models/probe.py measures both limits).
 Its floor is the larger of the two; `eyas bench costs` prints it for each T beside the
 measured time and the % of the floor reached (floor / measured). Attention's float arithmetic,
@@ -31,6 +32,14 @@ def activation_passes() -> int:
     from eyas.models.extension import int4_activation_bits
 
     return 2 if int4_activation_bits() == 14 else 1
+
+
+def screen_activation_passes() -> int:
+    """int8 passes per row of the output layer's screen: one for 8-bit activations (the
+    default), two for 14-bit (EYAS_SCREEN_ACTIVATIONS=14; csrc/int8_screen.cpp)."""
+    from eyas.models.extension import screen_activation_bits
+
+    return 2 if screen_activation_bits() == 14 else 1
 MULTIPLY_ADD_MIX = {"avx512vnni": "vpdpbusd", "avx2": "vpmaddubsw + vpmaddwd"}
 
 
@@ -61,7 +70,8 @@ class ModelWork:
     decoder_multiply_adds: int  # per row, one 8-bit pass
     output_multiply_adds: int  # per row, one 8-bit pass
     cache_bytes_per_token: int  # keys and values of one cached token, all layers
-    passes: int  # 8-bit passes per row
+    passes: int  # 8-bit passes per row (the decoder)
+    output_passes: int = 2  # 8-bit passes per row of the output screen
 
 
 def _buffer_bytes(module: nn.Module, names: tuple[str, ...]) -> int:
@@ -98,13 +108,14 @@ def model_work(model: nn.Module) -> ModelWork:
     config = model.config
     cache_bytes = (2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim
                    * torch.empty(0, dtype=model.kv_dtype).element_size())
-    return ModelWork(decoder_bytes, output_bytes, decoder_macs, output_macs, cache_bytes, activation_passes())
+    return ModelWork(decoder_bytes, output_bytes, decoder_macs, output_macs, cache_bytes, activation_passes(),
+                     screen_activation_passes())
 
 
 def pass_work(model: nn.Module | ModelWork, rows: int, context: int) -> PassWork:
     """A greedy pass over `rows` new tokens after `context` cached ones (every row's logits)."""
     work = model if isinstance(model, ModelWork) else model_work(model)
-    macs = rows * (work.decoder_multiply_adds + work.output_multiply_adds) * work.passes
+    macs = rows * (work.decoder_multiply_adds * work.passes + work.output_multiply_adds * work.output_passes)
     return PassWork(rows, work.decoder_bytes + work.output_bytes,
                     (context + rows) * work.cache_bytes_per_token, macs)
 
@@ -140,7 +151,7 @@ def describe_work(work: ModelWork) -> str:
             f"{work.decoder_bytes / 1e6:.1f}, output screen {work.output_bytes / 1e6:.1f}) + "
             f"{work.cache_bytes_per_token / 1e3:.1f} KB of KV cache per token; a row is "
             f"{(work.decoder_multiply_adds + work.output_multiply_adds) / 1e6:.1f} M multiply-adds "
-            f"x {work.passes} int8 passes (14-bit activations)")
+            f"x {work.passes} int8 passes (14-bit activations; the output screen {work.output_passes})")
 
 
 def costs_table(verify_seconds: dict[int, float], work: ModelWork | None, limits: MachineLimits | None,

@@ -206,7 +206,7 @@ def part_floors(work: ModelWork, limits: MachineLimits, rows: int, context: int)
     """Each part's floor: max(bytes / bandwidth, multiply-adds / peak)."""
     bandwidth, peak = limits.bandwidth(), limits.peak()
     decoder = max(work.decoder_bytes / bandwidth, rows * work.decoder_multiply_adds * work.passes / peak)
-    output = max(work.output_bytes / bandwidth, rows * work.output_multiply_adds * work.passes / peak)
+    output = max(work.output_bytes / bandwidth, rows * work.output_multiply_adds * work.output_passes / peak)
     attention = (context + rows) * work.cache_bytes_per_token / bandwidth
     whole, _ = floor_seconds(pass_work(work, rows, context), limits)
     return {"step": whole, "layers": max(decoder, attention), "matmuls": decoder, "layer_rest": attention,

@@ -336,6 +336,7 @@ def module(verbose: bool = False):
         else:
             int8dot_kernel()  # EYAS_INT4_KERNEL's choice, from the first use on
             int4_activation_bits()  # and EYAS_INT4_ACTIVATIONS's
+            screen_activation_bits()  # and EYAS_SCREEN_ACTIVATIONS's
     return _module or None
 
 
@@ -393,6 +394,23 @@ def int4_activation_bits() -> int:
     loaded = module() if enabled() else None
     if loaded is not None and loaded.int4_activation_bits() != int(choice):
         loaded.set_int4_activation_bits(int(choice))
+    return int(choice)
+
+
+SCREEN_ACTIVATIONS = ("8", "14")
+
+
+def screen_activation_bits() -> int:
+    """How the output layer's int8 screen (csrc/int8_screen.cpp) rounds activations: 8 bits
+    (the default: one int8 pass per row, a power-of-two step per group of 32 inputs) or 14
+    bits (two passes, one scale per row: a tighter bound, so fewer candidates re-checked in
+    float32), from EYAS_SCREEN_ACTIVATIONS. The argmax is exact with either."""
+    choice = os.environ.get("EYAS_SCREEN_ACTIVATIONS", "8").strip() or "8"
+    if choice not in SCREEN_ACTIVATIONS:
+        raise ValueError(f"EYAS_SCREEN_ACTIVATIONS={choice!r}: accepted values are {', '.join(SCREEN_ACTIVATIONS)}")
+    loaded = module() if enabled() else None
+    if loaded is not None and loaded.screen_activation_bits() != int(choice):
+        loaded.set_screen_activation_bits(int(choice))
     return int(choice)
 
 

@@ -24,8 +24,9 @@ Each row's candidates and their exact values depend on that row alone, so a row'
 the same whichever rows share its pass (a float32 matmul's rounding depends on the row count).
 
 Two screens compute steps 1 and 2: where the extension has integer dot products (AVX512-VNNI
-or AVX2, models/extension.py int8dot_kernel), the extension's (csrc/int8_screen.cpp: 14-bit
-integer activations, integer dot products, the bound computed beside each logit in the same
+or AVX2, models/extension.py int8dot_kernel), the extension's (csrc/int8_screen.cpp: 8-bit
+integer activations with a power-of-two step per 32 inputs, or 14-bit ones per row with
+EYAS_SCREEN_ACTIVATIONS=14 (twice the integer work, fewer candidates), integer dot products, the bound computed beside each logit in the same
 pass, and step 3 in the same call: no pass over [R, V] in PyTorch); elsewhere PyTorch's int8
 kernel on bf16 activations, with the bound below and step 3 in PyTorch. Both bounds are
 rigorous, so the argmax is the same either way; only the number of candidates differs.

@@ -45,6 +45,17 @@ def kernel(name):
         ext.set_int8dot_kernel(before)
 
 
+@contextlib.contextmanager
+def screen_bits(ext, bits):
+    """Runs the block with the output screen's activations at `bits` (8 or 14), then restores them."""
+    before = ext.screen_activation_bits()
+    ext.set_screen_activation_bits(bits)
+    try:
+        yield ext
+    finally:
+        ext.set_screen_activation_bits(before)
+
+
 def reference(x, codes, scale, minimum, levels=8191):
     """The kernel's arithmetic in float64: 14-bit activations per group of 32 (x = d * xq,
     d = max|x| / 8191; 8-bit: levels 127), float16 scales and minimums, the minimum times the
@@ -127,6 +138,55 @@ def test_a_row_gets_the_same_bits_alone_and_in_any_batch(name):
         assert torch.equal(ext.int4_linear(x[5:9], packed), together[5:9])
 
 
+def eight_bit_screen_reference(x, codes, scale):
+    """csrc/int8_screen.cpp's 8-bit arithmetic in float64 and exact integers: per group g of 32
+    inputs the largest shift s_g <= cap with 2^s_g max|x_g| <= max|x|, xq = round(x *
+    (2^s_g 127 / max|x|)), T = sum_g 2^(cap - s_g) (codes . xq)_g exactly, then float32
+    float(T) * (s * D) with D = (max|x| / 127) 2^-cap. Returns that, T [R, V] and D [R, 1]."""
+    rows, hidden = x.shape
+    groups = hidden // 32
+    cap = 0
+    while cap < 7 and groups * (32 * 127 * 127 << (cap + 1)) <= 2**31 - 1:
+        cap += 1
+    amax = x.abs().amax(1, keepdim=True)  # [R, 1]
+    inverse, d = 127.0 / amax, amax / 127.0  # float32, as the kernel has them
+    grouped = x.reshape(rows, groups, 32)
+    gmax = grouped.abs().amax(-1)  # [R, G]
+    shift = torch.zeros(rows, groups, dtype=torch.int64)
+    for _ in range(cap):
+        shift += ((shift < cap) & (gmax * 2.0 ** (shift + 1).float() <= amax)).long()
+    xq = torch.round(grouped * (inverse[:, :, None] * 2.0 ** shift[:, :, None].float())).clamp(-127, 127)
+    dots = torch.einsum("rgk,vgk->rvg", xq.double(), codes.double().reshape(-1, groups, 32))  # exact
+    total = (dots * 2.0 ** (cap - shift[:, None, :]).double()).sum(-1)  # [R, V] exact integers
+    step = d * 2.0 ** -cap  # [R, 1] float32, exact
+    return total.float() * (scale[None] * step), total, step
+
+
+@IMPLEMENTATIONS
+def test_the_8bit_screen_is_the_documented_integer_arithmetic(name):
+    """8-bit activations (csrc/int8_screen.cpp) with a power-of-two step per group of 32 inputs:
+    the kernel's logits are eight_bit_screen_reference's bit for bit, including a T above 2^24
+    (its conversion to float rounds) and rows whose outlier shifts the other groups."""
+    torch.manual_seed(4)
+    weight = torch.randn(256, 1536) * 0.05
+    weight[0] = 0.05 * torch.randn(1536).sign()
+    weight[0, :3] *= 0.6
+    scale = (weight.abs().amax(1) / 127).to(torch.bfloat16).float()
+    codes = (weight / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
+    x = torch.randn(6, 1536)
+    x[1] = weight[0].sign() * 3.0  # codes . xq = 1533 * 127^2 + 3 * 127 * 76: odd, times 2^cap
+    x[2, 7] = 60.0  # an outlier: every other group gets a finer step
+    x[3, 128:160] = 0.0  # a group of zeros
+    expected, total, step = eight_bit_screen_reference(x, codes, scale)
+    assert total[1, 0] > 2**24 and total[1, 0].float().double() != total[1, 0]  # rounds to float
+    exact = total * (scale.double()[None] * step.double())  # x^ . A_j
+    with kernel(name) as ext, screen_bits(ext, 8):
+        approx, bound = ext.int8_screen(x, ext.int8_screen_pack(codes), scale,
+                                        codes.sum(1, dtype=torch.int32), torch.zeros(256), torch.zeros(256))
+    assert torch.equal(approx, expected)
+    assert bool(((approx.double() - exact).abs() <= bound.double()).all())  # float rounding bounded
+
+
 def test_avx2_and_avx512vnni_give_the_same_bits():
     """The same integers and the same float operations in the same order (int8dot.h): a CPU
     without AVX-512 decodes exactly what this one does. Shapes of SmolLM2's projections, row
@@ -148,12 +208,16 @@ def test_avx2_and_avx512vnni_give_the_same_bits():
             codes = (weight / scale.float()[:, None]).round().clamp(-127, 127).to(torch.int8)
             approx = codes.float() * scale.float()[:, None]
             x = torch.randn(6, 576)
-            screened = ext.int8_screen(x, ext.int8_screen_pack(codes), scale.float(),
-                                       codes.sum(1, dtype=torch.int32), (weight - approx).norm(dim=1),
-                                       approx.norm(dim=1))
+            x[0, 5] = 40.0  # an outlier: the other inputs of its row get few levels
             exact = x @ weight.t()
-            assert bool(((exact - screened[0]).abs() <= screened[1]).all())  # the bound holds
-            outputs[name] = results + list(screened)
+            for bits in (14, 8):
+                with screen_bits(ext, bits):
+                    screened = ext.int8_screen(x, ext.int8_screen_pack(codes), scale.float(),
+                                               codes.sum(1, dtype=torch.int32), (weight - approx).norm(dim=1),
+                                               approx.norm(dim=1))
+                assert bool(((exact - screened[0]).abs() <= screened[1]).all())  # the bound holds
+                results += list(screened)
+            outputs[name] = results
     for a, b in zip(outputs["avx512vnni"], outputs["avx2"], strict=True):
         assert torch.equal(a, b)
 

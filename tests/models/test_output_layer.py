@@ -1,5 +1,6 @@
 """The screened output layer: its argmax is the float32 argmax, whatever rows share the pass."""
 
+import contextlib
 import os
 from unittest import mock
 
@@ -7,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from eyas.models import extension
 from eyas.models.cpu_linear import TransposedLinear
 from eyas.models.output_layer import ScreenedOutputLayer
 
@@ -42,10 +44,48 @@ def test_a_row_gets_the_same_values_alone_or_in_a_batch():
     assert torch.equal(together.reshape(10, 2048), alone)
 
 
-@pytest.mark.parametrize("screen", ["model's", "pytorch"])
+@contextlib.contextmanager
+def screen_bits(layer: ScreenedOutputLayer, bits: int | None):
+    """The extension's screen with `bits`-bit activations (8 or 14) for the block; None: as is."""
+    if bits is None:
+        yield
+        return
+    if not layer.int8dot:
+        pytest.skip("no int8 dot-product kernel here: only PyTorch's screen")
+    ext = extension.module()
+    before = ext.screen_activation_bits()
+    ext.set_screen_activation_bits(bits)
+    try:
+        yield
+    finally:
+        ext.set_screen_activation_bits(before)
+
+
+@pytest.mark.parametrize("bits", [8, 14])
+def test_the_bound_holds_and_the_argmax_is_the_float64_one_on_random_logits(bits):
+    """Random weights (Gaussian, and heavy-tailed rows as trained models have) and inputs with
+    outliers: every exact logit lies in its interval and the screened argmax is the float64 one."""
+    torch.manual_seed(5)
+    weight = torch.randn(8192, 128) * 0.05
+    weight[::7] *= torch.rand(1171, 1) * 4  # rows of different norms
+    layer = layer_with(weight)
+    x = torch.randn(40, 128)
+    x[::5, 3] *= 30.0  # outlier inputs: the rest of the row gets few levels
+    x[1] = weight[17] * 20  # one clear winner
+    exact = x.double() @ weight.double().t()  # [R, V] float64
+    with screen_bits(layer, bits), torch.inference_mode():
+        approx, bound = layer.screen(x)
+        screened = layer.greedy_logits(x)
+    assert bool(((exact - approx.double()).abs() <= bound.double()).all())
+    assert torch.equal(screened.argmax(-1), exact.argmax(-1))
+    assert screened.argmax(-1)[1] == 17
+
+
+@pytest.mark.parametrize("screen", ["model's 8-bit", "model's 14-bit", "pytorch"])
 def test_the_error_bound_holds_on_smollm2_hidden_states(smollm_int4_target, mtbench_prompt_ids, screen):
-    """Both screens: the extension's (the model's, where it has an int8dot kernel) and
-    PyTorch's int8 kernel with the bound in output_layer.py (EYAS_INT4_KERNEL=torch)."""
+    """Both screens: the extension's (the model's, where it has an int8dot kernel; 8- and 14-bit
+    activations) and PyTorch's int8 kernel with the bound in output_layer.py
+    (EYAS_INT4_KERNEL=torch)."""
     model = smollm_int4_target.model
     layer = model.lm_head
     assert isinstance(layer, ScreenedOutputLayer)  # what the engine decodes with on a CPU
@@ -56,7 +96,8 @@ def test_the_error_bound_holds_on_smollm2_hidden_states(smollm_int4_target, mtbe
             layer = ScreenedOutputLayer(TransposedLinear(nn.Linear(576, 49152, bias=False)), rows=layer.weight)
         assert not layer.int8dot
     ids = torch.tensor([sum(mtbench_prompt_ids[:3], [])])
-    with torch.inference_mode():
+    bits = {"model's 8-bit": 8, "model's 14-bit": 14}.get(screen)
+    with screen_bits(layer, bits), torch.inference_mode():
         hidden = model(ids, logits_at=None).hidden[0]  # [T, H]
         exact = hidden @ layer.weight.t()
         approx, bound = layer.screen(hidden)

@@ -4,25 +4,42 @@
 //
 // Floor it chases: read bandwidth for a few rows (the int8 copy of the output layer, V x H bytes
 // plus 16 bytes per vocabulary row, read once per call: 29 MB for SmolLM2), the int8
-// multiply-add peak for many (V x H multiply-adds per row and per 8-bit pass; 14-bit activations
-// are two). The exact re-check of candidates (int8_screen_greedy) reads a handful of float32
-// rows and must stay small beside either.
+// multiply-add peak for many (V x H multiply-adds per row and per 8-bit pass: 8-bit activations,
+// the default, are one pass, 14-bit ones, set_screen_activation_bits(14), two). The exact
+// re-check of candidates (int8_screen_greedy) reads a handful of float32 rows and must stay
+// small beside either: 8-bit activations widen the bound, so they re-check more candidates
+// (~50 per row on SmolLM2's hidden states, against ~5 with 14 bits), for ~20% less time per
+// extra row of greedy_logits at one thread (scripts/screen-activations.py).
 //
 // Why: PyTorch's int8 kernel (`_weight_int8pack_mm`) takes bf16 activations and costs ~0.45 ms
 // per row for SmolLM2's 49152 x 576 layer on the 2-core machine, and the bound around it then
-// takes several passes over [R, V] in PyTorch. Here each row of activations becomes 14-bit
-// integers with one scale (int8dot.h: xq = round(x / d), d = max|x| / 8191, split as 128 * hi + lo
-// with hi, lo in -64..64, as in int4_gemm.cpp) and multiplies the int8 codes with vpdpbusd (or
-// vpmaddubsw + vpmaddwd); the bound is computed beside each logit.
+// takes several passes over [R, V] in PyTorch. Here each row of activations becomes integers and
+// multiplies the int8 codes with vpdpbusd (or vpmaddubsw + vpmaddwd); the bound is computed
+// beside each logit.
+//   14 bits (int8dot.h): one scale per row, xq = round(x / d), d = max|x| / 8191, split as
+//   128 * hi + lo with hi, lo in -64..64 (as in int4_gemm.cpp): two passes.
+//   8 bits (prepare_eight): xq in -127..127 with a power-of-two step per group of 32 inputs,
+//   x^ = D 2^e_g xq, so a group far below the row's largest input keeps its levels (one scale
+//   per row leaves SmolLM2's hidden states, whose few huge inputs set max|x|, so few levels that
+//   rows re-check ~1,600 candidates on average, some all 49,152; per group, ~60); the group
+//   sums, exact int32, shift left by e_g into one integer T per logit: one pass. vpdpbusd takes
+//   the codes made unsigned (c + 128, one vpxor per 64 weight bytes) and xq signed, and one
+//   per-row integer removes the 128 * xq terms; vpmaddubsw would saturate on that, so AVX2
+//   multiplies |xq| by the codes with xq's sign (vpsignb): the same integers.
 //
 // Error bound, for row x and vocabulary row j (W_j the float32 weights, A_j = s_j * codes_j
-// the int8 copy, x^ = d * xq):
+// the int8 copy, x^ the rounded activations):
 //   x . W_j - approx_j = x . (W_j - A_j) + (x - x^) . A_j + (x^ . A_j - approx_j)
 //   |x . (W_j - A_j)| <= |x| |W_j - A_j|            (Cauchy-Schwarz; weight_error)
-//   |(x - x^) . A_j|  <= |x - x^| |A_j|              (the row's rounding error; approx_norm)
-//   |x^ . A_j - approx_j| <= 8 u |approx_j| (u = 2^-24): the integer dot product is exact,
-//   its conversion to float is exact while |codes . (hi + 64)| < 2^24 (H <= 2048), then three
-//   float roundings (128 * hi-part + lo-part, d * s_j, the product).
+//   |(x - x^) . A_j|  <= |x - x^| |A_j|              (the row's rounding error, in float64 from
+//                        the integers actually used; approx_norm). The term that 8 bits grow.
+//   |x^ . A_j - approx_j| <= 8 u |approx_j| (u = 2^-24): the integer dot products are exact.
+//   14 bits: the conversions of the two parts are exact while |codes . (hi + 64)| < 2^24
+//   (H <= 2048), then three float roundings (128 * hi-part + lo-part, d * s_j, the product).
+//   8 bits: x^ . A_j = D s_j T, |T| <= G 2^cap 32 * 127^2 < 2^31 (cap, prepare_eight), and
+//   approx_j = fl(fl(float(T)) * fl(s_j * D)): float(T) is exact only while |T| < 2^24, which
+//   the shifts exceed, but it is one rounding relative to T itself, so three relative roundings
+//   in all, whatever H: (1 + u)^3 / (1 - u)^3 - 1 < 8 u.
 // The sum is scaled by 1.01 (the bound's own rounding) plus 1e-6, as in output_layer.py.
 //
 // Layout (int8_screen_pack): int8 [V/16, H/4, 64]; in a block of 16 vocabulary rows, the 64
@@ -34,6 +51,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <climits>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -45,9 +64,27 @@ namespace {
 constexpr int64_t kRows = 16, kMaxHidden = 2048, kTile = 4;
 constexpr float kRelative = 8.0f / 16777216.0f, kSafety = 1.01f, kAbsolute = 1e-6f;
 
+// The screen's activation arithmetic: 8 bits (one pass) or 14 (two); the argmax is exact either way.
+int screen_bits = 8;
+
 using ScreenFn = void (*)(const int8_t*, int64_t, const uint8_t*, const uint8_t*, int64_t, const float*,
                           const float*, const float*, const float*, const int32_t*, const float*, const float*,
                           float*, float*, int64_t);
+
+// A pass's 8-bit activations, rows [R, ...]: |xq| [R, H] (AVX2), xq [R, H], each group's
+// exponent e_g [R, G], 128 sum_g 2^e_g sum(xq_g) [R] (wrapped to int32; AVX-512) and the row's
+// step D [R] (x^ = D 2^e_g xq).
+struct Eight {
+  const uint8_t* magnitude;
+  const int8_t* value;
+  const int32_t* exponent;
+  const int32_t* correction;
+  const float* step;
+  int64_t hidden, quads, groups;
+};
+
+using Screen8Fn = void (*)(const int8_t*, const Eight&, int64_t, const float*, const float*, const float*,
+                           const float*, const float*, float*, float*, int64_t);
 
 #ifdef EYAS_VNNI
 namespace vnni {
@@ -90,7 +127,53 @@ void screen_tile(const int8_t* block, int64_t quads, const uint8_t* hi, const ui
   }
 }
 
+// 8-bit activations (screen_activation_bits() == 8, see the file's header): the codes made
+// unsigned on the fly (c + 128, a vpxor per 64 bytes, shared by the rows) are vpdpbusd's
+// unsigned operand and xq (-127..127) its signed one, broadcast: one instruction per row and 4
+// inputs. Each group of 32 inputs' int32 sum, shifted left by its exponent, goes into the row's
+// total; the 128 * xq terms come off at the end as one per-row integer (`correction`), so T =
+// sum_g 2^e_g (codes . xq)_g exactly (int32 arithmetic wraps, and T itself fits).
+template <int R>
+void screen_tile8(const int8_t* block, const Eight& a, int64_t r0, const float* x_norm, const float* x_error,
+                  const float* scale, const float* weight_error, const float* approx_norm, float* approx,
+                  float* bound, int64_t vocab) {
+  const __m512i zero = _mm512_setzero_si512(), bias = _mm512_set1_epi8(char(0x80));
+  __m512i total[R];
+  for (int r = 0; r < R; ++r) total[r] = _mm512_sub_epi32(zero, _mm512_set1_epi32(a.correction[r0 + r]));
+  for (int64_t g = 0; g < a.groups; ++g) {
+    __m512i acc[R][2];  // per row: even/odd quads (independent chains)
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = zero;
+    const int64_t stop = std::min(a.quads, 8 * g + 8);
+    for (int64_t k = 8 * g; k < stop; ++k) {
+      const __m512i biased_w = _mm512_xor_si512(_mm512_loadu_si512(block + 64 * k), bias);
+      for (int r = 0; r < R; ++r) {
+        int32_t q;
+        std::memcpy(&q, a.value + (r0 + r) * a.hidden + 4 * k, 4);
+        acc[r][k & 1] = _mm512_dpbusd_epi32(acc[r][k & 1], biased_w, _mm512_set1_epi32(q));
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m128i e = _mm_cvtsi32_si128(a.exponent[(r0 + r) * a.groups + g]);
+      total[r] = _mm512_add_epi32(total[r], _mm512_sll_epi32(_mm512_add_epi32(acc[r][0], acc[r][1]), e));
+    }
+  }
+  const __m512 s = _mm512_loadu_ps(scale), werr = _mm512_loadu_ps(weight_error);
+  const __m512 anorm = _mm512_loadu_ps(approx_norm);
+  const __m512 sign = _mm512_set1_ps(-0.0f);
+  for (int r = 0; r < R; ++r) {
+    const __m512 value = _mm512_mul_ps(_mm512_cvtepi32_ps(total[r]), _mm512_mul_ps(s, _mm512_set1_ps(a.step[r0 + r])));
+    __m512 b = _mm512_mul_ps(_mm512_set1_ps(x_norm[r]), werr);
+    b = _mm512_fmadd_ps(_mm512_set1_ps(x_error[r]), anorm, b);
+    b = _mm512_fmadd_ps(_mm512_andnot_ps(sign, value), _mm512_set1_ps(kRelative), b);
+    b = _mm512_fmadd_ps(b, _mm512_set1_ps(kSafety), _mm512_set1_ps(kAbsolute));
+    _mm512_storeu_ps(approx + r * vocab, value);
+    _mm512_storeu_ps(bound + r * vocab, b);
+  }
+}
+
 constexpr ScreenFn kScreenTiles[kTile + 1] = {nullptr, screen_tile<1>, screen_tile<2>, screen_tile<3>, screen_tile<4>};
+constexpr Screen8Fn kScreenTiles8[kTile + 1] = {nullptr, screen_tile8<1>, screen_tile8<2>, screen_tile8<3>,
+                                                screen_tile8<4>};
 
 }  // namespace vnni
 #endif
@@ -141,7 +224,58 @@ void screen_tile(const int8_t* block, int64_t quads, const uint8_t* hi, const ui
   }
 }
 
+// 8-bit activations on 256-bit registers: vpsignb gives each code xq's sign (zero where xq is),
+// vpmaddubsw multiplies |xq| (at most 127) by it: a pair sums to at most 2 * 127 * 127 = 32258 <
+// 2^15, no saturation, so the group sums and T are the same integers as vpdpbusd's above (int32
+// arithmetic wraps alike), then the same float operations.
+template <int R>
+void screen_tile8(const int8_t* block, const Eight& a, int64_t r0, const float* x_norm, const float* x_error,
+                  const float* scale, const float* weight_error, const float* approx_norm, float* approx,
+                  float* bound, int64_t vocab) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int half = 0; half < 2; ++half) {
+    __m256i total[R];
+    for (int r = 0; r < R; ++r) total[r] = _mm256_setzero_si256();
+    for (int64_t g = 0; g < a.groups; ++g) {
+      __m256i acc[R][2];  // per row: even/odd quads
+      for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+      const int64_t stop = std::min(a.quads, 8 * g + 8);
+      for (int64_t k = 8 * g; k < stop; ++k) {
+        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * k + 32 * half));
+        for (int r = 0; r < R; ++r) {
+          int32_t m, q;
+          std::memcpy(&m, a.magnitude + (r0 + r) * a.hidden + 4 * k, 4);
+          std::memcpy(&q, a.value + (r0 + r) * a.hidden + 4 * k, 4);
+          const __m256i signed_w = _mm256_sign_epi8(w, _mm256_set1_epi32(q));
+          acc[r][k & 1] = _mm256_add_epi32(
+              acc[r][k & 1], _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi32(m), signed_w), ones));
+        }
+      }
+      for (int r = 0; r < R; ++r) {
+        const __m128i e = _mm_cvtsi32_si128(a.exponent[(r0 + r) * a.groups + g]);
+        total[r] = _mm256_add_epi32(total[r], _mm256_sll_epi32(_mm256_add_epi32(acc[r][0], acc[r][1]), e));
+      }
+    }
+    const int64_t j = 8 * half;
+    const __m256 s = _mm256_loadu_ps(scale + j), werr = _mm256_loadu_ps(weight_error + j);
+    const __m256 anorm = _mm256_loadu_ps(approx_norm + j);
+    for (int r = 0; r < R; ++r) {
+      const __m256 value =
+          _mm256_mul_ps(_mm256_cvtepi32_ps(total[r]), _mm256_mul_ps(s, _mm256_set1_ps(a.step[r0 + r])));
+      __m256 b = _mm256_mul_ps(_mm256_set1_ps(x_norm[r]), werr);
+      b = _mm256_fmadd_ps(_mm256_set1_ps(x_error[r]), anorm, b);
+      b = _mm256_fmadd_ps(_mm256_andnot_ps(sign, value), _mm256_set1_ps(kRelative), b);
+      b = _mm256_fmadd_ps(b, _mm256_set1_ps(kSafety), _mm256_set1_ps(kAbsolute));
+      _mm256_storeu_ps(approx + r * vocab + j, value);
+      _mm256_storeu_ps(bound + r * vocab + j, b);
+    }
+  }
+}
+
 constexpr ScreenFn kScreenTiles[kTile + 1] = {nullptr, screen_tile<1>, screen_tile<2>, screen_tile<3>, screen_tile<4>};
+constexpr Screen8Fn kScreenTiles8[kTile + 1] = {nullptr, screen_tile8<1>, screen_tile8<2>, screen_tile8<3>,
+                                                screen_tile8<4>};
 
 }  // namespace avx2
 #endif
@@ -153,6 +287,16 @@ const ScreenFn* screen_tiles() {
 #endif
 #ifdef EYAS_AVX2
   if (int8dot_kernel() == Int8Dot::avx2) return avx2::kScreenTiles;
+#endif
+  return nullptr;
+}
+
+const Screen8Fn* screen_tiles8() {
+#ifdef EYAS_VNNI
+  if (int8dot_kernel() == Int8Dot::avx512vnni) return vnni::kScreenTiles8;
+#endif
+#ifdef EYAS_AVX2
+  if (int8dot_kernel() == Int8Dot::avx2) return avx2::kScreenTiles8;
 #endif
   return nullptr;
 }
@@ -180,19 +324,85 @@ at::Tensor int8_screen_pack(const at::Tensor& codes_in) {
 
 namespace {
 
+// The 8-bit activations of x [R, H] (the file's header): per group of 32 inputs an exponent
+// e_g = cap - s_g, where s_g (0..cap) is the largest with 2^s_g max|x_g| <= max|x|, so that
+// xq = round(x 2^s_g 127 / max|x|) in -127..127 uses the group's range; x^ = D 2^e_g xq with D =
+// (max|x| / 127) 2^-cap. cap keeps T = sum_g 2^e_g (codes . xq)_g within int32: G 2^cap 32 127^2
+// < 2^31 (7 for H <= 1152, 6 up to 2048). Also |x| and |x - x^| (float64, rounded up).
+struct Eighths {
+  std::vector<uint8_t> magnitude;
+  std::vector<int8_t> value;
+  std::vector<int32_t> exponent, correction;
+  std::vector<float> step;
+  Eight view{};
+};
+
+Eighths prepare_eight(const float* xp, int64_t rows, int64_t hidden, float* x_norm, float* x_error) {
+  const int64_t quads = hidden / 4, groups = (hidden + 31) / 32;
+  int cap = 0;
+  while (cap < 7 && groups * (int64_t(32 * 127 * 127) << (cap + 1)) <= int64_t(INT32_MAX)) ++cap;
+  Eighths e;
+  e.magnitude.resize(rows * hidden);
+  e.value.resize(rows * hidden);
+  e.exponent.resize(rows * groups);
+  e.correction.resize(rows);
+  e.step.resize(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = xp + r * hidden;
+    float amax = 0.0f;
+    for (int64_t i = 0; i < hidden; ++i) amax = std::max(amax, std::fabs(xr[i]));
+    const float inverse = amax > 0.0f ? kActivationLevels8 / amax : 0.0f, d = amax / kActivationLevels8;
+    e.step[r] = std::ldexp(d, -cap);
+    double norm = 0.0, error = 0.0;
+    int64_t correction = 0;
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t begin = 32 * g, end = std::min(hidden, begin + 32);
+      float gmax = 0.0f;
+      for (int64_t i = begin; i < end; ++i) gmax = std::max(gmax, std::fabs(xr[i]));
+      int shift = 0;
+      while (shift < cap && amax > 0.0f && std::ldexp(gmax, shift + 1) <= amax) ++shift;
+      e.exponent[r * groups + g] = cap - shift;
+      const float scaled = std::ldexp(inverse, shift);
+      const double group_step = std::ldexp(double(d), -shift);
+      int64_t group_sum = 0;
+      for (int64_t i = begin; i < end; ++i) {
+        const int32_t q = std::clamp(int32_t(std::nearbyint(xr[i] * scaled)), -127, 127);
+        e.magnitude[r * hidden + i] = uint8_t(std::abs(q));
+        e.value[r * hidden + i] = int8_t(q);
+        group_sum += q;
+        const double rest = double(xr[i]) - group_step * q;
+        norm += double(xr[i]) * xr[i];
+        error += rest * rest;
+      }
+      correction += 128 * group_sum * (int64_t(1) << (cap - shift));
+    }
+    e.correction[r] = int32_t(uint32_t(uint64_t(correction)));  // modulo 2^32, as the kernel sums
+    x_norm[r] = float(std::sqrt(norm) * (1.0 + 1e-6));  // rounded up: the bound stays a bound
+    x_error[r] = float(std::sqrt(error) * (1.0 + 1e-6));
+  }
+  e.view = Eight{e.magnitude.data(), e.value.data(), e.exponent.data(), e.correction.data(), e.step.data(),
+                 hidden, quads, groups};
+  return e;
+}
+
 // The screen of x [R, H] into approx and bound [R, V]; with `block_max` (float [2, R, V/16]), also
 // each block's max(approx - bound) (plane 0) and max(approx + bound) (plane 1) for each row.
 void screen_into(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, const at::Tensor& sums,
                  const at::Tensor& weight_error, const at::Tensor& approx_norm, at::Tensor& approx,
                  at::Tensor& bound, float* block_max) {
   const ScreenFn* tiles = screen_tiles();
+  const Screen8Fn* tiles8 = screen_tiles8();
   const int64_t vocab = packed.size(0) * kRows, hidden = packed.size(1) * 4, rows = x.size(0);
   const int64_t blocks = vocab / kRows;
-  // 1. Each row: 14-bit integers (hi + 64, lo + 64 as unsigned bytes), |x| and |x - x^|.
-  std::vector<uint8_t> hi(rows * hidden), lo(rows * hidden);
+  // 1. Each row: its integers (14 bits: hi + 64, lo + 64 as unsigned bytes; 8 bits: Eighths),
+  // |x| and |x - x^|.
+  const bool eight = screen_bits == 8;
+  std::vector<uint8_t> hi(rows * hidden), lo(eight ? 0 : rows * hidden);
   std::vector<float> d(rows), x_norm(rows), x_error(rows);
+  Eighths e;
   const float* xp = x.data_ptr<float>();
-  for (int64_t r = 0; r < rows; ++r) {
+  if (eight) e = prepare_eight(xp, rows, hidden, x_norm.data(), x_error.data());
+  for (int64_t r = 0; r < rows && !eight; ++r) {
     const float* xr = xp + r * hidden;
     float amax = 0.0f;
     for (int64_t i = 0; i < hidden; ++i) amax = std::max(amax, std::fabs(xr[i]));
@@ -221,6 +431,12 @@ void screen_into(const at::Tensor& x, const at::Tensor& packed, const at::Tensor
       const int64_t j = block * kRows;
       for (int64_t r = 0; r < rows; r += kTile) {
         const int64_t n = std::min(kTile, rows - r);
+        if (eight) {
+          tiles8[n](weights + block * quads * 64, e.view, r, x_norm.data() + r, x_error.data() + r,
+                    scale.data_ptr<float>() + j, weight_error.data_ptr<float>() + j,
+                    approx_norm.data_ptr<float>() + j, ap + r * vocab + j, bp + r * vocab + j, vocab);
+          continue;
+        }
         tiles[n](weights + block * quads * 64, quads, hi.data() + r * hidden, lo.data() + r * hidden, hidden,
                         d.data() + r, x_norm.data() + r, x_error.data() + r, scale.data_ptr<float>() + j,
                         sums.data_ptr<int32_t>() + j, weight_error.data_ptr<float>() + j,
@@ -311,6 +527,13 @@ at::Tensor int8_screen_greedy(const at::Tensor& x_in, const at::Tensor& packed, 
     }
   });
   return approx;
+}
+
+int screen_activation_bits() { return screen_bits; }
+
+void set_screen_activation_bits(int64_t bits) {
+  TORCH_CHECK(bits == 14 || bits == 8, "int8 screen activations: 14 or 8 bits, not ", bits);
+  screen_bits = int(bits);
 }
 
 }  // namespace eyas

@@ -29,4 +29,9 @@ at::Tensor int8_screen_greedy(const at::Tensor& x, const at::Tensor& packed, con
                               const at::Tensor& sums, const at::Tensor& weight_error,
                               const at::Tensor& approx_norm, const at::Tensor& weight);
 
+// The screen's activation arithmetic: 8 bits (one integer pass, the default) or 14 bits (two
+// passes, a tighter bound: fewer candidates). The argmax is exact with either.
+int screen_activation_bits();
+void set_screen_activation_bits(int64_t bits);
+
 }  // namespace eyas
