@@ -82,6 +82,7 @@ class Int4Cache:
     folder: Path
     source: str  # what the folder was made from, for messages
     name: str = ""  # the source name (folders of other keys are '<name>-<key>' beside it)
+    weights: str = "int4"  # what the cache holds: int4 or int8 decoder layers
 
     @classmethod
     def for_source(cls, files: list[Path], name: str, group_size: int,
@@ -94,7 +95,8 @@ class Int4Cache:
         key = hashlib.sha256(key_text.encode()).hexdigest()[:16]
         root = root if root is not None else cache_dir() / weights
         name = name if weights == "int4" else f"{name}-{weights}"  # apart from int4's, in any root
-        return cls(folder=root / f"{name}-{key}", source=", ".join(str(f) for f in files), name=name)
+        return cls(folder=root / f"{name}-{key}", source=", ".join(str(f) for f in files), name=name,
+                   weights=weights)
 
     def load(self) -> dict[str, Tensor] | None:
         """The cached tensors, memory-mapped; None when there is no cache or it is damaged
@@ -108,7 +110,7 @@ class Int4Cache:
             self.folder.touch()  # last used: what `prune` keeps
             return tensors
         except EyasError as error:
-            print(f"[eyas] the int4 cache {self.folder} is damaged ({error}); rebuilding it from "
+            print(f"[eyas] the {self.weights} cache {self.folder} is damaged ({error}); rebuilding it from "
                   f"{self.source}", file=sys.stderr, flush=True)
             return None
 
