@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from random_checkpoints import write_llama_folder
+from spec_checks import assert_greedy_equals_plain
 
 from eyas.models import extension
 from eyas.models.config import ModelConfig
@@ -129,6 +130,27 @@ def test_a_damaged_int8_cache_is_rebuilt_with_a_message(tmp_path, capsys):
     assert "int8 cache" in err and "damaged" in err and "rebuilding" in err
     for name, tensor in reference.state_dict().items():
         assert torch.equal(tensor, rebuilt.state_dict()[name]), name
+
+
+def test_int8_speculative_equals_int8_plain(mtbench_prompt_ids):
+    """The Python layers of an int8 model round each row's activations to integers: its
+    attention runs in float64 (as unfused int4), so a verification pass gives each row the
+    bits of a one-token step and speculation stays token-identical."""
+    from eyas.engine.generate import SamplingParams, generate
+    from eyas.engine.speculative.proposers.draft_model import DraftModelProposer
+    from eyas.engine.speculative.proposers.ngram import NgramConfig, NgramProposer
+    from eyas.engine.target import load_target
+
+    target = load_target("smollm2-135m", dtype="int8")
+    assert target.precision == "int8" and target.kv_dtype == torch.float64
+    prompts = mtbench_prompt_ids[:2]
+    params = SamplingParams(max_tokens=32)
+    expected = [generate(target, prompt, params).token_ids for prompt in prompts]
+    tree = NgramProposer(NgramConfig(max_n=3, min_n=1, max_matches=3))
+    assert_greedy_equals_plain(target, prompts, tree, 6, 32, expected)
+    totals = assert_greedy_equals_plain(target, prompts, DraftModelProposer(target, name="self"), 4, 32,
+                                        expected)
+    assert totals["accepted_tokens"] == totals["draft_tokens"] > 0
 
 
 @pytest.mark.slow
