@@ -6,13 +6,13 @@ WeightSource (models/weight_source.py: safetensors or GGUF, one tensor read at a
 - float32 / bfloat16 / float16: each layer's tensors are read, converted and assigned: peak
   memory is the model plus one layer.
 - int4 (and int8, the same way with Int8Linear): each layer's tensors are read as float32,
-  quantized at once to Int4Linear (the kernel's packed layout) and the float copies dropped: peak memory is the int4 model, its float
-  embedding and output layer, and one float32 layer. A GGUF with an untied output layer keeps
-  both in the file instead (rows dequantized when read: models/source_embedding.py), and the
-  output layer's int8 screen (models/output_layer.py) is built a block of rows at a time and
-  cached with the decoder. The packed layers are then written to the
-  quantized-model cache (models/int4_cache.py: one folder per model and precision); a later
-  load maps that file and quantizes nothing.
+  quantized at once to Int4Linear (the kernel's packed layout) and the float copies dropped:
+  peak memory is the int4 model, its float embedding and output layer, and one float32 layer.
+  A GGUF with an untied output layer keeps both in the file instead (rows dequantized when
+  read: models/source_embedding.py), and the output layer's int8 screen (models/output_layer.py)
+  is built a block of rows at a time and cached with the decoder. The packed layers are then
+  written to the quantized-model cache (models/int4_cache.py: one folder per model and
+  precision); a later load maps that file and quantizes nothing.
 
 Usage:
     model = load_layerwise(config, open_weights(folder), "int4", torch.device("cpu"), name="smollm2")
