@@ -21,7 +21,7 @@ Examples:
 
 `offline` runs MT-Bench first turns (or the code set) single-stream through each system in one
 run, interleaved prompt by prompt, and prints tokens/s and the ratio to transformers `generate`.
-Systems: eyas[:PRECISION[+DRAFT]] (precision auto, float32, bfloat16, int4; DRAFT as in
+Systems: eyas[:PRECISION[+DRAFT]] (precision auto, float32, bfloat16, int4, int8; DRAFT as in
 `eyas generate --draft`, e.g. eyas:float32+ngram), hf (transformers generate, float32),
 hf-lookup (its prompt lookup decoding), hf-assisted:DRAFT (its assisted generation with DRAFT,
 an alias or a path to a model with the target's tokenizer, as the assistant; the only such pair

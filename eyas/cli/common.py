@@ -13,8 +13,9 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                         help="alias (smollm2-135m), Hugging Face folder, or .gguf file "
                              "(default: %(default)s)")
     parser.add_argument("--dtype", default="auto", choices=PRECISIONS,
-                        help="precision; auto = int4 for a GGUF of <= 6 bits on CPU, else float32 on CPU, "
-                             "bfloat16 on CUDA (default: %(default)s)")
+                        help="precision; auto on CPU = int4 for a GGUF of <= 6 bits, int8 for a GGUF of "
+                             "more (Q8_0, F16: 8-bit weights, a Q8_0 file's exactly), float32 for a "
+                             "Hugging Face folder; bfloat16 on CUDA (default: %(default)s)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: %(default)s)")
 
 

@@ -21,14 +21,16 @@ from eyas.models.cpu_linear import transpose_linears
 from eyas.models.layerwise import load_layerwise
 from eyas.models.llama import Transformer
 from eyas.models.output_layer import ScreenedOutputLayer
-from eyas.models.quant import int4_available
+from eyas.models.quant import int4_available, int8_available
 from eyas.models.registry import resolve_model, source_layer_types, source_weight_bits
 from eyas.models.weight_source import gguf_file, open_weights
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # "int4": decoder matrices held as 4-bit codes with a scale and minimum per 32 weights (the
 # Q4_1 layout), bf16 activations inside those matmuls, everything else float32.
-PRECISIONS = ("auto", *DTYPES, "int4")
+# "int8": decoder matrices as 8-bit codes with a float16 scale per 32 weights (the Q8_0 layout),
+# 14-bit activations inside those matmuls (csrc/int8_gemm.cpp), everything else float32.
+PRECISIONS = ("auto", *DTYPES, "int4", "int8")
 
 
 @dataclass
@@ -67,14 +69,19 @@ def resolve_precision(name: str, device: torch.device, folder: Path) -> str:
 
     CPU: a model that came from a GGUF quantized at <= 6 bits per weight (Q4_*, Q5_*, Q6_K)
     runs in int4, ~2x the tokens/s of float32 (a 4-bit GGUF's codes are kept exactly; 5- and
-    6-bit ones are rounded to 4 bits); any other model runs in float32 (bf16 matmuls are not
-    faster on CPUs without AVX512-BF16). CUDA: bfloat16.
+    6-bit ones are rounded to 4 bits); a GGUF above 6 bits (Q8_0, F16, BF16, F32) in int8 (a
+    Q8_0 GGUF's blocks exactly; 16- and 32-bit weights rounded to 8 bits per 32), ~1.8-2.7x
+    the tokens/s of float32 with the same greedy output on a Q8_0 model; any other model in
+    float32 (bf16 matmuls are not faster on CPUs without AVX512-BF16). CUDA: bfloat16.
     """
     if name not in PRECISIONS:
         raise EyasError(f"unknown precision '{name}'; accepted: {', '.join(PRECISIONS)}")
     if name != "auto":
-        if name == "int4" and device.type != "cpu":
-            raise EyasError("precision int4 runs on the CPU only; use bfloat16 on CUDA")
+        if name in ("int4", "int8") and device.type != "cpu":
+            raise EyasError(f"precision {name} runs on the CPU only; use bfloat16 on CUDA")
+        if name == "int8" and not int8_available():
+            raise EyasError("precision int8 needs eyas's C++ extension with an int8 dot-product kernel "
+                            "(AVX2 or AVX512-VNNI), which is not available here; use int4 or float32")
         return name
     chosen, reason = auto_precision(device, folder)
     print(f"[eyas] --dtype auto: {chosen} ({reason})", file=sys.stderr, flush=True)
@@ -91,12 +98,17 @@ def auto_precision(device: torch.device, folder: Path) -> tuple[str, str]:
     if bits is None:
         return "float32", "not a GGUF: the checkpoint's own weights, unquantized"
     if bits > AUTO_INT4_MAX_BITS:
-        return "float32", f"GGUF decoder matrices at {bits} bits ({described}); int4 picks <= {AUTO_INT4_MAX_BITS}"
+        if not int8_available():
+            return "float32", (f"GGUF decoder matrices at {bits} bits ({described}); int8 needs eyas's "
+                               f"C++ extension with an int8 dot-product kernel, not available here")
+        how = "held exactly (the Q8_0 layout)" if bits == 8 else f"rounded from {bits} to 8 bits per 32 weights"
+        return "int8", (f"GGUF decoder matrices at {bits} bits ({described}), {how}; "
+                        f"--dtype float32 runs the GGUF's values in float32")
     if not int4_available():
         return "float32", "this PyTorch has no CPU int4 kernel"
     how = "kept at 4 bits" if bits == 4 else f"rounded from {bits} to 4 bits"
     return "int4", (f"GGUF decoder matrices at {bits} bits ({described}), {how}; "
-                    f"--dtype float32 runs the GGUF's values unrounded")
+                    f"--dtype int8 keeps more of them, --dtype float32 runs the GGUF's values unrounded")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -115,7 +127,7 @@ def cache_name(folder: Path) -> str:
 
 def load_target(spec: str | Path, dtype: str = "auto", device: str = "cpu",
                 cache: str | Path | None = None) -> Target:
-    """Load a target. `dtype` is a precision: auto, float32, bfloat16, float16 or int4."""
+    """Load a target. `dtype` is a precision: auto, float32, bfloat16, float16, int4 or int8."""
     from transformers import AutoTokenizer
 
     folder = resolve_model(str(spec), cache)
@@ -123,15 +135,15 @@ def load_target(spec: str | Path, dtype: str = "auto", device: str = "cpu",
     precision = resolve_precision(dtype, torch_device, folder)
     config = ModelConfig.from_folder(folder)
     source = open_weights(folder, heads=config.num_attention_heads, kv_heads=config.num_key_value_heads)
-    # int4: quantized as each layer is read (or mapped from the int4 cache); the output layer
-    # stays float32 (the screen below)
+    # int4, int8: quantized as each layer is read (or mapped from their cache); the output
+    # layer stays float32 (the screen below)
     model = load_layerwise(config, source, precision, torch_device, name=cache_name(folder))
     if torch_device.type == "cpu":
-        if precision in ("int4", "float32") and not isinstance(model.lm_head, ScreenedOutputLayer):
+        if precision in ("int4", "int8", "float32") and not isinstance(model.lm_head, ScreenedOutputLayer):
             # exact greedy argmax at int8 cost; the row-major weight [V, H] (the tied embedding,
             # or the output layer's own) is kept, not copied again
             model.lm_head = ScreenedOutputLayer(model.lm_head)
-        if precision != "int4":
+        if precision not in ("int4", "int8"):
             transpose_linears(model)  # float layers [in, out] (an output screen stays as it is)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     return Target(model=model, tokenizer=tokenizer, config=config, folder=folder,

@@ -1,6 +1,6 @@
 """The one owner of eyas's C++ extension: how it is built, where it is kept, how it is loaded.
 
-The extension (csrc/: the fused int4 decoder layer, the int4 x int8 kernels, the output screen)
+The extension (csrc/: the fused int4 decoder layer, the int4 and int8 x int8 kernels, the output screen)
 is compiled on first use with PyTorch's extension builder (g++, ~25-45 s; `make setup` does it
 ahead of time) and kept in ~/.cache/eyas/ext/<tag>/ (EYAS_EXT_DIR overrides the root).
 
@@ -50,7 +50,8 @@ import torch
 
 CSRC = Path(__file__).parent / "csrc"
 NAME = "eyas_int4_decoder_layer"  # the Python module name the sources declare (TORCH_EXTENSION_NAME)
-SOURCES = ("int4_decoder_layer.cpp", "attention.cpp", "int4_gemm.cpp", "int8_screen.cpp", "probe.cpp")  # + headers
+SOURCES = ("int4_decoder_layer.cpp", "attention.cpp", "int4_gemm.cpp", "int8_gemm.cpp", "int8_screen.cpp",
+           "probe.cpp")  # + headers
 CFLAGS = ("-O3", "-fopenmp", "-fno-math-errno", "-ffp-contract=off")
 STALE_BUILD_SECONDS = 3600  # a private build folder whose owner is gone, or older than this, is removed
 

@@ -1,4 +1,5 @@
-"""The int4 model cache: packed int4 weights, written once, memory-mapped on every later load.
+"""The int4 model cache: packed int4 weights, written once, memory-mapped on every later load
+(int8 models are cached the same way, under int8/, with the key naming their weights).
 
 Quantizing a model costs a pass over its float weights (seconds for a 1.5B GGUF); the result
 depends only on the source file and on how Int4Linear packs (its layout, the extension's
@@ -58,15 +59,20 @@ ALIGN = 64  # every tensor's data starts at a multiple of this (any dtype view i
 KEEP = 2  # cache folders kept per source name (the newest, by last use)
 
 
-def packing_format(group_size: int) -> dict[str, str | int]:
-    """What decides the bytes Int4Linear holds: its layout, the extension's sources (they pack
-    the int8dot layout), PyTorch's version (it packs the torch layout)."""
+def packing_format(group_size: int, weights: str = "int4") -> dict[str, str | int]:
+    """What decides the bytes Int4Linear (or Int8Linear, `weights` "int8") holds: its layout,
+    the extension's sources (they pack the int8dot and int8 layouts), PyTorch's version (it
+    packs the torch layout)."""
     from eyas.models.extension import int8dot_kernel, source_tag
 
     kernel = int8dot_kernel()
     layout = "int8dot" if kernel is not None else "torch"
-    return {"version": CACHE_VERSION, "group_size": group_size, "layout": layout,
-            "extension": source_tag() if kernel is not None else "", "torch": torch.__version__}
+    packing: dict[str, str | int] = {"version": CACHE_VERSION, "group_size": group_size, "layout": layout,
+                                     "extension": source_tag() if kernel is not None else "",
+                                     "torch": torch.__version__}
+    if weights != "int4":  # int4's keys stay those of the caches already written
+        packing["weights"] = weights
+    return packing
 
 
 def source_key(files: list[Path]) -> str:
@@ -82,14 +88,21 @@ class Int4Cache:
     folder: Path
     source: str  # what the folder was made from, for messages
     name: str = ""  # the source name (folders of other keys are '<name>-<key>' beside it)
+    weights: str = "int4"  # what the cache holds: int4 or int8 decoder layers
 
     @classmethod
     def for_source(cls, files: list[Path], name: str, group_size: int,
-                   root: Path | None = None) -> Int4Cache:
-        key_text = source_key(files) + "\n" + json.dumps(packing_format(group_size), sort_keys=True)
+                   root: Path | None = None, weights: str = "int4") -> Int4Cache:
+        """The cache of `weights` (int4 or int8) for these source files, under `root`
+        (default: the eyas cache's int4/ or int8/ folder)."""
+        if weights not in ("int4", "int8"):
+            raise ValueError(f"quantized weights are int4 or int8, not {weights!r}")
+        key_text = source_key(files) + "\n" + json.dumps(packing_format(group_size, weights), sort_keys=True)
         key = hashlib.sha256(key_text.encode()).hexdigest()[:16]
-        root = root if root is not None else cache_dir() / "int4"
-        return cls(folder=root / f"{name}-{key}", source=", ".join(str(f) for f in files), name=name)
+        root = root if root is not None else cache_dir() / weights
+        name = name if weights == "int4" else f"{name}-{weights}"  # apart from int4's, in any root
+        return cls(folder=root / f"{name}-{key}", source=", ".join(str(f) for f in files), name=name,
+                   weights=weights)
 
     def load(self) -> dict[str, Tensor] | None:
         """The cached tensors, memory-mapped; None when there is no cache or it is damaged
@@ -105,7 +118,7 @@ class Int4Cache:
             self.folder.touch()  # last used: what `prune` keeps
             return tensors
         except EyasError as error:
-            print(f"[eyas] the int4 cache {self.folder} is damaged ({error}); rebuilding it from "
+            print(f"[eyas] the {self.weights} cache {self.folder} is damaged ({error}); rebuilding it from "
                   f"{self.source}", file=sys.stderr, flush=True)
             return None
 

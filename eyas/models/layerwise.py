@@ -5,13 +5,14 @@ WeightSource (models/weight_source.py: safetensors or GGUF, one tensor read at a
 
 - float32 / bfloat16 / float16: each layer's tensors are read, converted and assigned: peak
   memory is the model plus one layer.
-- int4: each layer's tensors are read as float32, quantized at once to Int4Linear (the kernel's
-  packed layout) and the float copies dropped: peak memory is the int4 model, its float
-  embedding and output layer, and one float32 layer. A GGUF with an untied output layer keeps
-  both in the file instead (rows dequantized when read: models/source_embedding.py), and the
-  output layer's int8 screen (models/output_layer.py) is built a block of rows at a time and
-  cached with the decoder. The packed layers are then written to the
-  int4 cache (models/int4_cache.py); a later load maps that file and quantizes nothing.
+- int4 (and int8, the same way with Int8Linear): each layer's tensors are read as float32,
+  quantized at once to Int4Linear (the kernel's packed layout) and the float copies dropped:
+  peak memory is the int4 model, its float embedding and output layer, and one float32 layer.
+  A GGUF with an untied output layer keeps both in the file instead (rows dequantized when
+  read: models/source_embedding.py), and the output layer's int8 screen (models/output_layer.py)
+  is built a block of rows at a time and cached with the decoder. The packed layers are then
+  written to the quantized-model cache (models/int4_cache.py: one folder per model and
+  precision); a later load maps that file and quantizes nothing.
 
 Usage:
     model = load_layerwise(config, open_weights(folder), "int4", torch.device("cpu"), name="smollm2")
@@ -31,11 +32,12 @@ from eyas.models.config import ModelConfig
 from eyas.models.int4_cache import Int4Cache
 from eyas.models.llama import Transformer, rope_inverse_frequencies
 from eyas.models.output_layer import ScreenedOutputLayer
-from eyas.models.quant import Int4Linear
+from eyas.models.quant import Int4Linear, Int8Linear
 from eyas.models.source_embedding import SourceEmbedding
 from eyas.models.weight_source import WeightSource
 
 GROUP_SIZE = 32  # int4 group: the Q4_1 block, what the int8dot kernel packs
+QUANTIZED = ("int4", "int8")  # precisions quantized as each layer is read, and cached
 
 
 def own_layer_tensors(get: Callable[[str], Tensor], prefix: str, index: int,
@@ -112,10 +114,10 @@ def _prefix(source: WeightSource) -> str:
 
 def load_layerwise(config: ModelConfig, source: WeightSource, precision: str, device: torch.device,
                    name: str = "model", cache_root: Path | None = None) -> Transformer:
-    """The lean model in `precision` (float32, bfloat16, float16 or int4), filled layer by layer."""
+    """The lean model in `precision` (float32, bfloat16, float16, int4 or int8), filled layer by layer."""
     prefix = _prefix(source)
-    if precision == "int4":
-        return _load_int4(config, source, prefix, name, cache_root)
+    if precision in QUANTIZED:
+        return _load_quantized(config, source, prefix, name, cache_root, precision)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[precision]
     with torch.device("meta"):
         model = Transformer(config)
@@ -126,26 +128,33 @@ def load_layerwise(config: ModelConfig, source: WeightSource, precision: str, de
     return _finish(model)
 
 
-def _load_int4(config: ModelConfig, source: WeightSource, prefix: str, name: str,
-               cache_root: Path | None) -> Transformer:
-    """Decoder layers from the int4 cache (memory-mapped), else quantized layer by layer from
-    the source and then cached. The embedding and output layer come from the source, float32."""
-    cache = Int4Cache.for_source(source.files(), name=name, group_size=GROUP_SIZE, root=cache_root)
+def _load_quantized(config: ModelConfig, source: WeightSource, prefix: str, name: str,
+                    cache_root: Path | None, precision: str) -> Transformer:
+    """Decoder layers in `precision` (int4 or int8) from its cache (memory-mapped), else
+    quantized layer by layer from the source and then cached. The embedding and output layer
+    come from the source, float32."""
+    cache = Int4Cache.for_source(source.files(), name=name, group_size=GROUP_SIZE, root=cache_root,
+                                 weights=precision)
     cached = cache.load()
     if cached is not None:
         try:
-            return _int4_from_cache(config, source, prefix, cached)
+            return _quantized_from_cache(config, source, prefix, cached, precision)
         except (KeyError, ValueError, RuntimeError) as error:  # a cache of another layout or model
-            print(f"[eyas] the int4 cache {cache.folder} does not fit this model ({error}); "
+            print(f"[eyas] the {precision} cache {cache.folder} does not fit this model ({error}); "
                   f"rebuilding it from {cache.source}", file=sys.stderr, flush=True)
-    model = _int4_from_source(config, source, prefix)
+    model = _quantized_from_source(config, source, prefix, precision)
     skip = {"embed_tokens.weight", "lm_head.weight"}  # read from the source on every load
     cache.save({k: v for k, v in model.state_dict().items() if k not in skip},
-               {"format": "eyas-int4", "source": cache.source})
+               {"format": f"eyas-{precision}", "source": cache.source})
     return model
 
 
-def _int4_from_source(config: ModelConfig, source: WeightSource, prefix: str) -> Transformer:
+def _quantize(linear: nn.Linear, precision: str) -> nn.Module:
+    return Int4Linear(linear, GROUP_SIZE) if precision == "int4" else Int8Linear(linear)
+
+
+def _quantized_from_source(config: ModelConfig, source: WeightSource, prefix: str,
+                           precision: str) -> Transformer:
     with torch.device("meta"):
         model = Transformer(config)
     _global_tensors(model, source, prefix, torch.float32, torch.device("cpu"), lean=True)
@@ -159,14 +168,16 @@ def _int4_from_source(config: ModelConfig, source: WeightSource, prefix: str) ->
         del own
         # 2. Each matrix quantized at once; its float32 copy goes with the nn.Linear.
         for parent, attr in _linears(layer):
-            setattr(parent, attr, Int4Linear(getattr(parent, attr), GROUP_SIZE))
-        layer.self_attn.float64_attention = True  # what quantize_model sets (models/quant.py)
+            setattr(parent, attr, _quantize(getattr(parent, attr), precision))
+        # what quantize_model sets (models/quant.py): a row's attention output the same in a
+        # one-token and a many-token pass, before the activations are rounded again
+        layer.self_attn.float64_attention = True
         release_freed_memory()
     return _finish(model)
 
 
-def _int4_from_cache(config: ModelConfig, source: WeightSource, prefix: str,
-                     cached: dict[str, Tensor]) -> Transformer:
+def _quantized_from_cache(config: ModelConfig, source: WeightSource, prefix: str,
+                          cached: dict[str, Tensor], precision: str) -> Transformer:
     with torch.device("meta"):
         model = Transformer(config)
     _global_tensors(model, source, prefix, torch.float32, torch.device("cpu"), with_norm=False, lean=True)
@@ -182,6 +193,11 @@ def _int4_from_cache(config: ModelConfig, source: WeightSource, prefix: str,
         for parent, attr in _linears(layer):
             path = f"{'self_attn' if parent is layer.self_attn else 'mlp'}.{attr}."
             linear = getattr(parent, attr)
+            if precision == "int8":
+                setattr(parent, attr, Int8Linear.from_packed(
+                    state.pop(path + "packed"), state.pop(path + "bias", None), linear.in_features,
+                    linear.out_features))
+                continue
             setattr(parent, attr, int4_from_packed(
                 state.pop(path + "packed"), state.pop(path + "scales_and_zeros"),
                 state.pop(path + "bias", None), linear.in_features, linear.out_features, GROUP_SIZE))

@@ -1,4 +1,5 @@
-"""Weight-only quantization for CPU decoding: int4 with per-group scales and zero points.
+"""Weight-only quantization for CPU decoding: int4 with per-group scales and zero points, and
+int8 with per-group scales.
 
 Why: on a CPU, decoding one token is bound by reading the weights. SmolLM2-135M ships as a
 Q4_1 GGUF (4-bit codes, one scale and one minimum per group of 32 weights); holding the weights
@@ -7,6 +8,10 @@ int8 kernel where the CPU has AVX512-VNNI or AVX2 (csrc/int4_gemm.cpp; float16 s
 as Q4_1 stores them), else in PyTorch's packed int4 kernel (Int4Linear.layout). Re-quantizing
 weights that were dequantized from Q4_1 recovers the same codes whenever a group uses both its
 extreme codes (almost always), so the model stays the one the GGUF describes.
+
+int8 (Int8Linear: one float16 scale per 32 weights, GGUF's Q8_0 layout, csrc/int8_gemm.cpp)
+holds a Q8_0 GGUF exactly and a Q6_K or 16-bit one within 1/254 of each group's largest weight,
+for ~1.7x the bytes of int4: the accurate choice for sources above 5 bits.
 
 Usage:
     from eyas.models.quant import quantize_model
@@ -21,10 +26,32 @@ from torch import Tensor, nn
 from eyas.models import extension
 
 GROUP_SIZES = (32, 64, 128, 256)
+INT8_GROUP = 32  # inputs per int8 scale: the Q8_0 block
 
 
 def int4_available() -> bool:
     return hasattr(torch, "_weight_int4pack_mm_for_cpu")
+
+
+def int8_available() -> bool:
+    """Whether Int8Linear can run here: the extension with an int8 dot-product kernel."""
+    return extension.int8dot_kernel() is not None
+
+
+def quantize_int8_groups(weight: Tensor) -> tuple[Tensor, Tensor]:
+    """Symmetric 8-bit quantization of weight [O, I] by groups of INT8_GROUP inputs, as GGUF's
+    Q8_0: scale = max|w| / 127 rounded to float16, code = round(w / scale).
+
+    Returns codes [O, I] int8 in -127..127 and scales [O, I/32] float32 (float16 values). A
+    group that Q8_0 quantized comes back with its own codes and scale (its largest code is
+    +-127, so max|w| / 127 is its float16 scale exactly).
+    """
+    out_features, in_features = weight.shape
+    groups = weight.float().reshape(out_features, in_features // INT8_GROUP, INT8_GROUP)
+    scale = (groups.abs().amax(dim=-1) / 127).clamp(max=65504).half().float()  # [O, I/32]
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))[..., None]
+    codes = torch.where(scale[..., None] > 0, (groups / safe).round().clamp(-127, 127), 0)
+    return codes.to(torch.int8).reshape(out_features, in_features), scale
 
 
 def quantize_groups(weight: Tensor, group_size: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -114,8 +141,9 @@ class Int4Linear(nn.Module):
         return y.reshape(*shape[:-1], self.out_features)
 
 
-class Int8Linear(nn.Module):
-    """y = x @ dequant(W)^T with W held as int8 codes and one scale per output row."""
+class Int8RowLinear(nn.Module):
+    """y = x @ dequant(W)^T with W held as int8 codes and one scale per output row, bf16
+    activations (PyTorch's int8 kernel): quantize_model's output layer."""
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
@@ -129,6 +157,49 @@ class Int8Linear(nn.Module):
         shape = x.shape
         flat = x.reshape(-1, shape[-1]).to(torch.bfloat16)
         y = torch._weight_int8pack_mm(flat, self.codes, self.scale).to(x.dtype)
+        return y.reshape(*shape[:-1], self.out_features)
+
+
+class Int8Linear(nn.Module):
+    """y = x @ dequant(W)^T (+ bias) with W held as int8 codes and one float16 scale per 32
+    inputs (symmetric: weight = code * scale, code in -127..127), in the extension's int8 x int8
+    kernel (csrc/int8_gemm.cpp: activations rounded to 14-bit integers per 32 inputs, as in
+    Int4Linear's int8dot layout). A Q8_0 GGUF's blocks are held exactly; `packed` is uint8
+    [O/16, I/32, 544]. Needs the extension with an int8 dot-product kernel (AVX2 or AVX512-VNNI).
+    """
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        out_features, in_features = linear.weight.shape
+        if in_features % INT8_GROUP or out_features % 16:
+            raise ValueError(f"int8 layers need in_features a multiple of {INT8_GROUP} and out_features of 16, "
+                             f"not [{out_features}, {in_features}]")
+        if not int8_available():
+            raise RuntimeError("int8 weights need eyas's C++ extension with an int8 dot-product kernel "
+                               "(AVX2 or AVX512-VNNI); EYAS_FUSED=0 turns it off")
+        codes, scale = quantize_int8_groups(linear.weight.detach())
+        self.register_buffer("packed", torch.ops.eyas.int8_pack(codes, scale))
+        bias = linear.bias.detach().float() if linear.bias is not None else None
+        self.register_buffer("bias", bias)
+        self.in_features, self.out_features = in_features, out_features
+
+    @classmethod
+    def from_packed(cls, packed: Tensor, bias: Tensor | None, in_features: int, out_features: int) -> Int8Linear:
+        """An Int8Linear around buffers that it packed earlier (the quantized-model cache)."""
+        if tuple(packed.shape) != (out_features // 16, in_features // INT8_GROUP, 544):
+            raise ValueError(f"packed int8 weights {tuple(packed.shape)} do not fit [{out_features}, {in_features}]")
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer.register_buffer("packed", packed)
+        layer.register_buffer("bias", bias)
+        layer.in_features, layer.out_features = in_features, out_features
+        return layer
+
+    def forward(self, x: Tensor) -> Tensor:  # [..., I] -> [..., O]
+        shape = x.shape
+        y = torch.ops.eyas.int8_linear(x.reshape(-1, shape[-1]).float(), self.packed).to(x.dtype)
+        if self.bias is not None:
+            y = y + self.bias
         return y.reshape(*shape[:-1], self.out_features)
 
 
@@ -151,7 +222,7 @@ def quantize_model(model: nn.Module, group_size: int = 32, lm_head: str = "int8"
     model.fused_plan = None  # look again for the fused int4 layers (models/fused_cpu.py)
     head = model.lm_head
     if lm_head == "int8":
-        model.lm_head = Int8Linear(head)
+        model.lm_head = Int8RowLinear(head)
     elif lm_head == "int4":
         model.lm_head = Int4Linear(head, group_size)
     elif lm_head != "keep":

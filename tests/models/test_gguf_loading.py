@@ -13,6 +13,7 @@ import torch
 from random_checkpoints import llama_tensors, write_gguf
 
 from eyas.engine.target import auto_precision, resolve_precision
+from eyas.models.quant import int8_available
 from eyas.models.config import ModelConfig
 from eyas.models.gguf_loader import GGUFSource, gguf_source_info, hf_name
 from eyas.models.weight_source import SOURCE_INFO, open_weights
@@ -139,13 +140,13 @@ def test_an_int4_load_from_a_gguf_equals_one_from_its_dequantized_safetensors(tm
 
 
 AUTO = [("Q4_0", "int4"), ("Q4_1", "int4"), ("Q4_K", "int4"), ("Q5_0", "int4"), ("Q5_1", "int4"),
-        ("Q5_K", "int4"), ("Q6_K", "int4"), ("Q8_0", "float32"), ("F16", "float32"),
-        ("BF16", "float32"), ("F32", "float32")]
+        ("Q5_K", "int4"), ("Q6_K", "int4"), ("Q8_0", "int8"), ("F16", "int8"),
+        ("BF16", "int8"), ("F32", "int8")]
 
 
 @pytest.mark.parametrize("matrix_type, expected", AUTO)
-def test_dtype_auto_picks_int4_for_ggufs_of_at_most_6_bits_and_says_why(tmp_path, capsys,
-                                                                         matrix_type, expected):
+def test_dtype_auto_picks_int4_up_to_6_bits_int8_above_and_says_why(tmp_path, capsys,
+                                                                     matrix_type, expected):
     rng = np.random.default_rng(0)
     matrix = rng.standard_normal((256, 256)).astype(np.float32)  # K-quants: 256-wide blocks
     path = write_gguf(tmp_path / "model.gguf", {
@@ -156,12 +157,16 @@ def test_dtype_auto_picks_int4_for_ggufs_of_at_most_6_bits_and_says_why(tmp_path
     folder = tmp_path / "resolved"
     folder.mkdir()
     (folder / SOURCE_INFO).write_text(json.dumps(gguf_source_info(path)))
+    if expected == "int8" and not int8_available():
+        expected = "float32"  # no int8 dot-product kernel here: said in the reason
     assert auto_precision(CPU, folder)[0] == expected
     assert resolve_precision("auto", CPU, folder) == expected
     err = capsys.readouterr().err
     assert f"--dtype auto: {expected}" in err and matrix_type in err
     assert resolve_precision("float32", CPU, folder) == "float32"  # an explicit choice stands
     assert capsys.readouterr().err == ""
+    if expected == "int8":
+        assert ("held exactly" in err) == (matrix_type == "Q8_0")
 
 
 def test_dtype_auto_is_float32_for_a_hugging_face_folder_and_bfloat16_on_cuda(tmp_path):
