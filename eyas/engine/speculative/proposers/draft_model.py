@@ -91,8 +91,11 @@ class DraftModelProposer:
     def _forward(self, ids: list[int], write_at: int) -> torch.Tensor:
         """Feed `ids` at slots write_at..; the draft's logits [1, V] after the last one."""
         tensor = torch.tensor([ids], device=self.draft.device)
+        # greedy drafting needs only the argmax: the screened output layer gives it exactly at
+        # int8 cost (a 150k-token vocabulary in float32 would cost more than the draft's layers)
+        argmax_only = self.params.greedy and self.min_confidence <= 0
         out = self.draft.model(tensor, cache=self.cache, write_at=write_at, logits_at="last",
-                               skip_layers=self.skip_layers)
+                               skip_layers=self.skip_layers, greedy=argmax_only)
         return out.logits[:, -1]
 
     def _common_prefix(self, token_ids: list[int]) -> int:
