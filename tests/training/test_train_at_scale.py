@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
 from tiny_models import build_tiny_model
+
+from eyas.bench.lmeval.compare import free_port, wait_healthy
 
 ROOT = Path(__file__).parents[2]
 LIMIT = 4
@@ -25,26 +24,6 @@ SOURCE = [("How do I sort a list in Python?", "And in reverse order?"),
           ("Explain what a hash map is.", "When is a tree map better?"),
           ("Give me three tips for sleeping well.", "Which one matters most?"),
           ("What does HTTP 404 mean?", "And 503?")]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def wait_until_ready(url: str, server: subprocess.Popen, seconds: float = 120) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise AssertionError(f"the server exited with {server.returncode}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.5)
-    raise AssertionError("the server did not become ready")
 
 
 @pytest.mark.slow
@@ -64,7 +43,7 @@ def test_the_scale_recipe_runs_end_to_end_on_a_cpu_and_resumes(tmp_path, smollm_
                                "--dtype", "float32", "--draft", "none", "--port", str(port)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
     try:
-        wait_until_ready(url, server)
+        wait_healthy(url + "/health", server, timeout=120)
         env = {**os.environ, "ENDPOINTS": url, "TARGET": str(target), "DEVICE": "cpu",
                "NPROC": "2", "LIMIT": str(LIMIT), "SOURCE": str(source), "CONCURRENCY": "4",
                "MAX_TOKENS": "12", "MAX_LENGTH": "256", "DRAFT_VOCAB": "256", "TTT_STEPS": "2",
