@@ -34,7 +34,7 @@ from eyas.engine.logits_process import LogitsProcessor
 from eyas.engine.penalties import sampling_processors
 from eyas.engine.sampling import SamplingParams
 from eyas.engine.sequence import GenerationResult, Sequence
-from eyas.engine.speculative.policy import SpeculationPolicy
+from eyas.engine.speculative.policy import policy_for
 from eyas.engine.speculative.proposers.base import Proposer
 from eyas.engine.target import Target
 from eyas.errors import EyasError
@@ -129,7 +129,8 @@ class Engine:
         if request_id is not None:
             request.request_id = request_id
         if self.config.speculation == "timed":
-            request.timing = SpeculationPolicy(self.config.policy)
+            request.timing = policy_for(request.proposer, self.config.policy)
+            request.fallbacks_before = request.timing.fallbacks
         with self._wakeup:
             if self._stopping:
                 raise QueueFull("the server is shutting down", "shutting_down")

@@ -95,6 +95,7 @@ class Request:
     proposed_through: int = 0  # len(token_ids) when the proposer was last asked
     spec_metrics: SpecMetrics = field(default_factory=SpecMetrics)
     timing: SpeculationPolicy | None = None  # speculation "timed": its fallback rule (config.py)
+    fallbacks_before: int = 0  # the rule's fallbacks before this request (it spans requests)
     output_logprobs: list[TokenLogprob] = field(default_factory=list)  # one per token emitted
     prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)  # filled by prefill
     # ---- text level and timing (postprocess) -------------------------------------------
@@ -159,6 +160,6 @@ class Request:
         """SpecMetrics, the fallbacks of its timed policy and the proposer's own statistics
         (an EAGLE-3 tree's shape, suffix matches, ...)."""
         if self.timing is not None:
-            self.spec_metrics.fallbacks = self.timing.fallbacks
+            self.spec_metrics.fallbacks = self.timing.fallbacks - self.fallbacks_before
         own = self.proposer.stats() if hasattr(self.proposer, "stats") else {}
         return {"method": method, **self.spec_metrics.as_dict(), **own}

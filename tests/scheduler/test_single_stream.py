@@ -120,3 +120,35 @@ def test_seeded_batch_rows_follow_seed_plus_row(tiny_target) -> None:
 def test_timed_speculation_is_one_request_at_a_time() -> None:
     with pytest.raises(EyasError, match="max_running 1"):
         EngineConfig(max_running=2, speculation="timed")
+
+
+def test_timed_policy_spans_the_requests_of_one_proposer() -> None:
+    from eyas.engine.speculative.policy import policy_for
+
+    class Drafter:  # any proposer object: the policy is keyed on its identity
+        pass
+
+    first, other = Drafter(), Drafter()
+    config = PolicyConfig()
+    policy = policy_for(first, config)
+    for _ in range(config.warmup_plain_steps):
+        policy.record_plain(0.010)  # 10 ms a plain token
+    for _ in range(config.window):
+        policy.record_speculative(0.030, 1)  # 30 ms a token while drafting: does not pay
+    assert policy.fallbacks == 1 and not policy.speculate_now()
+    again = policy_for(first, config)  # the proposer's next request
+    assert again is policy and again.plain_left == config.backoff
+    assert policy_for(other, config).plain_left == config.warmup_plain_steps  # its own stream
+    assert policy_for(first, PolicyConfig(backoff=4)) is not policy  # another rule starts afresh
+
+
+def test_fallbacks_are_counted_per_request(tiny_target) -> None:
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    plain = generate(tiny_target, PROMPT, params)
+    oracle = Oracle(plain.token_ids)
+    from eyas.engine.speculative.policy import policy_for
+
+    policy_for(oracle, PolicyConfig()).fallbacks = 5  # as if earlier prompts had fallen back
+    spec = speculative_generate(tiny_target, PROMPT, params, oracle, 2)
+    assert spec.token_ids == plain.token_ids
+    assert spec.stats["speculative"]["fallbacks"] == 0

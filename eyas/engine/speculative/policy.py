@@ -6,11 +6,17 @@ plain time per token; after every `window` speculative steps the speculative tim
 compared with it. Speculation that is slower falls back to plain decoding for `backoff` tokens
 (doubling, up to `max_backoff`, each time it fails again), then is tried again: acceptance
 changes along a response (code being copied, then prose).
+
+The requests one proposer drafts for, one after another (a benchmark's prompts, an eval set),
+are one stream to the policy (`policy_for`): a method that did not pay on the last request
+starts the next one in plain decoding with its backoff carried over, instead of paying the
+warm-up and judgement windows again on every prompt.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from weakref import WeakKeyDictionary
 
 from eyas.errors import EyasError
 
@@ -64,3 +70,24 @@ class SpeculationPolicy:
         else:
             self.current_backoff = self.config.backoff
         self.window_seconds, self.window_tokens, self.window_steps = 0.0, 0, 0
+
+
+_SHARED: WeakKeyDictionary[object, SpeculationPolicy] = WeakKeyDictionary()
+
+
+def policy_for(proposer: object, config: PolicyConfig | None) -> SpeculationPolicy:
+    """The fallback rule of the requests `proposer` drafts for (one stream: see the module
+    docstring). A proposer that cannot be weakly referenced, or a changed config, starts a new
+    policy."""
+    config = config or PolicyConfig()
+    try:
+        policy = _SHARED.get(proposer)
+    except TypeError:
+        return SpeculationPolicy(config)
+    if policy is None or policy.config != config:
+        policy = SpeculationPolicy(config)
+        try:
+            _SHARED[proposer] = policy
+        except TypeError:
+            pass
+    return policy
