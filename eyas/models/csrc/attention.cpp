@@ -17,6 +17,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "phase_timer.h"
 #include "simd.h"
 
 namespace eyas {
@@ -42,7 +43,7 @@ void generic_attention(const T* q, const T* keys, const T* values, const Visibil
   // prefill) spreads over the threads; how queries are grouped changes no value.
   const int64_t chunk = 32, chunks = (queries + chunk - 1) / chunk;
   const int64_t items = batch * kv_heads * chunks;
-  at::parallel_for(0, items, work >= (1 << 15) ? 1 : items, [&](int64_t begin, int64_t end) {
+  eyas::parallel_for(0, items, work >= (1 << 15) ? 1 : items, [&](int64_t begin, int64_t end) {
     std::vector<T> probs(kv_len);
     std::vector<typename S::Vec> acc(head_dim / S::width);
     for (int64_t item = begin; item < end; ++item) {
@@ -208,7 +209,7 @@ void chunked_attention(const float* q, const K* keys, const K* values, const Vis
   float* partials = scratch(batch * kv_heads * chunks * queries * stride);
   const int64_t items = batch * kv_heads * chunks;
   const int64_t work = queries * visible.longest * head_dim;
-  at::parallel_for(0, items, work >= (1 << 14) ? 1 : items, [&](int64_t begin, int64_t end) {
+  eyas::parallel_for(0, items, work >= (1 << 14) ? 1 : items, [&](int64_t begin, int64_t end) {
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / (kv_heads * chunks), kvh = (item / chunks) % kv_heads, chunk = item % chunks;
       const K* kb = keys + (b * kv_heads + kvh) * max_slots * head_dim;
@@ -243,7 +244,7 @@ void chunked_attention(const float* q, const K* keys, const K* values, const Vis
     }
   });
   // Combine each query's chunks in order: the softmax over all its visible keys.
-  at::parallel_for(0, batch * kv_heads * queries, 64, [&](int64_t begin, int64_t end) {
+  eyas::parallel_for(0, batch * kv_heads * queries, 64, [&](int64_t begin, int64_t end) {
     for (int64_t index = begin; index < end; ++index) {
       const int64_t b = index / (kv_heads * queries), kvh = (index / queries) % kv_heads, m = index % queries;
       const int64_t t = m / group, h = kvh * group + m % group;

@@ -26,12 +26,15 @@
 #include "int4_gemm.h"
 #include "int8_screen.h"
 #include "int8dot.h"
+#include "phase_timer.h"
 #include "simd.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <map>
+#include <string>
 #include <vector>
 
 using at::Tensor;
@@ -67,7 +70,8 @@ Tensor int4_mm(const Tensor& a, const Tensor& packed, int64_t group, const Tenso
 // x [N, I] float32 -> [N, O] float32 through one of the two int4 weight layouts: eyas's int8dot
 // kernel's (uint8 [O/16, I/32, 320], int4_gemm.cpp; `scales` unused) on float32 activations,
 // or PyTorch's packed int4 on activations rounded to bf16, its output widened back.
-Tensor linear(const Tensor& x, const Tensor& packed, int64_t group, const Tensor& scales) {
+Tensor linear(eyas::Phase phase, const Tensor& x, const Tensor& packed, int64_t group, const Tensor& scales) {
+  const eyas::PhaseScope timed(phase);
   if (packed.scalar_type() == at::kByte && packed.dim() == 3) return eyas::int4_linear(x, packed);
   return int4_mm(x.to(at::kBFloat16), packed, group, scales).to(at::kFloat);
 }
@@ -183,15 +187,21 @@ Tensor decoder_layer(const Tensor& x, const LayerWeights& w, const Pass& pass, c
   Tensor qkv;
   if (embeds != nullptr) {
     Tensor both = at::empty({rows, 2 * hidden}, x.options());  // [N, 2H] = cat(norm(e), norm(x))
-    rms_norm_rows(embeds->data_ptr<float>(), norm_embeds->data_ptr<float>(), rows, hidden, w.eps,
-                  both.data_ptr<float>(), 2 * hidden);
-    rms_norm_rows(x.data_ptr<float>(), w.norm_in.data_ptr<float>(), rows, hidden, w.eps,
-                  both.data_ptr<float>() + hidden, 2 * hidden);
-    qkv = linear(both, w.qkv_packed, w.group, w.qkv_scales);
+    {
+      const eyas::PhaseScope timed(eyas::kNorms);
+      rms_norm_rows(embeds->data_ptr<float>(), norm_embeds->data_ptr<float>(), rows, hidden, w.eps,
+                    both.data_ptr<float>(), 2 * hidden);
+      rms_norm_rows(x.data_ptr<float>(), w.norm_in.data_ptr<float>(), rows, hidden, w.eps,
+                    both.data_ptr<float>() + hidden, 2 * hidden);
+    }
+    qkv = linear(eyas::kQkv, both, w.qkv_packed, w.group, w.qkv_scales);
   } else {
-    rms_norm_rows(x.data_ptr<float>(), w.norm_in.data_ptr<float>(), rows, hidden, w.eps, normed.data_ptr<float>(),
-                  hidden);
-    qkv = linear(normed, w.qkv_packed, w.group, w.qkv_scales);  // [N, (Hq + 2 KV) * D]
+    {
+      const eyas::PhaseScope timed(eyas::kNorms);
+      rms_norm_rows(x.data_ptr<float>(), w.norm_in.data_ptr<float>(), rows, hidden, w.eps,
+                    normed.data_ptr<float>(), hidden);
+    }
+    qkv = linear(eyas::kQkv, normed, w.qkv_packed, w.group, w.qkv_scales);  // [N, (Hq + 2 KV) * D]
   }
   TORCH_CHECK(qkv.size(1) == qkv_width, "qkv projection width does not match the heads");
 
@@ -206,7 +216,11 @@ Tensor decoder_layer(const Tensor& x, const LayerWeights& w, const Pass& pass, c
     Tensor q = at::empty({rows, heads, head_dim}, x.options());
     at::Half* kc = cache_k.data_ptr<at::Half>();
     at::Half* vc = cache_v.data_ptr<at::Half>();
-    rope_and_write(qkv_rows, q.data_ptr<float>(), kc, vc);
+    {
+      const eyas::PhaseScope timed(eyas::kRotary);
+      rope_and_write(qkv_rows, q.data_ptr<float>(), kc, vc);
+    }
+    const eyas::PhaseScope timed(eyas::kAttention);
     eyas::attention(q.data_ptr<float>(), kc, vc, pass.visible, batch, length, heads, kv_heads, head_dim, max_slots,
                     attended.data_ptr<float>());  // attention.cpp
   } else {
@@ -214,15 +228,20 @@ Tensor decoder_layer(const Tensor& x, const LayerWeights& w, const Pass& pass, c
       Tensor q = at::empty({rows, heads, head_dim}, x.options().dtype(cache_k.scalar_type()));
       scalar_t* kc = cache_k.data_ptr<scalar_t>();
       scalar_t* vc = cache_v.data_ptr<scalar_t>();
-      rope_and_write(qkv_rows, q.data_ptr<scalar_t>(), kc, vc);
+      {
+        const eyas::PhaseScope timed(eyas::kRotary);
+        rope_and_write(qkv_rows, q.data_ptr<scalar_t>(), kc, vc);
+      }
+      const eyas::PhaseScope timed(eyas::kAttention);
       eyas::attention(q.data_ptr<scalar_t>(), kc, vc, pass.visible, batch, length, heads, kv_heads, head_dim,
                       max_slots, attended.data_ptr<float>());  // attention.cpp
     });
   }
   // 4. Output projection and residual.
-  Tensor projected = linear(attended, w.o_packed, w.group, w.o_scales);  // [N, H]
+  Tensor projected = linear(eyas::kO, attended, w.o_packed, w.group, w.o_scales);  // [N, H]
   Tensor out = at::empty({rows, hidden}, x.options());
   {
+    const eyas::PhaseScope timed(eyas::kResiduals);
     const float* xi = x.data_ptr<float>();
     const float* p = projected.data_ptr<float>();
     float* o = out.data_ptr<float>();
@@ -230,12 +249,16 @@ Tensor decoder_layer(const Tensor& x, const LayerWeights& w, const Pass& pass, c
   }
 
   // 5. MLP: RMSNorm -> gate/up -> silu(gate) * up -> down; 6. residual.
-  rms_norm_rows(out.data_ptr<float>(), w.norm_post.data_ptr<float>(), rows, hidden, w.eps, normed.data_ptr<float>(),
-                hidden);
-  Tensor gate_up = linear(normed, w.gate_up_packed, w.group, w.gate_up_scales);  // [N, 2I]
+  {
+    const eyas::PhaseScope timed(eyas::kNorms);
+    rms_norm_rows(out.data_ptr<float>(), w.norm_post.data_ptr<float>(), rows, hidden, w.eps,
+                  normed.data_ptr<float>(), hidden);
+  }
+  Tensor gate_up = linear(eyas::kGateUp, normed, w.gate_up_packed, w.group, w.gate_up_scales);  // [N, 2I]
   const int64_t inner = gate_up.size(1) / 2;
   Tensor act = at::empty({rows, inner}, x.options());
   {
+    const eyas::PhaseScope timed(eyas::kSiluMul);
     const float* g = gate_up.data_ptr<float>();
     float* a = act.data_ptr<float>();
     for (int64_t n = 0; n < rows; ++n) {
@@ -253,8 +276,9 @@ Tensor decoder_layer(const Tensor& x, const LayerWeights& w, const Pass& pass, c
       for (; i < inner; ++i) an[i] = gate[i] / (1.0f + eyas::exp_approx(-gate[i])) * up[i];
     }
   }
-  Tensor down = linear(act, w.down_packed, w.group, w.down_scales);  // [N, H]
+  Tensor down = linear(eyas::kDown, act, w.down_packed, w.group, w.down_scales);  // [N, H]
   {
+    const eyas::PhaseScope timed(eyas::kResiduals);
     const float* p = down.data_ptr<float>();
     float* o = out.data_ptr<float>();
     for (int64_t i = 0; i < rows * hidden; ++i) o[i] += p[i];
@@ -302,6 +326,7 @@ class Int4Stack {
   Tensor run(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& keys, const Tensor& values,
              const std::vector<int64_t>& layers, const std::vector<int64_t>& storage, const Tensor& slots,
              int64_t kv_len, const c10::optional<Tensor>& mask) const {
+    const eyas::PhaseScope timed(eyas::kStackOther);
     check_pass(x, slots, cos);
     TORCH_CHECK(layers.size() == storage.size(), "one storage index per layer");
     TORCH_CHECK(keys.dim() == 5 && keys.sizes() == values.sizes(), "keys, values: [L, B, KV, S, D]");
@@ -323,6 +348,25 @@ class Int4Stack {
   std::vector<LayerWeights> layers_;
 };
 
+// Per-phase timing of the stack (phase_timer.h): on or off, on which clock ("wall" or "cpu":
+// this thread's CPU time), and the seconds charged so far.
+void set_phase_timing(bool enabled, const std::string& clock_name) {
+  eyas::PhaseClock& clock = eyas::phase_clock();
+  TORCH_CHECK(clock.depth == 0, "phase timing cannot change during a pass");
+  TORCH_CHECK(clock_name == "wall" || clock_name == "cpu", "phase timing clock: 'wall' or 'cpu', not '",
+              clock_name, "'");
+  clock.enabled = enabled;
+  eyas::phase_cpu_clock = clock_name == "cpu";
+}
+
+std::map<std::string, double> phase_seconds(bool reset) {
+  eyas::PhaseClock& clock = eyas::phase_clock();
+  std::map<std::string, double> seconds;
+  for (int phase = 0; phase < eyas::kPhaseCount; ++phase) seconds[eyas::kPhaseNames[phase]] = clock.ns[phase] * 1e-9;
+  if (reset) clock.ns.fill(0);
+  return seconds;
+}
+
 }  // namespace
 
 // x [N, H] float32 (N = B * T rows, row n = b * T + t) -> the layer's output [N, H] float32.
@@ -339,6 +383,7 @@ Tensor int4_decoder_layer(const Tensor& x, const Tensor& norm_in, const Tensor& 
                           const Tensor& cache_v, const Tensor& slots, int64_t kv_len,
                           const c10::optional<Tensor>& mask, int64_t heads, int64_t kv_heads,
                           const c10::optional<Tensor>& embeds, const c10::optional<Tensor>& norm_embeds) {
+  const eyas::PhaseScope timed(eyas::kStackOther);
   check_pass(x, slots, cos);
   const Tensor mask_c = checked_mask(mask, x.size(0), std::max<int64_t>(kv_len, 1));
   const eyas::Visibility visible(mask_c.defined() ? mask_c.data_ptr<bool>() : nullptr, x.size(0), kv_len);
@@ -359,6 +404,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(pybind11::init<const std::vector<Tensor>&, int64_t, double, int64_t, int64_t>())
       .def("__len__", &Int4Stack::size)
       .def("run", &Int4Stack::run, "x [N, H] through the given layers (see Int4Stack::run)");
+  m.def("set_phase_timing", &set_phase_timing, pybind11::arg("enabled"), pybind11::arg("clock") = "wall",
+        "Per-phase timers of the stack on or off, on the 'wall' or 'cpu' clock (phase_timer.h)");
+  m.def("phase_seconds", &phase_seconds, pybind11::arg("reset") = false,
+        "Seconds charged to each phase since the last reset (phase_timer.h)");
   m.def("int8dot_kernels", &eyas::int8dot_kernels, "The int8 dot-product implementations built, best first (int8dot.h)");
   m.def("int8dot_kernel", &eyas::int8dot_kernel_name, "The one in use ('none' where none is built)");
   m.def("set_int8dot_kernel", &eyas::set_int8dot_kernel, "Selects a built implementation by name");

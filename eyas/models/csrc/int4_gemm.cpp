@@ -58,6 +58,7 @@
 #include <vector>
 
 #include "int8dot.h"
+#include "phase_timer.h"
 
 namespace eyas {
 namespace {
@@ -315,7 +316,8 @@ Quantized quantize_rows(GroupFn group, int parts, const float* x, int64_t rows, 
   const int64_t groups = in / kGroup;
   Quantized xq{std::vector<int8_t>(rows * in * parts), std::vector<float>(rows * groups),
                std::vector<float>(rows * groups)};
-  at::parallel_for(0, rows, rows * in >= (1 << 16) ? 16 : rows, [&](int64_t begin, int64_t end) {
+  const PhaseScope timed(kQuantize);
+  eyas::parallel_for(0, rows, rows * in >= (1 << 16) ? 16 : rows, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r)
       for (int64_t g = 0; g < groups; ++g)
         group(x + r * in + g * kGroup, xq.codes.data() + (r * in + g * kGroup) * parts, &xq.scales[r * groups + g],
@@ -407,7 +409,7 @@ void int4_gemm(const float* x, int64_t rows, int64_t in, const at::Tensor& packe
   const uint8_t* weights = packed.data_ptr<uint8_t>();
   // Threads split the columns; each streams its blocks' weights once per tile of rows (a
   // block of 16 columns is 320 bytes per 32 inputs: it stays in L1/L2 between tiles).
-  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+  eyas::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t cb = begin; cb < end; ++cb) {
       const uint8_t* block = weights + cb * groups * kBlockBytes;
       if (cb + kAhead < end) {  // more loads in flight than the hardware prefetcher keeps
