@@ -1,6 +1,7 @@
 """Floors of a pass (bench/floors.py): the arithmetic on a hand-made example."""
 
 import pytest
+import torch
 
 from eyas.bench.floors import ModelWork, PassWork, costs_table, floor_seconds, pass_work
 from eyas.models.probe import MachineLimits
@@ -86,8 +87,14 @@ def test_profile_splits_the_fused_stack_of_the_int4_target(smollm_int4_target):
 
     if smollm_int4_target.model.fused_layers() is None:
         pytest.skip("no fused int4 stack here (no C++ extension)")
-    profile = profile_pass(smollm_int4_target, rows=4, context=32, repeats=3)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one thread on its CPU time: what other processes do cannot skew the sums
+    try:
+        profile = profile_pass(smollm_int4_target, rows=4, context=32, repeats=5, clock="cpu")
+    finally:
+        torch.set_num_threads(threads)
     seconds = profile.seconds
+    assert seconds["sync"] == 0.0  # one thread never waits for another
     for part in STACK_PHASES + ("stack_other",):
         assert seconds[part] >= 0.0, part
     for part in ("qkv", "o", "gate_up", "down", "quantize", "attention", "norms", "rotary", "silu_mul",
