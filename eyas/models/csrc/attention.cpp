@@ -130,21 +130,17 @@ void chunk_partials(const float* const qv[G], const K* kb, const K* vb, const in
         for (int j = 0; j < 8; ++j) scores[g][i + j] = -INFINITY;
       continue;
     }
-    __m256 halves[G][8];
-    for (int j = 0; j < 8; ++j) {
-      const K* k = kb + int64_t(chunk_slots[i + std::min<int64_t>(j, count - 1)]) * head_dim;
-      Floats16 key[NV];
-      for (int c = 0; c < NV; ++c) key[c] = Floats16::load(k + 16 * c);
-      for (int g = 0; g < G; ++g) {
-        Floats16 acc = Floats16::zero();
-        for (int c = 0; c < NV; ++c) acc.fma(query[g][c], key[c]);
-        halves[g][j] = acc.half_sum();
-      }
-    }
+    const K* k[8];
+    for (int j = 0; j < 8; ++j) k[j] = kb + int64_t(chunk_slots[i + std::min<int64_t>(j, count - 1)]) * head_dim;
     // keys count.. of the block are padding: -inf
     const __m256 padding = _mm256_cmp_ps(_mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_ps(float(count)), _CMP_GE_OQ);
-    for (int g = 0; g < G; ++g) {
-      const __m256 dots = _mm256_mul_ps(reduce8(halves[g]), _mm256_set1_ps(scale));
+    for (int g = 0; g < G; ++g) {  // one query at a time: its 8 sums stay in registers
+      Floats16 sums[8];
+      for (int j = 0; j < 8; ++j) {
+        sums[j] = Floats16::zero();
+        for (int c = 0; c < NV; ++c) sums[j].fma(query[g][c], Floats16::load(k[j] + 16 * c));
+      }
+      const __m256 dots = _mm256_mul_ps(reduce8_halves(sums), _mm256_set1_ps(scale));
       _mm256_store_ps(scores[g] + i, _mm256_blendv_ps(dots, _mm256_set1_ps(-INFINITY), padding));
     }
   }
