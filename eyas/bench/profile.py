@@ -1,27 +1,31 @@
 """`eyas bench profile`: where the time of one target pass goes, part by part, next to each
 part's own floor.
 
-One greedy pass over T new tokens after `context` cached ones (what `eyas bench costs` times,
-the tree mask included for T > 1) is timed whole while timers around its parts add up where the
-time went:
-- the decoder layers: each layer's call (one C++ call per layer where the fused int4 layers
-  run, models/fused_cpu.py; else the Python layer);
-- the output layer (for greedy passes, the int8 screen with its exact re-check of candidates);
-- the final norm and the embedding lookup;
-- the rest: Python around them (positions, rotary tables, mask, reshapes).
-A layer's C++ call is one piece, so it is split by timing its parts alone, on the same weights
-and row counts:
-- the decoder matmuls: every linear layer of every decoder layer called alone, in order (the
-  int4 x int8 kernel, csrc/int4_gemm.cpp);
-- the rest of the layers, by difference: attention over the KV cache with the mask, norms,
-  rotary, SiLU, residuals and cache writes, with the thread synchronisation between them;
-- the screen alone (int8 products and the bound), and the re-check by difference.
-Each part's floor: its bytes / read bandwidth or its multiply-adds / integer peak, whichever is
-larger (bench/floors.py; attention's floor is reading the KV cache). Parts that need neither
-show "-". Times are medians of `repeats` passes.
+One greedy pass over T new tokens after `context` cached ones is timed twice over:
+- whole, exactly as `eyas bench costs` times it (engine/speculative/sizing.py verify_pass),
+  with no timer anywhere: the "whole pass" row;
+- again with timers around its parts, whose medians fill the other rows:
+  - the decoder stack: its C++ call (models/fused_cpu.py FusedStack, one call for every layer)
+    split inside C++ by per-phase timers (csrc/phase_timer.h, off in normal passes): the four
+    int4 matmuls (q/k/v, o, gate/up, down), the rounding of their activations, attention over
+    the KV cache with the tree mask, the norms, rotary and cache writes, SiLU * up, the
+    residuals, the time threads wait at the end of parallel regions, and the rest of the call;
+    where the Python layers run instead, each layer's call, split as matmuls timed alone and
+    the rest;
+  - the output layer (for greedy passes, the int8 screen with its exact re-check of
+    candidates; the screen is also timed alone on the same rows);
+  - the final norm and the embedding lookup;
+  - the rest: Python around them (positions, rotary tables, mask, reshapes).
+The parts of an instrumented pass add up to its wall time; the table also shows the matmuls
+timed alone, outside the stack, as a reference. Each part's floor: its bytes / read bandwidth or
+its multiply-adds / integer peak, whichever is larger (bench/floors.py; attention's floor is
+reading the KV cache). Parts that need neither show "-". Times are medians of `repeats` passes,
+on the wall clock, or with clock="cpu" (`--clock cpu`, one thread: OMP_NUM_THREADS=1) on the
+thread's CPU time, which other processes on a loaded machine do not inflate.
 
 Usage:
     eyas bench profile --model smollm2-135m --tokens 1,8,32
+    OMP_NUM_THREADS=1 eyas bench profile --clock cpu     # on a busy machine
     from eyas.bench.profile import ProfileConfig, run_profile, format_profile
 """
 
@@ -40,16 +44,34 @@ from eyas.bench.floors import ModelWork, describe_limits, floor_seconds, model_w
 from eyas.models.probe import MachineLimits
 
 PARTS = (  # (key, label) in table order; "step" is the whole pass
-    ("step", "whole pass"),
-    ("layers", "decoder layers (per-layer calls)"),
-    ("matmuls", "  decoder matmuls (int4, timed alone)"),
-    ("layer_rest", "  attention + norms + rotary + SiLU + residuals + sync (rest of layers)"),
+    ("step", "whole pass (as `bench costs` times it)"),
+    ("timed", "the same pass with timers (the parts below add up to it)"),
+    ("layers", "decoder layers"),
+    ("qkv", "  q/k/v matmul (int4)"),
+    ("o", "  o matmul (int4)"),
+    ("gate_up", "  gate/up matmul (int4)"),
+    ("down", "  down matmul (int4)"),
+    ("quantize", "  activation rounding for the matmuls"),
+    ("attention", "  attention over the KV cache (tree mask)"),
+    ("norms", "  RMSNorms"),
+    ("rotary", "  rotary + KV cache writes"),
+    ("silu_mul", "  SiLU(gate) * up"),
+    ("residuals", "  residual adds"),
+    ("sync", "  threads waiting at the end of parallel regions"),
+    ("stack_other", "  call, checks, visible slots, allocations"),
+    ("layer_rest", "  attention + norms + rotary + SiLU + residuals + sync (rest of the Python layers)"),
+    ("matmuls", "  (reference: the int4 matmuls timed alone, outside the stack)"),
     ("output", "output layer (greedy)"),
     ("screen", "  int8 screen: products + bound (timed alone)"),
     ("recheck", "  exact re-check of candidates (rest of output)"),
     ("norm_embed", "final norm + embedding lookup"),
     ("python", "Python and small ops (positions, rotary tables, mask)"),
 )
+STACK_PHASES = ("qkv", "o", "gate_up", "down", "quantize", "attention", "norms", "rotary", "silu_mul",
+                "residuals", "sync")  # the C++ stack's phases (csrc/phase_timer.h), less its rest
+TOP_PARTS = ("layers", "output", "norm_embed", "python")  # what a timed pass adds up to
+CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
+PROJECTIONS = {"qkv": "qkv_proj", "o": "o_proj", "gate_up": "gate_up_proj", "down": "down_proj"}
 
 
 @dataclass
@@ -59,8 +81,14 @@ class ProfileConfig:
     tokens: tuple[int, ...] = (1, 8, 32)
     context: int = 256  # cached tokens before the pass
     repeats: int = 9  # timed passes per T (median)
+    clock: str = "wall"  # "wall", or "cpu": the thread's CPU time (one thread only)
 
     def __post_init__(self) -> None:
+        if self.clock not in CLOCKS:
+            raise ValueError(f"clock must be one of {', '.join(CLOCKS)}, got {self.clock!r}")
+        if self.clock == "cpu" and torch.get_num_threads() != 1:
+            raise ValueError("--clock cpu times one thread: run with OMP_NUM_THREADS=1 "
+                             f"(this process uses {torch.get_num_threads()} threads)")
         self.tokens = tuple(self.tokens)
         if not self.tokens or min(self.tokens) < 1 or max(self.tokens) > 256:
             raise ValueError(f"tokens must be between 1 and 256, got {self.tokens}")
@@ -76,29 +104,46 @@ class PassProfile:
 
 
 class _PartTimers:
-    """Adds the wall time of wrapped calls to a part, one pass at a time."""
+    """Adds the time of wrapped calls to a part, one pass at a time, on `clock` (CLOCKS)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: str = "wall") -> None:
+        self.clock = clock
+        self.now = CLOCKS[clock]
         self.seconds: dict[str, float] = defaultdict(float)
 
     def wrap(self, part: str, call: Callable) -> Callable:
         def timed(*args, **kwargs):
-            started = time.perf_counter()
+            started = self.now()
             try:
                 return call(*args, **kwargs)
             finally:
-                self.seconds[part] += time.perf_counter() - started
+                self.seconds[part] += self.now() - started
         return timed
+
+    def median(self, call: Callable[[], None], repeats: int) -> float:
+        """Median seconds of `repeats` calls of `call`, after one warm-up call."""
+        call()
+        times = []
+        for _ in range(repeats):
+            started = self.now()
+            call()
+            times.append(self.now() - started)
+        return _median(times)
 
 
 @contextlib.contextmanager
 def _timed_parts(model: nn.Module, timers: _PartTimers) -> Iterator[None]:
-    """Timers around the decoder layers, the output layer, the final norm and the embedding."""
-    from eyas.models import fused_cpu
+    """Timers around the decoder layers (the fused stack's calls, or each Python layer), the
+    output layer, the final norm and the embedding, and the stack's own per-phase timers."""
+    from eyas.models import extension
 
-    saved_run_layer = fused_cpu.run_layer
+    stack = model.fused_layers()
+    native = extension.module() if stack is not None else None
     patched = [model.norm, model.embed_tokens, *model.layers]
-    fused_cpu.run_layer = timers.wrap("layers", saved_run_layer)
+    if stack is not None:
+        stack.run = timers.wrap("layers", type(stack).run.__get__(stack))
+        native.phase_seconds(reset=True)
+        native.set_phase_timing(True, timers.clock)
     for layer in model.layers:  # the Python layers, where the fused ones do not run
         layer.forward = timers.wrap("layers", type(layer).forward.__get__(layer))
     model.norm.forward = timers.wrap("norm_embed", type(model.norm).forward.__get__(model.norm))
@@ -111,10 +156,19 @@ def _timed_parts(model: nn.Module, timers: _PartTimers) -> Iterator[None]:
     try:
         yield
     finally:
-        fused_cpu.run_layer = saved_run_layer
+        if stack is not None:
+            native.set_phase_timing(False)
+            stack.__dict__.pop("run", None)
         for module in patched + [head]:
             module.__dict__.pop("forward", None)
         head.__dict__.pop("greedy_logits", None)
+
+
+def stack_phases() -> dict[str, float]:
+    """Seconds charged to each phase of the fused stack since the last call (then reset)."""
+    from eyas.models import extension
+
+    return dict(extension.module().phase_seconds(reset=True))
 
 
 def _median(values: list[float]) -> float:
@@ -153,64 +207,85 @@ def _matmul_calls(model: nn.Module, rows: int) -> Callable[[], None]:
 
 
 @torch.inference_mode()
-def profile_pass(target, rows: int, context: int, repeats: int) -> PassProfile:
-    """Median seconds of each part of a greedy pass over `rows` tokens after `context` cached."""
+def profile_pass(target, rows: int, context: int, repeats: int, clock: str = "wall") -> PassProfile:
+    """Median seconds of each part of a greedy pass over `rows` tokens after `context` cached,
+    on `clock` ("wall", or "cpu": this thread's CPU time)."""
     from eyas.engine.generate import new_cache
+    from eyas.engine.speculative.sizing import verify_pass
 
     model = target.model
     cache = new_cache(target, 1, context + rows + 1)
     model(torch.zeros(1, context, dtype=torch.long), cache=cache, write_at=0, logits_at=None)
-    ids = torch.zeros(1, rows, dtype=torch.long)
-    mask = torch.ones(1, rows, context + rows, dtype=torch.bool)
-
-    def step() -> None:
-        model(ids, cache=cache, write_at=context, attn_mask=mask if rows > 1 else None,
-              kv_len=context + rows, greedy=True)
-
-    # 1. The whole pass, with timers around its parts.
-    step()  # warm-up
+    step = verify_pass(target, cache, context, rows)
+    fused = model.fused_layers() is not None
+    # 1. The whole pass, as `bench costs` times it: no timer anywhere.
+    timers = _PartTimers(clock)
     samples: dict[str, list[float]] = defaultdict(list)
-    timers = _PartTimers()
+    samples["step"].append(timers.median(step, repeats))
+    # 2. The same pass with timers around its parts and inside the stack; its parts add up.
     with _timed_parts(model, timers):
+        step()  # warm-up
+        if fused:
+            stack_phases()
         for _ in range(repeats):
             timers.seconds.clear()
-            started = time.perf_counter()
+            started = timers.now()
             step()
-            total = time.perf_counter() - started
-            samples["step"].append(total)
+            total = timers.now() - started
+            samples["timed"].append(total)
             for part in ("layers", "output", "norm_embed"):
                 samples[part].append(timers.seconds[part])
             samples["python"].append(total - sum(timers.seconds.values()))
-    # 2. The parts inside single calls, each timed alone.
+            if fused:
+                phases = stack_phases()
+                for part in STACK_PHASES:
+                    samples[part].append(phases[part])
+                samples["stack_other"].append(timers.seconds["layers"] - sum(phases[p] for p in STACK_PHASES))
+    # 3. The parts inside single calls, each timed alone.
     matmuls = _matmul_calls(model, rows)
     hidden = torch.randn(rows, model.config.hidden_size)
     head = model.lm_head
     screen = (lambda: head.screen(hidden)) if hasattr(head, "screen") else None
-    matmuls()
-    for _ in range(repeats):
-        started = time.perf_counter()
-        matmuls()
-        samples["matmuls"].append(time.perf_counter() - started)
-        if screen is not None:
-            started = time.perf_counter()
-            screen()
-            samples["screen"].append(time.perf_counter() - started)
+    samples["matmuls"].append(timers.median(matmuls, repeats))
+    if screen is not None:
+        samples["screen"].append(timers.median(screen, repeats))
     seconds = {part: _median(values) for part, values in samples.items()}
-    seconds["layer_rest"] = max(0.0, seconds["layers"] - seconds["matmuls"])
+    if not fused:
+        seconds["layer_rest"] = max(0.0, seconds["layers"] - seconds["matmuls"])
     if "screen" in seconds:
         seconds["recheck"] = max(0.0, seconds["output"] - seconds["screen"])
     return PassProfile(rows, seconds)
 
 
-def part_floors(work: ModelWork, limits: MachineLimits, rows: int, context: int) -> dict[str, float]:
+def _projection_work(model: nn.Module) -> dict[str, tuple[int, int]]:
+    """Per projection kind (qkv, o, gate_up, down): (bytes of its weights, multiply-adds per row
+    and 8-bit pass), summed over the decoder layers."""
+    work = {}
+    for part, name in PROJECTIONS.items():
+        total_bytes = total_macs = 0
+        for layer in model.layers:
+            linear = getattr(layer.self_attn, name, None) or getattr(layer.mlp, name, None)
+            if linear is None:
+                continue
+            total_bytes += sum(t.numel() * t.element_size() for t in (*linear.buffers(), *linear.parameters()))
+            total_macs += linear.in_features * linear.out_features if hasattr(linear, "in_features") else 0
+        work[part] = (total_bytes, total_macs)
+    return work
+
+
+def part_floors(work: ModelWork, limits: MachineLimits, rows: int, context: int,
+                projections: dict[str, tuple[int, int]] | None = None) -> dict[str, float]:
     """Each part's floor: max(bytes / bandwidth, multiply-adds / peak)."""
     bandwidth, peak = limits.bandwidth(), limits.peak()
     decoder = max(work.decoder_bytes / bandwidth, rows * work.decoder_multiply_adds * work.passes / peak)
     output = max(work.output_bytes / bandwidth, rows * work.output_multiply_adds * work.output_passes / peak)
     attention = (context + rows) * work.cache_bytes_per_token / bandwidth
     whole, _ = floor_seconds(pass_work(work, rows, context), limits)
-    return {"step": whole, "layers": max(decoder, attention), "matmuls": decoder, "layer_rest": attention,
-            "output": output, "screen": output}
+    floors = {"step": whole, "layers": max(decoder, attention), "matmuls": decoder, "layer_rest": attention,
+              "attention": attention, "output": output, "screen": output}
+    for part, (size, macs) in (projections or {}).items():
+        floors[part] = max(size / bandwidth, rows * macs * work.passes / peak)
+    return floors
 
 
 def run_profile(config: ProfileConfig, refresh_limits: bool = False) -> tuple[list[PassProfile], list[str]]:
@@ -227,12 +302,14 @@ def run_profile(config: ProfileConfig, refresh_limits: bool = False) -> tuple[li
     if work is not None:
         header.append(describe_work(work))
     header.append(f"{config.model} ({target.precision}), greedy pass over T tokens after "
-                  f"{config.context} cached, median of {config.repeats}")
+                  f"{config.context} cached, {torch.get_num_threads()} thread(s), median of {config.repeats} "
+                  f"on the {'CPU-time' if config.clock == 'cpu' else 'wall'} clock; "
+                  "the indented parts add up to the part above them (but the reference row)")
     profiles = []
     for rows in config.tokens:
-        profile = profile_pass(target, rows, config.context, config.repeats)
+        profile = profile_pass(target, rows, config.context, config.repeats, config.clock)
         if work is not None:
-            profile.floors = part_floors(work, limits, rows, config.context)
+            profile.floors = part_floors(work, limits, rows, config.context, _projection_work(target.model))
         profiles.append(profile)
     return profiles, header
 

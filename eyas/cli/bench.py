@@ -145,8 +145,9 @@ def _register_profile(sub: argparse._SubParsersAction) -> None:
     profile = sub.add_parser(
         "profile", help="where the time of a target pass goes, part by part, beside each part's floor",
         description="Time one greedy target pass over T new tokens (after --context cached ones) "
-                    "and its parts: decoder matmuls, attention with the tree mask + norms + rotary "
-                    "(the rest of the C++ layers), the output screen and its exact re-check, "
+                    "and its parts: inside the one C++ call of the decoder stack, each matmul, the "
+                    "activation rounding, attention with the tree mask, norms, rotary, SiLU, "
+                    "residuals and thread waits; the output screen and its exact re-check, "
                     "Python; each in ms, % of the pass and its own floor (bytes / measured "
                     "bandwidth, multiply-adds / measured integer peak).\n\nExample:\n"
                     "    eyas bench profile --model smollm2-135m --tokens 1,8,32",
@@ -157,6 +158,8 @@ def _register_profile(sub: argparse._SubParsersAction) -> None:
                          help="new tokens per pass, comma-separated (default: 1,8,32)")
     profile.add_argument("--context", type=int, default=d.context, help="cached tokens (default: %(default)s)")
     profile.add_argument("--repeats", type=int, default=d.repeats, help="timed passes per T (median)")
+    profile.add_argument("--clock", default=d.clock, choices=("wall", "cpu"),
+                         help="wall time, or the thread's CPU time (a loaded machine; needs OMP_NUM_THREADS=1)")
     profile.add_argument("--probe-again", action="store_true",
                          help="measure this machine's bandwidth and integer peak again (they are cached)")
     profile.set_defaults(func=run_profile_cli)
@@ -166,7 +169,7 @@ def run_profile_cli(args: argparse.Namespace) -> int:
     from eyas.bench.profile import ProfileConfig, format_profile, run_profile
 
     try:
-        config = ProfileConfig(args.model, args.dtype, tuple(args.tokens), args.context, args.repeats)
+        config = ProfileConfig(args.model, args.dtype, tuple(args.tokens), args.context, args.repeats, args.clock)
     except ValueError as error:
         raise EyasError(str(error)) from None
     profiles, header = run_profile(config, refresh_limits=args.probe_again)

@@ -1,6 +1,7 @@
 """Floors of a pass (bench/floors.py): the arithmetic on a hand-made example."""
 
 import pytest
+import torch
 
 from eyas.bench.floors import ModelWork, PassWork, costs_table, floor_seconds, pass_work
 from eyas.models.probe import MachineLimits
@@ -52,10 +53,10 @@ def test_profile_parts_of_a_tiny_model(tiny_target):
     for part in ("step", "layers", "matmuls", "layer_rest", "output", "norm_embed", "python"):
         assert profile.seconds[part] >= 0.0
     assert profile.seconds["layers"] > 0 and profile.seconds["matmuls"] > 0 and profile.seconds["output"] > 0
-    assert profile.seconds["layers"] + profile.seconds["output"] < 1.5 * profile.seconds["step"]
+    assert profile.seconds["layers"] + profile.seconds["output"] < 1.5 * profile.seconds["timed"]  # parts of that pass
     table = format_profile([profile])
     assert table[0] == "| part | T=4 ms | % | floor ms |"
-    assert table[2].startswith("| whole pass |") and table[2].endswith("| 100% | - |")
+    assert table[2].startswith("| whole pass (as `bench costs` times it) |") and table[2].endswith("| 100% | - |")
     assert len(table) == 2 + sum(part in profile.seconds for part, _ in PARTS)
     # the timers are gone afterwards: the model's modules run their own methods again
     model = tiny_target.model
@@ -69,7 +70,7 @@ def test_bench_profile_cli(tiny_model_dir, capsys):
                  "--tokens", "1,2", "--context", "8", "--repeats", "2"]) == 0
     out = capsys.readouterr().out
     assert "| part | T=1 ms | % | floor ms | T=2 ms | % | floor ms |" in out
-    assert "| decoder layers (per-layer calls) |" in out and "CPU: " in out
+    assert "| decoder layers |" in out and "CPU: " in out
 
 
 def test_bench_profile_refuses_bad_token_counts(tiny_model_dir, capsys):
@@ -77,3 +78,37 @@ def test_bench_profile_refuses_bad_token_counts(tiny_model_dir, capsys):
 
     assert main(["bench", "profile", "--model", str(tiny_model_dir), "--tokens", "0,8"]) != 0
     assert "tokens must be between 1 and 256, got (0, 8)" in capsys.readouterr().err
+
+
+def test_profile_splits_the_fused_stack_of_the_int4_target(smollm_int4_target):
+    """Inside the one C++ call of the int4 stack, every phase is charged, and the parts of a
+    timed pass add up to it (bench/profile.py, csrc/phase_timer.h)."""
+    from eyas.bench.profile import STACK_PHASES, TOP_PARTS, format_profile, profile_pass
+
+    if smollm_int4_target.model.fused_layers() is None:
+        pytest.skip("no fused int4 stack here (no C++ extension)")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one thread on its CPU time: what other processes do cannot skew the sums
+    try:
+        profile = profile_pass(smollm_int4_target, rows=4, context=32, repeats=5, clock="cpu")
+    finally:
+        torch.set_num_threads(threads)
+    seconds = profile.seconds
+    assert seconds["sync"] == 0.0  # one thread never waits for another
+    for part in STACK_PHASES + ("stack_other",):
+        assert seconds[part] >= 0.0, part
+    for part in ("qkv", "o", "gate_up", "down", "quantize", "attention", "norms", "rotary", "silu_mul",
+                 "residuals"):
+        assert seconds[part] > 0.0, part
+    matmuls = seconds["qkv"] + seconds["o"] + seconds["gate_up"] + seconds["down"]
+    assert matmuls > 0.3 * (seconds["layers"] - seconds["sync"])  # waits aside (a loaded machine)
+    assert seconds["stack_other"] < 0.2 * seconds["layers"]  # the phases cover the call
+    assert sum(seconds[part] for part in STACK_PHASES + ("stack_other",)) == pytest.approx(seconds["layers"], rel=0.15)
+    assert sum(seconds[part] for part in TOP_PARTS) == pytest.approx(seconds["timed"], rel=0.15)
+    assert 0.33 < seconds["timed"] / seconds["step"] < 3.0  # the pass `bench costs` times, timers aside
+    assert "layer_rest" not in seconds
+    table = format_profile([profile])
+    labels = [line.split(" |")[0].strip("| ") for line in table[2:]]
+    assert labels[:3] == ["whole pass (as `bench costs` times it)",
+                          "the same pass with timers (the parts below add up to it)", "decoder layers"]
+    assert "q/k/v matmul (int4)" in labels and "threads waiting at the end of parallel regions" in labels

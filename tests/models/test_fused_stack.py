@@ -5,6 +5,7 @@ over a random draft tree of T = 2..64 rows each row gets the bits of the same ro
 
 import contextlib
 import shutil
+import time
 
 import pytest
 import torch
@@ -108,3 +109,41 @@ def test_each_row_of_a_random_tree_gets_the_bits_of_the_row_alone(smollm_int4_ta
     assert torch.equal(cache.keys[:, :, :, : context + size], written)
     mismatched = [row for row in range(size) if not torch.equal(tree[row], alone[row])]
     assert not mismatched, f"rows {mismatched} of {size} differ from the row alone"
+
+
+def test_phase_timers_change_no_bit_and_cover_the_call(smollm_int4_target):
+    """The stack's per-phase timers (csrc/phase_timer.h): a pass timed gives the bits of a pass
+    untimed, every phase of a layer is charged, and the phases add up to the call's wall time."""
+    model = smollm_int4_target.model
+    stack = model.fused_layers()
+    ext = extension.module()
+    positions, mask = random_tree(9, CONTEXT.shape[1], seed=3)
+    ids = torch.randint(0, 49152, (1, 9), generator=torch.Generator().manual_seed(3))
+    results, seconds = [], {}
+    with torch.inference_mode():
+        for timing in (False, True):
+            cache = new_cache(smollm_int4_target)
+            model(CONTEXT, cache=cache, write_at=0, logits_at=None)
+            x = model.embed_tokens(ids).reshape(9, -1).contiguous()
+            cos_table, sin_table = model.rope_tables(int(positions.max()) + 1)
+            cos, sin = cos_table[positions].reshape(9, -1), sin_table[positions].reshape(9, -1)
+            ext.phase_seconds(reset=True)
+            ext.set_phase_timing(timing)
+            try:
+                started = time.perf_counter()
+                out = stack.run(x, cos, sin, cache, list(range(30)), torch.arange(60, 69)[None], 69, mask)
+                wall = time.perf_counter() - started
+            finally:
+                ext.set_phase_timing(False)
+            seconds[timing] = ext.phase_seconds(reset=True)
+            results.append((out, cache.keys.clone(), cache.values.clone()))
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+    assert set(seconds[False].values()) == {0.0}  # nothing charged with the timers off
+    timed = seconds[True]
+    for phase in ("qkv", "o", "gate_up", "down", "quantize", "attention", "norms", "rotary", "silu_mul",
+                  "residuals", "stack_other"):
+        assert timed[phase] > 0, phase
+    assert (timed["sync"] > 0) == (torch.get_num_threads() > 1)
+    # the matmuls are most of the work (waits aside: a loaded machine can leave a thread waiting long)
+    assert timed["qkv"] + timed["o"] + timed["gate_up"] + timed["down"] > 0.3 * (wall - timed["sync"])
+    assert 0.8 * wall < sum(timed.values()) <= wall

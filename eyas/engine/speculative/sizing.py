@@ -112,20 +112,23 @@ def measure_verify_costs(target, context: int = 256, sizes=TOKEN_SIZES, repeats:
     from eyas.engine.generate import new_cache
 
     cache = new_cache(target, 1, context + max(sizes) + 1)
-    device = target.device
-    target.model(torch.zeros(1, context, dtype=torch.long, device=device), cache=cache, write_at=0,
+    target.model(torch.zeros(1, context, dtype=torch.long, device=target.device), cache=cache, write_at=0,
                  logits_at=None)
-    costs = {}
-    for size in sizes:
-        ids = torch.zeros(1, size, dtype=torch.long, device=device)
-        mask = torch.ones(1, size, context + size, dtype=torch.bool, device=device)
+    return {size: _median_seconds(verify_pass(target, cache, context, size), repeats) for size in sizes}
 
-        def step() -> None:
-            target.model(ids, cache=cache, write_at=context, attn_mask=mask if size > 1 else None,
-                         kv_len=context + size, greedy=True)
 
-        costs[size] = _median_seconds(step, repeats)
-    return costs
+def verify_pass(target, cache, context: int, size: int) -> Callable[[], None]:
+    """One greedy target pass over `size` new tokens written after `context` cached ones, each
+    seeing the context and every new token (the tree mask for size > 1): the pass
+    measure_verify_costs times, and bench/profile.py splits."""
+    device = target.device
+    ids = torch.zeros(1, size, dtype=torch.long, device=device)  # [1, T]
+    mask = torch.ones(1, size, context + size, dtype=torch.bool, device=device)  # [1, T, context + T]
+
+    def step() -> None:
+        target.model(ids, cache=cache, write_at=context, attn_mask=mask if size > 1 else None,
+                     kv_len=context + size, greedy=True)
+    return step
 
 
 @torch.inference_mode()

@@ -17,6 +17,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "phase_timer.h"
 #include "simd.h"
 
 namespace eyas {
@@ -42,7 +43,7 @@ void generic_attention(const T* q, const T* keys, const T* values, const Visibil
   // prefill) spreads over the threads; how queries are grouped changes no value.
   const int64_t chunk = 32, chunks = (queries + chunk - 1) / chunk;
   const int64_t items = batch * kv_heads * chunks;
-  at::parallel_for(0, items, work >= (1 << 15) ? 1 : items, [&](int64_t begin, int64_t end) {
+  eyas::parallel_for(0, items, work >= (1 << 15) ? 1 : items, [&](int64_t begin, int64_t end) {
     std::vector<T> probs(kv_len);
     std::vector<typename S::Vec> acc(head_dim / S::width);
     for (int64_t item = begin; item < end; ++item) {
@@ -129,21 +130,17 @@ void chunk_partials(const float* const qv[G], const K* kb, const K* vb, const in
         for (int j = 0; j < 8; ++j) scores[g][i + j] = -INFINITY;
       continue;
     }
-    __m256 halves[G][8];
-    for (int j = 0; j < 8; ++j) {
-      const K* k = kb + int64_t(chunk_slots[i + std::min<int64_t>(j, count - 1)]) * head_dim;
-      Floats16 key[NV];
-      for (int c = 0; c < NV; ++c) key[c] = Floats16::load(k + 16 * c);
-      for (int g = 0; g < G; ++g) {
-        Floats16 acc = Floats16::zero();
-        for (int c = 0; c < NV; ++c) acc.fma(query[g][c], key[c]);
-        halves[g][j] = acc.half_sum();
-      }
-    }
+    const K* k[8];
+    for (int j = 0; j < 8; ++j) k[j] = kb + int64_t(chunk_slots[i + std::min<int64_t>(j, count - 1)]) * head_dim;
     // keys count.. of the block are padding: -inf
     const __m256 padding = _mm256_cmp_ps(_mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_ps(float(count)), _CMP_GE_OQ);
-    for (int g = 0; g < G; ++g) {
-      const __m256 dots = _mm256_mul_ps(reduce8(halves[g]), _mm256_set1_ps(scale));
+    for (int g = 0; g < G; ++g) {  // one query at a time: its 8 sums stay in registers
+      Floats16 sums[8];
+      for (int j = 0; j < 8; ++j) {
+        sums[j] = Floats16::zero();
+        for (int c = 0; c < NV; ++c) sums[j].fma(query[g][c], Floats16::load(k[j] + 16 * c));
+      }
+      const __m256 dots = _mm256_mul_ps(reduce8_halves(sums), _mm256_set1_ps(scale));
       _mm256_store_ps(scores[g] + i, _mm256_blendv_ps(dots, _mm256_set1_ps(-INFINITY), padding));
     }
   }
@@ -208,7 +205,7 @@ void chunked_attention(const float* q, const K* keys, const K* values, const Vis
   float* partials = scratch(batch * kv_heads * chunks * queries * stride);
   const int64_t items = batch * kv_heads * chunks;
   const int64_t work = queries * visible.longest * head_dim;
-  at::parallel_for(0, items, work >= (1 << 14) ? 1 : items, [&](int64_t begin, int64_t end) {
+  eyas::parallel_for(0, items, work >= (1 << 14) ? 1 : items, [&](int64_t begin, int64_t end) {
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / (kv_heads * chunks), kvh = (item / chunks) % kv_heads, chunk = item % chunks;
       const K* kb = keys + (b * kv_heads + kvh) * max_slots * head_dim;
@@ -243,7 +240,7 @@ void chunked_attention(const float* q, const K* keys, const K* values, const Vis
     }
   });
   // Combine each query's chunks in order: the softmax over all its visible keys.
-  at::parallel_for(0, batch * kv_heads * queries, 64, [&](int64_t begin, int64_t end) {
+  eyas::parallel_for(0, batch * kv_heads * queries, 64, [&](int64_t begin, int64_t end) {
     for (int64_t index = begin; index < end; ++index) {
       const int64_t b = index / (kv_heads * queries), kvh = (index / queries) % kv_heads, m = index % queries;
       const int64_t t = m / group, h = kvh * group + m % group;

@@ -26,12 +26,15 @@
 #include "int4_gemm.h"
 #include "int8_screen.h"
 #include "int8dot.h"
+#include "phase_timer.h"
 #include "simd.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <map>
+#include <string>
 #include <vector>
 
 using at::Tensor;
@@ -64,26 +67,59 @@ Tensor int4_mm(const Tensor& a, const Tensor& packed, int64_t group, const Tenso
   return at::cat(parts);
 }
 
-// x [N, I] float32 -> [N, O] float32 through one of the two int4 weight layouts: eyas's int8dot
-// kernel's (uint8 [O/16, I/32, 320], int4_gemm.cpp; `scales` unused) on float32 activations,
-// or PyTorch's packed int4 on activations rounded to bf16, its output widened back.
-Tensor linear(const Tensor& x, const Tensor& packed, int64_t group, const Tensor& scales) {
-  if (packed.scalar_type() == at::kByte && packed.dim() == 3) return eyas::int4_linear(x, packed);
-  return int4_mm(x.to(at::kBFloat16), packed, group, scales).to(at::kFloat);
+// Float buffers of a pass, reused by every layer and by the next pass of the calling thread:
+// a layer allocates nothing (each allocation cost ~1 us, ~15 of them a layer).
+struct Buffers {
+  std::vector<float> both, normed, qkv, q, attended, projected, gate_up, act, down;
+};
+
+Buffers& buffers() {
+  static thread_local Buffers kept;
+  return kept;
 }
 
+// The first `count` floats of `buffer`, grown when needed (never shrunk, never cleared).
+float* sized(std::vector<float>& buffer, int64_t count) {
+  if (int64_t(buffer.size()) < count) buffer.resize(count);
+  return buffer.data();
+}
+
+// x [rows, I] float32 -> y [rows, O] float32 (into `y`, grown to fit) through one of the two int4
+// weight layouts: eyas's int8dot kernel's (uint8 [O/16, I/32, 320], int4_gemm.cpp; `scales`
+// unused) on float32 activations, or PyTorch's packed int4 on activations rounded to bf16, its
+// output widened back. Returns O.
+int64_t linear(eyas::Phase phase, const float* x, int64_t rows, int64_t in, const Tensor& packed, int64_t group,
+               const Tensor& scales, std::vector<float>& y) {
+  const eyas::PhaseScope timed(phase);
+  if (packed.scalar_type() == at::kByte && packed.dim() == 3) {
+    const int64_t out = packed.size(0) * 16;  // 16 columns per block (int4_gemm.h)
+    eyas::int4_gemm(x, rows, in, packed, sized(y, rows * out));
+    return out;
+  }
+  const Tensor input = at::from_blob(const_cast<float*>(x), {rows, in}, at::kFloat);
+  const Tensor result = int4_mm(input.to(at::kBFloat16), packed, group, scales).to(at::kFloat).contiguous();
+  std::memcpy(sized(y, result.numel()), result.data_ptr<float>(), result.numel() * sizeof(float));
+  return result.size(1);
+}
+
+// Rows of a per-row loop given to each thread at least: fewer rows run on the calling thread
+// alone (a parallel region costs more than their work). Which thread runs a row changes none
+// of its values.
+constexpr int64_t kRowsPerThread = 8;
 
 // out[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * w for rows of width h; out's rows are
 // out_stride apart (h, or 2h for one half of a concatenation).
 void rms_norm_rows(const float* x, const float* w, int64_t rows, int64_t h, double eps, float* out,
                    int64_t out_stride) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * h;
-    double squares = 0;
-    for (int64_t i = 0; i < h; ++i) squares += double(xr[i]) * xr[i];
-    const float scale = float(1.0 / std::sqrt(squares / h + eps));
-    for (int64_t i = 0; i < h; ++i) out[r * out_stride + i] = xr[i] * scale * w[i];
-  }
+  eyas::parallel_for(0, rows, kRowsPerThread, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* xr = x + r * h;
+      double squares = 0;
+      for (int64_t i = 0; i < h; ++i) squares += double(xr[i]) * xr[i];
+      const float scale = float(1.0 / std::sqrt(squares / h + eps));
+      for (int64_t i = 0; i < h; ++i) out[r * out_stride + i] = xr[i] * scale * w[i];
+    }
+  });
 }
 
 
@@ -103,8 +139,9 @@ template <typename Q, typename K>
 void rope_and_write(const QkvRows& in, Q* q, K* keys, K* values) {
   const int64_t heads = in.heads, kv_heads = in.kv_heads, head_dim = in.head_dim, half = head_dim / 2;
   const int64_t width = (heads + 2 * kv_heads) * head_dim;
+  eyas::parallel_for(0, in.rows, kRowsPerThread, [&](int64_t begin, int64_t end) {
   std::vector<float> vals(head_dim), rotated(head_dim);
-  for (int64_t n = 0; n < in.rows; ++n) {
+  for (int64_t n = begin; n < end; ++n) {
     const int64_t b = n / in.length;
     const int64_t s = in.slots[n];
     TORCH_CHECK_INDEX(s >= 0 && s < in.max_slots, "KV cache overflow: slot ", s, " of ", in.max_slots);
@@ -132,6 +169,7 @@ void rope_and_write(const QkvRows& in, Q* q, K* keys, K* values) {
       }
     }
   }
+  });
 }
 
 
@@ -167,81 +205,13 @@ void check_cache(const Tensor& cache_k, const Tensor& cache_v, int64_t batch, in
                     cache_k.size(2));
 }
 
-// x [N, H] float32 (N = B * T rows, row n = b * T + t) -> the layer's output [N, H] float32;
-// writes this layer's keys and values at the pass's slots of cache_k / cache_v [B', KV, S, D].
-// With `embeds` (and `norm_embeds`) it is an EAGLE-3 head's layer (see int4_decoder_layer).
-Tensor decoder_layer(const Tensor& x, const LayerWeights& w, const Pass& pass, const Tensor& cache_k,
-                     const Tensor& cache_v, const Tensor* embeds = nullptr, const Tensor* norm_embeds = nullptr) {
-  const int64_t rows = x.size(0), hidden = x.size(1);
-  const int64_t batch = pass.slots.size(0), length = pass.slots.size(1);
-  const int64_t heads = w.heads, kv_heads = w.kv_heads, head_dim = pass.cos.size(1);
-  const int64_t max_slots = cache_k.size(2);
-  const int64_t qkv_width = (heads + 2 * kv_heads) * head_dim;
-  check_cache(cache_k, cache_v, batch, kv_heads, head_dim, pass.kv_len);
-  // 1. Attention input: RMSNorm (of the token embeddings too, for a head) -> q/k/v projection.
-  Tensor normed = at::empty({rows, hidden}, x.options());
-  Tensor qkv;
-  if (embeds != nullptr) {
-    Tensor both = at::empty({rows, 2 * hidden}, x.options());  // [N, 2H] = cat(norm(e), norm(x))
-    rms_norm_rows(embeds->data_ptr<float>(), norm_embeds->data_ptr<float>(), rows, hidden, w.eps,
-                  both.data_ptr<float>(), 2 * hidden);
-    rms_norm_rows(x.data_ptr<float>(), w.norm_in.data_ptr<float>(), rows, hidden, w.eps,
-                  both.data_ptr<float>() + hidden, 2 * hidden);
-    qkv = linear(both, w.qkv_packed, w.group, w.qkv_scales);
-  } else {
-    rms_norm_rows(x.data_ptr<float>(), w.norm_in.data_ptr<float>(), rows, hidden, w.eps, normed.data_ptr<float>(),
-                  hidden);
-    qkv = linear(normed, w.qkv_packed, w.group, w.qkv_scales);  // [N, (Hq + 2 KV) * D]
-  }
-  TORCH_CHECK(qkv.size(1) == qkv_width, "qkv projection width does not match the heads");
-
-  // 2. RoPE on q and k (float32, as the Python path), then q in the cache's dtype (float32 for
-  // a float16 cache), k and v into the cache; 3. attention in that dtype (float32 for float16),
-  // rounded to float32 for o_proj.
-  Tensor attended = at::empty({rows, heads * head_dim}, x.options());
-  const float* bias = w.qkv_bias.has_value() ? w.qkv_bias->data_ptr<float>() : nullptr;
-  const QkvRows qkv_rows{qkv.data_ptr<float>(), bias, pass.cos.data_ptr<float>(), pass.sin.data_ptr<float>(),
-                         pass.slots.data_ptr<int64_t>(), rows, length, heads, kv_heads, head_dim, max_slots};
-  if (cache_k.scalar_type() == at::kHalf) {
-    Tensor q = at::empty({rows, heads, head_dim}, x.options());
-    at::Half* kc = cache_k.data_ptr<at::Half>();
-    at::Half* vc = cache_v.data_ptr<at::Half>();
-    rope_and_write(qkv_rows, q.data_ptr<float>(), kc, vc);
-    eyas::attention(q.data_ptr<float>(), kc, vc, pass.visible, batch, length, heads, kv_heads, head_dim, max_slots,
-                    attended.data_ptr<float>());  // attention.cpp
-  } else {
-    AT_DISPATCH_FLOATING_TYPES(cache_k.scalar_type(), "int4_decoder_layer", [&] {
-      Tensor q = at::empty({rows, heads, head_dim}, x.options().dtype(cache_k.scalar_type()));
-      scalar_t* kc = cache_k.data_ptr<scalar_t>();
-      scalar_t* vc = cache_v.data_ptr<scalar_t>();
-      rope_and_write(qkv_rows, q.data_ptr<scalar_t>(), kc, vc);
-      eyas::attention(q.data_ptr<scalar_t>(), kc, vc, pass.visible, batch, length, heads, kv_heads, head_dim,
-                      max_slots, attended.data_ptr<float>());  // attention.cpp
-    });
-  }
-  // 4. Output projection and residual.
-  Tensor projected = linear(attended, w.o_packed, w.group, w.o_scales);  // [N, H]
-  Tensor out = at::empty({rows, hidden}, x.options());
-  {
-    const float* xi = x.data_ptr<float>();
-    const float* p = projected.data_ptr<float>();
-    float* o = out.data_ptr<float>();
-    for (int64_t i = 0; i < rows * hidden; ++i) o[i] = xi[i] + p[i];
-  }
-
-  // 5. MLP: RMSNorm -> gate/up -> silu(gate) * up -> down; 6. residual.
-  rms_norm_rows(out.data_ptr<float>(), w.norm_post.data_ptr<float>(), rows, hidden, w.eps, normed.data_ptr<float>(),
-                hidden);
-  Tensor gate_up = linear(normed, w.gate_up_packed, w.group, w.gate_up_scales);  // [N, 2I]
-  const int64_t inner = gate_up.size(1) / 2;
-  Tensor act = at::empty({rows, inner}, x.options());
-  {
-    const float* g = gate_up.data_ptr<float>();
-    float* a = act.data_ptr<float>();
-    for (int64_t n = 0; n < rows; ++n) {
-      const float* gate = g + n * 2 * inner;
+// SiLU(gate) * up for rows of gate_up [N, 2I] -> act [N, I].
+void silu_mul_rows(const float* gate_up, int64_t rows, int64_t inner, float* act) {
+  eyas::parallel_for(0, rows, kRowsPerThread, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const float* gate = gate_up + n * 2 * inner;
       const float* up = gate + inner;
-      float* an = a + n * inner;
+      float* an = act + n * inner;
       int64_t i = 0;
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
       for (; i + 16 <= inner; i += 16) {  // exp16: the same operations as exp_approx, 16 lanes
@@ -252,14 +222,109 @@ Tensor decoder_layer(const Tensor& x, const LayerWeights& w, const Pass& pass, c
 #endif
       for (; i < inner; ++i) an[i] = gate[i] / (1.0f + eyas::exp_approx(-gate[i])) * up[i];
     }
+  });
+}
+
+// out = x + y (or out += y with x == out) over rows of width h.
+void add_rows(const float* x, const float* y, int64_t rows, int64_t h, float* out) {
+  eyas::parallel_for(0, rows, kRowsPerThread, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin * h; i < end * h; ++i) out[i] = x[i] + y[i];
+  });
+}
+
+// x [N, H] float32 (N = B * T rows, row n = b * T + t) -> the layer's output, written to `out`
+// [N, H] (not x); writes this layer's keys and values at the pass's slots of cache_k / cache_v
+// [B', KV, S, D]. With `embeds` (and `norm_embeds`) it is an EAGLE-3 head's layer (see
+// int4_decoder_layer).
+void decoder_layer(const float* x, int64_t rows, int64_t hidden, const LayerWeights& w, const Pass& pass,
+                   const Tensor& cache_k, const Tensor& cache_v, float* out, const Tensor* embeds = nullptr,
+                   const Tensor* norm_embeds = nullptr) {
+  const int64_t batch = pass.slots.size(0), length = pass.slots.size(1);
+  const int64_t heads = w.heads, kv_heads = w.kv_heads, head_dim = pass.cos.size(1);
+  const int64_t max_slots = cache_k.size(2);
+  const int64_t qkv_width = (heads + 2 * kv_heads) * head_dim;
+  check_cache(cache_k, cache_v, batch, kv_heads, head_dim, pass.kv_len);
+  Buffers& buf = buffers();
+  // 1. Attention input: RMSNorm (of the token embeddings too, for a head) -> q/k/v projection.
+  float* normed = sized(buf.normed, rows * hidden);
+  int64_t width;
+  if (embeds != nullptr) {
+    float* both = sized(buf.both, rows * 2 * hidden);  // [N, 2H] = cat(norm(e), norm(x))
+    {
+      const eyas::PhaseScope timed(eyas::kNorms);
+      rms_norm_rows(embeds->data_ptr<float>(), norm_embeds->data_ptr<float>(), rows, hidden, w.eps, both,
+                    2 * hidden);
+      rms_norm_rows(x, w.norm_in.data_ptr<float>(), rows, hidden, w.eps, both + hidden, 2 * hidden);
+    }
+    width = linear(eyas::kQkv, both, rows, 2 * hidden, w.qkv_packed, w.group, w.qkv_scales, buf.qkv);
+  } else {
+    {
+      const eyas::PhaseScope timed(eyas::kNorms);
+      rms_norm_rows(x, w.norm_in.data_ptr<float>(), rows, hidden, w.eps, normed, hidden);
+    }
+    width = linear(eyas::kQkv, normed, rows, hidden, w.qkv_packed, w.group, w.qkv_scales, buf.qkv);
   }
-  Tensor down = linear(act, w.down_packed, w.group, w.down_scales);  // [N, H]
+  TORCH_CHECK(width == qkv_width, "qkv projection width does not match the heads");
+
+  // 2. RoPE on q and k (float32, as the Python path), then q in the cache's dtype (float32 for
+  // a float16 cache), k and v into the cache; 3. attention in that dtype (float32 for float16),
+  // rounded to float32 for o_proj.
+  float* attended = sized(buf.attended, rows * heads * head_dim);
+  const float* bias = w.qkv_bias.has_value() ? w.qkv_bias->data_ptr<float>() : nullptr;
+  const QkvRows qkv_rows{buf.qkv.data(), bias, pass.cos.data_ptr<float>(), pass.sin.data_ptr<float>(),
+                         pass.slots.data_ptr<int64_t>(), rows, length, heads, kv_heads, head_dim, max_slots};
+  if (cache_k.scalar_type() == at::kDouble) {
+    Tensor q = at::empty({rows, heads, head_dim}, cache_k.options());
+    double* kc = cache_k.data_ptr<double>();
+    double* vc = cache_v.data_ptr<double>();
+    {
+      const eyas::PhaseScope timed(eyas::kRotary);
+      rope_and_write(qkv_rows, q.data_ptr<double>(), kc, vc);
+    }
+    const eyas::PhaseScope timed(eyas::kAttention);
+    eyas::attention(q.data_ptr<double>(), kc, vc, pass.visible, batch, length, heads, kv_heads, head_dim,
+                    max_slots, attended);  // attention.cpp
+  } else {
+    float* q = sized(buf.q, rows * heads * head_dim);  // [N, Hq, D]
+    auto run = [&](auto* kc, auto* vc) {
+      {
+        const eyas::PhaseScope timed(eyas::kRotary);
+        rope_and_write(qkv_rows, q, kc, vc);
+      }
+      const eyas::PhaseScope timed(eyas::kAttention);
+      eyas::attention(q, kc, vc, pass.visible, batch, length, heads, kv_heads, head_dim, max_slots,
+                      attended);  // attention.cpp
+    };
+    if (cache_k.scalar_type() == at::kHalf) {
+      run(cache_k.data_ptr<at::Half>(), cache_v.data_ptr<at::Half>());
+    } else {
+      run(cache_k.data_ptr<float>(), cache_v.data_ptr<float>());
+    }
+  }
+  // 4. Output projection and residual.
+  linear(eyas::kO, attended, rows, heads * head_dim, w.o_packed, w.group, w.o_scales, buf.projected);  // [N, H]
   {
-    const float* p = down.data_ptr<float>();
-    float* o = out.data_ptr<float>();
-    for (int64_t i = 0; i < rows * hidden; ++i) o[i] += p[i];
+    const eyas::PhaseScope timed(eyas::kResiduals);
+    add_rows(x, buf.projected.data(), rows, hidden, out);
   }
-  return out;
+
+  // 5. MLP: RMSNorm -> gate/up -> silu(gate) * up -> down; 6. residual.
+  {
+    const eyas::PhaseScope timed(eyas::kNorms);
+    rms_norm_rows(out, w.norm_post.data_ptr<float>(), rows, hidden, w.eps, normed, hidden);
+  }
+  const int64_t inner = linear(eyas::kGateUp, normed, rows, hidden, w.gate_up_packed, w.group, w.gate_up_scales,
+                               buf.gate_up) / 2;  // [N, 2I]
+  float* act = sized(buf.act, rows * inner);
+  {
+    const eyas::PhaseScope timed(eyas::kSiluMul);
+    silu_mul_rows(buf.gate_up.data(), rows, inner, act);
+  }
+  linear(eyas::kDown, act, rows, inner, w.down_packed, w.group, w.down_scales, buf.down);  // [N, H]
+  {
+    const eyas::PhaseScope timed(eyas::kResiduals);
+    add_rows(out, buf.down.data(), rows, hidden, out);
+  }
 }
 
 // The mask [B, T, kv_len] bool (or none: every slot visible), checked.
@@ -302,6 +367,7 @@ class Int4Stack {
   Tensor run(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& keys, const Tensor& values,
              const std::vector<int64_t>& layers, const std::vector<int64_t>& storage, const Tensor& slots,
              int64_t kv_len, const c10::optional<Tensor>& mask) const {
+    const eyas::PhaseScope timed(eyas::kStackOther);
     check_pass(x, slots, cos);
     TORCH_CHECK(layers.size() == storage.size(), "one storage index per layer");
     TORCH_CHECK(keys.dim() == 5 && keys.sizes() == values.sizes(), "keys, values: [L, B, KV, S, D]");
@@ -309,12 +375,18 @@ class Int4Stack {
     const Tensor mask_c = checked_mask(mask, x.size(0), kv_len_checked);
     const eyas::Visibility visible(mask_c.defined() ? mask_c.data_ptr<bool>() : nullptr, x.size(0), kv_len);
     const Pass pass{cos, sin, slots, kv_len, visible};
+    // Layers write in turn to two buffers (a layer never writes its own input).
+    Tensor outputs[2] = {at::empty_like(x), layers.size() > 1 ? at::empty_like(x) : Tensor()};
+    const float* input = x.data_ptr<float>();
     Tensor hidden = x;
     for (size_t i = 0; i < layers.size(); ++i) {
       TORCH_CHECK_INDEX(layers[i] >= 0 && layers[i] < size(), "layer ", layers[i], " of ", size());
       TORCH_CHECK_INDEX(storage[i] >= 0 && storage[i] < keys.size(0), "cache layer ", storage[i], " of ",
                         keys.size(0));
-      hidden = decoder_layer(hidden, layers_[layers[i]], pass, keys[storage[i]], values[storage[i]]);
+      hidden = outputs[i % 2];
+      decoder_layer(input, x.size(0), x.size(1), layers_[layers[i]], pass, keys[storage[i]], values[storage[i]],
+                    hidden.data_ptr<float>());
+      input = hidden.data_ptr<float>();
     }
     return hidden;
   }
@@ -322,6 +394,25 @@ class Int4Stack {
  private:
   std::vector<LayerWeights> layers_;
 };
+
+// Per-phase timing of the stack (phase_timer.h): on or off, on which clock ("wall" or "cpu":
+// this thread's CPU time), and the seconds charged so far.
+void set_phase_timing(bool enabled, const std::string& clock_name) {
+  eyas::PhaseClock& clock = eyas::phase_clock();
+  TORCH_CHECK(clock.depth == 0, "phase timing cannot change during a pass");
+  TORCH_CHECK(clock_name == "wall" || clock_name == "cpu", "phase timing clock: 'wall' or 'cpu', not '",
+              clock_name, "'");
+  clock.enabled = enabled;
+  eyas::phase_cpu_clock = clock_name == "cpu";
+}
+
+std::map<std::string, double> phase_seconds(bool reset) {
+  eyas::PhaseClock& clock = eyas::phase_clock();
+  std::map<std::string, double> seconds;
+  for (int phase = 0; phase < eyas::kPhaseCount; ++phase) seconds[eyas::kPhaseNames[phase]] = clock.ns[phase] * 1e-9;
+  if (reset) clock.ns.fill(0);
+  return seconds;
+}
 
 }  // namespace
 
@@ -339,6 +430,7 @@ Tensor int4_decoder_layer(const Tensor& x, const Tensor& norm_in, const Tensor& 
                           const Tensor& cache_v, const Tensor& slots, int64_t kv_len,
                           const c10::optional<Tensor>& mask, int64_t heads, int64_t kv_heads,
                           const c10::optional<Tensor>& embeds, const c10::optional<Tensor>& norm_embeds) {
+  const eyas::PhaseScope timed(eyas::kStackOther);
   check_pass(x, slots, cos);
   const Tensor mask_c = checked_mask(mask, x.size(0), std::max<int64_t>(kv_len, 1));
   const eyas::Visibility visible(mask_c.defined() ? mask_c.data_ptr<bool>() : nullptr, x.size(0), kv_len);
@@ -348,9 +440,11 @@ Tensor int4_decoder_layer(const Tensor& x, const Tensor& norm_in, const Tensor& 
   if (embeds.has_value()) {
     TORCH_CHECK(norm_embeds.has_value() && embeds->scalar_type() == at::kFloat && embeds->is_contiguous() &&
                 embeds->sizes() == x.sizes(), "embeds: [N, H] float32 like x, with norm_embeds [H]");
-    return decoder_layer(x, weights, pass, cache_k, cache_v, &*embeds, &*norm_embeds);
   }
-  return decoder_layer(x, weights, pass, cache_k, cache_v);
+  Tensor out = at::empty_like(x);
+  decoder_layer(x.data_ptr<float>(), x.size(0), x.size(1), weights, pass, cache_k, cache_v, out.data_ptr<float>(),
+                embeds.has_value() ? &*embeds : nullptr, embeds.has_value() ? &*norm_embeds : nullptr);
+  return out;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -359,6 +453,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(pybind11::init<const std::vector<Tensor>&, int64_t, double, int64_t, int64_t>())
       .def("__len__", &Int4Stack::size)
       .def("run", &Int4Stack::run, "x [N, H] through the given layers (see Int4Stack::run)");
+  m.def("set_phase_timing", &set_phase_timing, pybind11::arg("enabled"), pybind11::arg("clock") = "wall",
+        "Per-phase timers of the stack on or off, on the 'wall' or 'cpu' clock (phase_timer.h)");
+  m.def("phase_seconds", &phase_seconds, pybind11::arg("reset") = false,
+        "Seconds charged to each phase since the last reset (phase_timer.h)");
   m.def("int8dot_kernels", &eyas::int8dot_kernels, "The int8 dot-product implementations built, best first (int8dot.h)");
   m.def("int8dot_kernel", &eyas::int8dot_kernel_name, "The one in use ('none' where none is built)");
   m.def("set_int8dot_kernel", &eyas::set_int8dot_kernel, "Selects a built implementation by name");

@@ -58,6 +58,7 @@
 #include <vector>
 
 #include "int8dot.h"
+#include "phase_timer.h"
 
 namespace eyas {
 namespace {
@@ -310,12 +311,23 @@ Implementation implementation() {
   return {};
 }
 
-// Rows of x [rows, in] in the form the kernel multiplies (`parts` int8 parts per input).
-Quantized quantize_rows(GroupFn group, int parts, const float* x, int64_t rows, int64_t in) {
+// The first `count` elements of `buffer`, grown when needed (never shrunk or cleared).
+template <typename T>
+void grow(std::vector<T>& buffer, int64_t count) {
+  if (int64_t(buffer.size()) < count) buffer.resize(count);
+}
+
+// Rows of x [rows, in] in the form the kernel multiplies (`parts` int8 parts per input), in
+// buffers of the calling thread that the next product reuses (no allocation per product).
+const Quantized& quantize_rows(GroupFn group, int parts, const float* x, int64_t rows, int64_t in) {
+  const PhaseScope timed(kQuantize);
   const int64_t groups = in / kGroup;
-  Quantized xq{std::vector<int8_t>(rows * in * parts), std::vector<float>(rows * groups),
-               std::vector<float>(rows * groups)};
-  at::parallel_for(0, rows, rows * in >= (1 << 16) ? 16 : rows, [&](int64_t begin, int64_t end) {
+  static thread_local Quantized kept;
+  Quantized& xq = kept;  // the calling thread's (the workers below must not name `kept`: their own)
+  grow(xq.codes, rows * in * parts);
+  grow(xq.scales, rows * groups);
+  grow(xq.sums, rows * groups);
+  eyas::parallel_for(0, rows, rows >= 16 ? 8 : rows, [&](int64_t begin, int64_t end) {  // >= 8 rows a thread
     for (int64_t r = begin; r < end; ++r)
       for (int64_t g = 0; g < groups; ++g)
         group(x + r * in + g * kGroup, xq.codes.data() + (r * in + g * kGroup) * parts, &xq.scales[r * groups + g],
@@ -403,11 +415,11 @@ void int4_gemm(const float* x, int64_t rows, int64_t in, const at::Tensor& packe
   TORCH_CHECK(kernel.block_columns != nullptr, "this build of the eyas extension has no int8 dot-product kernel (no AVX2)");
   const int64_t blocks = packed.size(0), groups = packed.size(1), out = blocks * kColumns;
   TORCH_CHECK(groups * kGroup == in, "input width ", in, " does not match the packed weights' ", groups * kGroup);
-  const Quantized xq = quantize_rows(kernel.quantize_group, kernel.parts, x, rows, in);
+  const Quantized& xq = quantize_rows(kernel.quantize_group, kernel.parts, x, rows, in);
   const uint8_t* weights = packed.data_ptr<uint8_t>();
   // Threads split the columns; each streams its blocks' weights once per tile of rows (a
   // block of 16 columns is 320 bytes per 32 inputs: it stays in L1/L2 between tiles).
-  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+  eyas::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t cb = begin; cb < end; ++cb) {
       const uint8_t* block = weights + cb * groups * kBlockBytes;
       if (cb + kAhead < end) {  // more loads in flight than the hardware prefetcher keeps

@@ -209,6 +209,34 @@ inline __m256 reduce8(const __m256 in[8]) {
   const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(in[4], in[5]), _mm256_hadd_ps(in[6], in[7]));
   return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
 }
+
+// reduce8 of the half sums of eight Floats16: lane j = the sum of in[j]'s 16 lanes as
+// ((h0 + h1) + (h2 + h3)) + ((h4 + h5) + (h6 + h7)) with h_i = lane i + lane i + 8. On AVX-512
+// the same additions in the same order as half_sum then reduce8, over whole registers: 25
+// instructions for eight sums instead of 37 (the scores of attention.cpp).
+inline __m256 reduce8_halves(const Floats16 in[8]) {
+#ifdef __AVX512F__
+  __m512 pairs[4];  // [h(2p) | h(2p + 1)]: lane i + lane i + 8 of both
+  for (int p = 0; p < 4; ++p) {
+    const __m512 a = in[2 * p].v, b = in[2 * p + 1].v;
+    pairs[p] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+  // _mm256_hadd_ps in each 128-bit lane: [x0 + x1, x2 + x3, y0 + y1, y2 + y3]
+  const auto hadd = [](__m512 x, __m512 y) {
+    return _mm512_add_ps(_mm512_shuffle_ps(x, y, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_ps(x, y, _MM_SHUFFLE(3, 1, 3, 1)));
+  };
+  // 128-bit lanes of `quads`: keys 0, 2, 4, 6 inputs 0..3 | the same, inputs 4..7 | keys 1, 3, 5, 7 ...
+  const __m512 quads = hadd(hadd(pairs[0], pairs[1]), hadd(pairs[2], pairs[3]));
+  const __m512 lanes = _mm512_shuffle_f32x4(quads, quads, _MM_SHUFFLE(3, 1, 2, 0));
+  const __m256 sums = _mm256_add_ps(_mm512_castps512_ps256(lanes), _mm512_extractf32x8_ps(lanes, 1));  // keys 0 2 4 6 1 3 5 7
+  return _mm256_permutevar8x32_ps(sums, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+#else
+  __m256 halves[8];
+  for (int j = 0; j < 8; ++j) halves[j] = in[j].half_sum();
+  return reduce8(halves);
+#endif
+}
 #endif  // __F16C__
 #endif
 
