@@ -31,13 +31,20 @@ token per request, after 32, 64, ... 1024 plain steps: scheduler.py) measure it 
 drafting cost d is timed per `propose` call, except calls that first caught up over more
 tokens than one step emits (the prompt, or a run of plain steps: executor.py).
 
-A tree proposer (EAGLE-3 with a measured tree, with or without an n-gram branch) is not a
-chain: k budget nodes spread over a few levels, and a step accepts whichever branch the target
-agrees with. Such a proposer prices its own tree (`TreePricing`): E_i(k) is its expected tokens
-per step for a k-node tree, from its acceptance statistics by rank and depth (sizing.py), scaled
-by p; D_i(k) is its modelled drafting time for that tree (one head pass per level), scaled by
+A tree proposer (EAGLE-3 with a measured tree, with or without an n-gram branch, suffix
+decoding) is not a chain: k budget nodes spread over a few levels, and a step accepts whichever
+branch the target agrees with. Such a proposer prices its own tree (`TreePricing`): E_i(k) is
+its expected tokens per step for a k-node tree (EAGLE-3: from its acceptance statistics by rank
+and depth, sizing.py; suffix decoding: from the candidates it holds for the request's text
+now), and D_i(k) its modelled drafting time for that tree (one head pass per level), scaled by
 the ratio of measured to modelled drafting time (catch-up and Python included). The chain
-model's alpha would credit one candidate per level only and undercount a tree.
+model's alpha would credit one candidate per level only and undercount a tree. Its expected
+accepted tokens are calibrated against what verification realises: each verified tree adds
+the accepted tokens its proposer expected for it and the tokens accepted, and E_i(k) - 1 is
+scaled by realised / expected (per request, seeded from the server-wide ratio). A proposer
+that found nothing expected nothing, so the calibration also covers how often it drafts.
+
+Which rows draft how much, and how the rows are split into passes: draft_plan.py.
 """
 
 from __future__ import annotations
@@ -91,6 +98,11 @@ class AcceptanceEstimate:
     draft_seconds_per_token: float = 0.0  # EMA of the proposer's cost per draft token
     draft_calibration: float = 1.0  # EMA of measured / modelled drafting time (tree proposers)
     tree: TreePricing | None = None  # the request's proposer, when it prices its trees
+    prior_calibration: float = 1.0  # realised / expected accepted tokens of its trees, a priori
+    calibration_weight: float = 2.0  # expected tokens behind that prior
+    expected_accepted: float = 0.0  # accepted tokens its verified trees were priced at (decayed)
+    realised_accepted: float = 0.0  # accepted tokens they realised (decayed)
+    pending_expected: float | None = None  # the tree being verified: its expected accepted tokens
 
     @property
     def alpha(self) -> float:
@@ -102,20 +114,28 @@ class AcceptanceEstimate:
         return ((self.found + self.prior_availability * self.prior_weight)
                 / (self.asked + self.prior_weight))
 
+    @property
+    def calibration(self) -> float:
+        """Realised / expected accepted tokens of this request's verified trees."""
+        return ((self.realised_accepted + self.prior_calibration * self.calibration_weight)
+                / (self.expected_accepted + self.calibration_weight))
+
     def seeded(self) -> AcceptanceEstimate:
         """A fresh estimate whose priors are this one's current values (a new request starts
         from what the server has seen so far)."""
         return AcceptanceEstimate(prior_alpha=self.alpha, prior_availability=self.availability,
                                   draft_seconds_per_token=self.draft_seconds_per_token,
-                                  draft_calibration=self.draft_calibration)
+                                  draft_calibration=self.draft_calibration,
+                                  prior_calibration=self.calibration)
 
     def price(self, k: int) -> tuple[float, float]:
         """(E(k), D(k)) of the module docstring: the tree's own price where the proposer gives
-        one, else the chain model's."""
+        one (its expected accepted tokens calibrated), else the chain model's."""
         if k >= 1 and self.tree is not None:
             tree_tokens = self.tree.expected_tokens(k)
             if tree_tokens is not None:
-                return (1.0 + self.availability * max(tree_tokens - 1.0, 0.0),
+                accepted = min(self.calibration * max(tree_tokens - 1.0, 0.0), float(k))
+                return (1.0 + accepted,
                         self.tree.draft_seconds(k) * self.draft_calibration)
         alpha = min(self.alpha, 0.999)
         return (1.0 + self.availability * sum(alpha ** j for j in range(1, k + 1)),
@@ -133,6 +153,12 @@ class AcceptanceEstimate:
             self.accepted = self.accepted * self.forgetting + accepted
             self.trials = self.trials * self.forgetting + trials
 
+    def record_tree(self, expected: float, accepted: int) -> None:
+        """One verified tree: the accepted tokens it was priced at (uncalibrated) and those
+        verification accepted."""
+        self.expected_accepted = self.expected_accepted * self.forgetting + max(expected, 0.0)
+        self.realised_accepted = self.realised_accepted * self.forgetting + accepted
+
     def record_draft_time(self, seconds: float, tokens: int) -> None:
         if tokens:
             per_token = seconds / tokens
@@ -145,7 +171,7 @@ class AcceptanceEstimate:
             self.draft_calibration = 0.8 * self.draft_calibration + 0.2 * (measured / modelled)
 
     def relax(self) -> None:
-        for name in ("accepted", "trials", "found", "asked"):
+        for name in ("accepted", "trials", "found", "asked", "expected_accepted", "realised_accepted"):
             setattr(self, name, getattr(self, name) * self.relax_rate)
 
 
