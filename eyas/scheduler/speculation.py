@@ -1,23 +1,19 @@
-"""How many draft tokens each request gets per step: from measured costs, so never slower.
+"""What a request's drafts are worth and what a pass costs: the prices behind the serving
+rule (draft_plan.py), from measured costs, so never slower.
 
-The rule. Every running request is one row of the step's single target pass; rows are padded
-to the same length T = 1 + k, so the pass costs c(B, 1 + k) whatever each row drafted (B =
-rows in the pass). A request whose proposer drafts k tokens with per-token acceptance alpha,
-and finds a draft at all with probability p, emits on average
+A request whose proposer drafts k tokens with per-token acceptance alpha, and finds a draft at
+all with probability p, emits on average
 
     E(k) = 1 + p * (alpha + alpha^2 + ... + alpha^k)       (accepted + the bonus/recovered)
 
 tokens per step (EAGLE-3 reference, section 7). Drafting itself costs d seconds per token
-(measured per request: ~0 for n-grams, real for a draft model), D_i(k) = k * d_i. Each step picks
-
-    k* = argmax_k  sum_i E_i(k) / (c(B, 1 + k) + sum_i D_i(k)),   k in 0..max_draft_tokens
-
-and speculates only when that rate beats plain decoding (k = 0: B / c(B, 1)) by `margin`.
-c(B, T) is measured at start-up over the batch sizes and lengths that can occur and then
-follows the measured step times (exponential moving average), so that it tracks the real
-machine, context growth included. As the batch grows, c(B, T) / c(B, 1) rises (the pass is
-compute-bound), so k* shrinks and reaches 0: speculation switches itself off where it stops
-paying and comes back when the batch shrinks.
+(measured per request: ~0 for n-grams, real for a draft model), D(k) = k * d. A pass over B rows
+padded to T = 1 + k tokens costs c(B, T) (`StepCostModel`), measured at start-up over the batch
+sizes and lengths that can occur and then following the measured pass times (exponential
+moving average), so that it tracks the real machine, context growth included. As the batch
+grows, c(B, T) / c(B, 1) rises (the pass is compute-bound), so drafting pays less and
+speculation switches itself off where it stops paying and comes back when the batch shrinks.
+draft_plan.py chooses each row's k and splits the rows into passes from these prices.
 
 alpha and p are per request: counts of accepted / tried drafts with exponential forgetting,
 starting from priors that are the server-wide estimates so far (pooled over every request,
@@ -305,19 +301,3 @@ def monotone(table: dict[tuple[int, int], float], batch_sizes: list[int], max_to
         for smaller, larger in reversed(list(zip(batch_sizes, batch_sizes[1:]))):
             fixed[(smaller, tokens)] = min(fixed[(smaller, tokens)], fixed[(larger, tokens)])
     return fixed
-
-
-def choose_draft_length(estimates: Sequence[AcceptanceEstimate], rows: int, costs: StepCostModel,
-                        max_draft_tokens: int, margin: float = 1.05) -> int:
-    """k* of the module docstring: 0 (plain) unless speculation is expected to pay."""
-    if not estimates or max_draft_tokens < 1:
-        return 0
-    plain_rate = len(estimates) / costs.cost(rows, 1)
-    best_k, best_rate = 0, plain_rate * margin
-    for k in range(1, max_draft_tokens + 1):
-        prices = [e.price(k) for e in estimates]
-        tokens, drafting = sum(p[0] for p in prices), sum(p[1] for p in prices)
-        rate = tokens / (costs.cost(rows, 1 + k) + drafting)
-        if rate > best_rate:
-            best_k, best_rate = k, rate
-    return best_k
