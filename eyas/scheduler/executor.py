@@ -292,6 +292,7 @@ class StepExecutor:
                 stage = "draft"
                 self.faults.check(request, "draft")
                 request.proposer.observe(tree, verdict, row_output)
+                self._sync_proposer(request)
             self._record(request, tree, verdict, asked, result.stats)
         except Exception as error:
             self._failed(request, stage, error, result)
@@ -363,6 +364,15 @@ class StepExecutor:
                 request.acceptance.record_draft_calibration(seconds, modelled)
                 self.pooled.record_draft_calibration(seconds, modelled)
         return tree
+
+    @staticmethod
+    def _sync_proposer(request: Request) -> None:
+        """A proposer that prices the request's text as it is now (suffix decoding) follows
+        every token, drafted or not: otherwise a request the rule kept plain would be priced
+        from before its last plain steps, and never drafted again."""
+        sync = getattr(request.proposer, "sync", None)
+        if sync is not None:
+            sync(request.token_ids)
 
     def _shadow_allowed(self, request: Request, plan: StepPlan, span: int) -> bool:
         """Shadow drafts only where acceptance drives decisions (auto mode) and only for a
@@ -470,6 +480,8 @@ class StepExecutor:
             return
         request.root = token
         request.append_tokens([token], request.sequence.eos_token_ids)
+        if request.proposer is not None:
+            self._sync_proposer(request)
         if request.status == RequestStatus.PREFILLING:
             request.status = RequestStatus.DECODING
         result.emitted.append((request, [token]))
