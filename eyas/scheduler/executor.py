@@ -2,10 +2,12 @@
 mode). It owns the token-level state of the requests it runs (see request.py).
 
 A step:
-1. Drafts: each decoding request's proposer drafts up to k tokens under its root (on a plain
-   step, a cheap proposer drafts in the shadow: see speculation.py).
-2. One target pass over rows [0, span): every decoding request's root + drafts (batch.py);
-   logits only where a real query sits (greedy near-ties recomputed one row at a time).
+1. Drafts: each decoding request's proposer drafts up to its budget under its root (on a
+   plain step, a cheap proposer drafts in the shadow: see speculation.py).
+2. Target passes over the decoding rows: every request's root + drafts (batch.py), the rows
+   split into runs of neighbouring rows where one pass per run costs less than one pass padded
+   to the longest row (draft_plan.split_rows); logits only where a real query sits (greedy
+   near-ties recomputed one row at a time).
 3. Per row: lossless acceptance (greedy or sampling, eyas.engine.speculative.acceptance),
    compaction of the accepted path in that row's KV, token-level append, proposer.observe.
 4. Prefill chunks, one single-row pass each; a prompt's last chunk yields its first token. A
@@ -41,6 +43,7 @@ from eyas.engine.target import Target
 from eyas.errors import EyasError
 from eyas.models.llama import ForwardOutput
 from eyas.scheduler.batch import RowInput, build_decode_batch
+from eyas.scheduler.draft_plan import split_rows
 from eyas.scheduler.faults import FaultInjector, InjectedFault, describe
 from eyas.scheduler.kv_pool import KVPool
 from eyas.scheduler.request import Request, RequestStatus
@@ -52,10 +55,11 @@ log = logging.getLogger("eyas.engine")
 
 @dataclass
 class StepStats:
-    decode_rows: int = 0  # requests decoded in the pass
-    span: int = 0  # rows in the pass (idle rows included)
-    tokens_per_row: int = 0  # T of the pass
-    planned_draft_tokens: int = 0  # k the scheduler asked for
+    decode_rows: int = 0  # requests decoded in the step's passes
+    passes: int = 0  # target passes over decoding rows (runs of rows, draft_plan.py)
+    span: int = 0  # rows up to the last one decoded (idle rows included)
+    tokens_per_row: int = 0  # T of the longest pass
+    planned_draft_tokens: int = 0  # the most draft tokens the scheduler gave a request
     drafts: int = 0  # rows that verified a non-empty draft
     draft_tokens: int = 0  # draft tokens verified
     accepted_tokens: int = 0
@@ -115,19 +119,25 @@ class StepExecutor:
             return
         drafted = time.perf_counter()
         emitted_before = len(result.emitted)
-        # 2-3. One pass over every row, then acceptance row by row. Should the shared pass
-        # itself fail (one row's input breaking it), each row is redone alone: only the row
-        # that breaks it fails, the others get what they would have got in the batch.
-        try:
-            self._verify(decode, trees, asked, result)
-        except Exception as error:
-            log.warning("the batched pass failed (%s); redoing its %d rows one at a time",
-                        describe(error), len(decode))
-            for request in decode:
-                try:
-                    self._verify([request], trees, asked, result)
-                except Exception as row_error:
-                    self._failed(request, "verify", row_error, result)
+        # 2-3. One pass per run of rows, then acceptance row by row. Should a shared pass
+        # itself fail (one row's input breaking it), each of its rows is redone alone: only the
+        # row that breaks it fails, the others get what they would have got in the batch.
+        sizes = [0] * (max(request.row for request in decode) + 1)
+        for request in decode:
+            sizes[request.row] = 1 + trees[request.row].size
+        costs = None if self.single_stream else self.costs
+        for start, stop in split_rows(sizes, costs):
+            rows = [request for request in decode if start <= request.row < stop]
+            try:
+                self._verify(rows, trees, asked, result, (start, stop))
+            except Exception as error:
+                log.warning("a batched pass failed (%s); redoing its %d rows one at a time",
+                            describe(error), len(rows))
+                for request in rows:
+                    try:
+                        self._verify([request], trees, asked, result)
+                    except Exception as row_error:
+                        self._failed(request, "verify", row_error, result)
         # 4. Each request's seconds: its own drafting, and the pass it waited for.
         finished = time.perf_counter()
         for request, emitted in result.emitted[emitted_before:]:
@@ -165,14 +175,14 @@ class StepExecutor:
         span = max(request.row for request in decode) + 1
         for request in decode:
             remaining = request.max_new_tokens - request.num_output - 1
-            budget = min(plan.num_draft_tokens, remaining)
+            budget = min(plan.draft_budget(request), remaining)
             trees[request.row] = DraftTree.empty()
             try:
                 if budget > 0 and request.proposer is not None:
                     asked.add(request.row)
                     request.shadow.clear()
                     asked_at = time.perf_counter()
-                    trees[request.row] = self._propose(request, budget, steady)
+                    trees[request.row] = self._propose(request, budget, steady, priced=True)
                     seconds[request.row] = time.perf_counter() - asked_at
                 elif self._shadow_allowed(request, plan, span) and remaining > 0:
                     shadow = self._propose(request, min(plan.max_draft_tokens, remaining), steady)
@@ -186,25 +196,27 @@ class StepExecutor:
         return trees, asked, seconds
 
     def _verify(self, decode: list[Request], trees: dict[int, DraftTree], asked: set[int],
-                result: StepResult) -> None:
+                result: StepResult, rows: tuple[int, int] | None = None) -> None:
+        """One pass over KV rows [start, stop) (default: the span of `decode`'s rows), then
+        acceptance for each request of `decode`."""
         stats = result.stats
         by_row = {request.row: request for request in decode}
-        span = max(by_row) + 1
-        # 2. The pass over rows [0, span); rows without a decoding request are idle.
+        start, stop = rows if rows is not None else (min(by_row), max(by_row) + 1)
+        # 2. The pass over rows [start, stop); rows without a decoding request are idle.
         inputs = []
-        for row in range(span):
+        for row in range(start, stop):
             request = by_row.get(row)
             if request is None:
                 owner = self.pool.owners[row]
                 context = getattr(owner, "context_length", 0) if owner is not None else 0
-                inputs.append(RowInput(row, context, None))
+                inputs.append(RowInput(row - start, context, None))
             else:
-                inputs.append(RowInput(row, request.context_length, request.root, trees[row]))
+                inputs.append(RowInput(row - start, request.context_length, request.root, trees[row]))
         batch = build_decode_batch(inputs, self.target.device)
         self.pool.ensure_slots(batch.kv_len)
         model = self.target.model
         forward_started = time.perf_counter()
-        output = model(batch.input_ids, batch.positions, cache=self.pool.view(0, span),
+        output = model(batch.input_ids, batch.positions, cache=self.pool.view(start, stop),
                        kv_len=batch.kv_len, **batch.pass_arguments(),
                        tap_layers=self.tap_layers, logits_at=None)
         hidden = output.hidden[batch.query_rows, batch.query_cols]  # [N, H]
@@ -215,24 +227,27 @@ class StepExecutor:
         logits = model.output_logits(hidden, greedy=screened)  # [N, V]
         full = [r for r in decode if r.needs_full_logits] if screened else decode
         if screened and full:
-            index = torch.cat([torch.arange(batch.offsets[r.row], batch.offsets[r.row] + inputs[r.row].size)
+            index = torch.cat([torch.arange(batch.offsets[r.row - start],
+                                            batch.offsets[r.row - start] + inputs[r.row - start].size)
                                for r in full])
             logits[index] = model.output_logits(hidden[index])
         if full:
-            self._settle_near_ties(full, inputs, batch.offsets, hidden, logits)
+            self._settle_near_ties(full, inputs, batch.offsets, hidden, logits, start)
         forward_seconds = time.perf_counter() - forward_started
         stats.forward_seconds += forward_seconds
         stats.decode_rows += len(decode)
-        stats.span, stats.tokens_per_row = max(stats.span, span), batch.tokens_per_row
+        stats.passes += 1
+        stats.span = max(stats.span, stop)
+        stats.tokens_per_row = max(stats.tokens_per_row, batch.tokens_per_row)
         if self.costs is not None:
-            self.costs.observe(span, batch.tokens_per_row, forward_seconds)
+            self.costs.observe(stop - start, batch.tokens_per_row, forward_seconds)
         # 3. Acceptance, KV compaction and token-level state, row by row.
         for request in decode:
-            row = request.row
-            size = inputs[row].size
-            row_logits = logits[batch.offsets[row] : batch.offsets[row] + size]  # [N_row, V]
-            taps = output.taps[row : row + 1, :size] if output.taps is not None else None
-            row_output = ForwardOutput(logits=row_logits[None], hidden=output.hidden[row : row + 1, :size],
+            row, local = request.row, request.row - start
+            size = inputs[local].size
+            row_logits = logits[batch.offsets[local] : batch.offsets[local] + size]  # [N_row, V]
+            taps = output.taps[local : local + 1, :size] if output.taps is not None else None
+            row_output = ForwardOutput(logits=row_logits[None], hidden=output.hidden[local : local + 1, :size],
                                        taps=taps)
             self._accept(request, trees[row], row_output, row in asked, result)
 
@@ -277,6 +292,7 @@ class StepExecutor:
                 stage = "draft"
                 self.faults.check(request, "draft")
                 request.proposer.observe(tree, verdict, row_output)
+                self._sync_proposer(request)
             self._record(request, tree, verdict, asked, result.stats)
         except Exception as error:
             self._failed(request, stage, error, result)
@@ -293,7 +309,7 @@ class StepExecutor:
         result.failed.append(request)
 
     def _settle_near_ties(self, decode: list[Request], inputs: list[RowInput], offsets: list[int],
-                          hidden: Tensor, logits: Tensor) -> None:
+                          hidden: Tensor, logits: Tensor, first_row: int = 0) -> None:
         """Greedy rows whose top two logits are within NEAR_TIE: recompute them one row at a
         time, as single-request decoding does. A float32 matmul's rounding depends on how many
         rows it multiplies (about 1e-5 on these logits), which can flip an argmax at a near-tie;
@@ -308,21 +324,31 @@ class StepExecutor:
             return
         greedy_rows = set()
         for request in greedy:
-            start = offsets[request.row]
-            greedy_rows.update(range(start, start + inputs[request.row].size))
+            local = request.row - first_row
+            start = offsets[local]
+            greedy_rows.update(range(start, start + inputs[local].size))
         lm_head = self.target.model.lm_head
         for index in close:
             if index in greedy_rows:
                 logits[index] = lm_head(hidden[index][None, None])[0, 0]
 
-    def _propose(self, request: Request, budget: int, steady_backlog: int) -> DraftTree:
+    def _propose(self, request: Request, budget: int, steady_backlog: int,
+                 priced: bool = False) -> DraftTree:
         """Ask the proposer for a tree of at most `budget` nodes and time it. A proposer with
         its own cache (EAGLE-3, a draft model, layer-skip) first catches up over every token
         since it was last asked: the whole prompt on the first call, several steps' worth
         after plain steps. Such a call is not a sample of what drafting costs per step, so its
-        time is recorded only when the backlog is what one step can emit (`steady_backlog`)."""
+        time is recorded only when the backlog is what one step can emit (`steady_backlog`).
+        `priced`: the tree will be verified; the accepted tokens its proposer expects of it
+        are kept for the calibration of its price (speculation.py)."""
         self.faults.check(request, "draft")
         backlog = len(request.token_ids) - request.proposed_through
+        pricing = request.acceptance.tree
+        request.acceptance.pending_expected = None
+        if priced and pricing is not None:
+            expected = pricing.expected_tokens(budget)
+            if expected is not None:
+                request.acceptance.pending_expected = expected - 1.0
         asked_at = time.perf_counter()
         tree = request.proposer.propose(request.token_ids, budget)
         # drafts a grammar forbids are never verified (prune.py)
@@ -338,6 +364,15 @@ class StepExecutor:
                 request.acceptance.record_draft_calibration(seconds, modelled)
                 self.pooled.record_draft_calibration(seconds, modelled)
         return tree
+
+    @staticmethod
+    def _sync_proposer(request: Request) -> None:
+        """A proposer that prices the request's text as it is now (suffix decoding) follows
+        every token, drafted or not: otherwise a request the rule kept plain would be priced
+        from before its last plain steps, and never drafted again."""
+        sync = getattr(request.proposer, "sync", None)
+        if sync is not None:
+            sync(request.token_ids)
 
     def _shadow_allowed(self, request: Request, plan: StepPlan, span: int) -> bool:
         """Shadow drafts only where acceptance drives decisions (auto mode) and only for a
@@ -355,6 +390,11 @@ class StepExecutor:
 
     def _record(self, request: Request, tree: DraftTree, verdict, asked: bool, stats: StepStats) -> None:
         accepted = len(verdict.accepted_tokens)
+        expected = request.acceptance.pending_expected
+        if asked and expected is not None:  # the calibration of tree prices
+            request.acceptance.record_tree(expected, accepted)
+            self.pooled.record_tree(expected, accepted)
+            request.acceptance.pending_expected = None
         if tree.size:
             depths = node_depths(tree)
             request.spec_metrics.record(tree, depths, verdict)
@@ -440,6 +480,8 @@ class StepExecutor:
             return
         request.root = token
         request.append_tokens([token], request.sequence.eos_token_ids)
+        if request.proposer is not None:
+            self._sync_proposer(request)
         if request.status == RequestStatus.PREFILLING:
             request.status = RequestStatus.DECODING
         result.emitted.append((request, [token]))

@@ -5,6 +5,8 @@ Usage:
         --configs none ngram:auto ngram:always --concurrency 1 4 16 --max-tokens 128
     python -m eyas.scheduler.measure --configs none none+overlap ngram:auto ngram:auto+overlap
     python -m eyas.scheduler.measure --check-plain      # also check greedy == plain decoding
+    python -m eyas.scheduler.measure --prompts repeated --num-prompts 32 --max-tokens 96 \
+        --configs none suffix --concurrency 4 16 --rounds 2   # each prompt asked twice
 
 A configuration is DRAFT[:SPECULATION][+overlap], e.g. `ngram:auto+overlap` or
 `eagle3:smollm2-135m+ngram:auto` (a DRAFT may carry its own +ngram graft). For each
@@ -102,6 +104,10 @@ def load_prompts(target: Target, name: str, count: int) -> list[list[int]]:
     from eyas.bench.prompts import CODE_PROMPTS, mtbench_first_turns
     from eyas.models.tokenizer import chat_prompt_ids
 
+    if name == "repeated":  # eyas.bench.repeated: first asks, then the same again
+        from eyas.bench.repeated import repeated_prompts
+
+        return [chat_prompt_ids(target.tokenizer, list(m)) for m in repeated_prompts(count)]
     questions = CODE_PROMPTS[:count] if name == "code" else mtbench_first_turns(count)
     return [chat_prompt_ids(target.tokenizer, [{"role": "user", "content": q}]) for q in questions]
 
@@ -110,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--dtype", default="auto", choices=PRECISIONS)
-    parser.add_argument("--prompts", default="mtbench", choices=["mtbench", "code"])
+    parser.add_argument("--prompts", default="mtbench", choices=["mtbench", "code", "repeated"])
     parser.add_argument("--num-prompts", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--configs", nargs="+", default=["none", "ngram:auto"])
@@ -145,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
         for round_index in range(args.rounds):  # each round starts one configuration later
             shift = round_index % len(order)
             for text, engine in order[shift:] + order[:shift]:
+                store = engine.proposers.suffix_store()
+                if store is not None:  # suffix decoding: earlier runs' answers must not help
+                    store.clear()
                 runs[text].append(run_closed_loop(engine, prompts, params, concurrency))
         for text, rounds in runs.items():
             run = sorted(rounds, key=lambda r: r["tokens_per_s"])[len(rounds) // 2]  # the median round

@@ -2,8 +2,8 @@
 
 Each step, in order:
 1. Decode: every running request whose prompt is (or will be, by the step in flight) fully
-   prefilled gets one row of the step's single target pass: its root plus up to k drafts, k
-   chosen for the whole batch by the speculation policy (speculation.py).
+   prefilled gets one row of the step's target pass(es): its root plus up to its own number
+   of drafts, chosen per row by the speculation policy (draft_plan.py, speculation.py).
 2. Prefill: what is left of the step's token budget (`max_step_tokens`) goes to prompt chunks
    (at most `prefill_chunk` tokens per request per step), oldest request first, so that a long
    prompt never stalls the running requests for more than one chunk.
@@ -28,7 +28,8 @@ from eyas.scheduler.config import EngineConfig
 from eyas.scheduler.kv_pool import KVPool
 from eyas.scheduler.prefix_cache import PrefixCache
 from eyas.scheduler.request import Request, RequestStatus
-from eyas.scheduler.speculation import AcceptanceEstimate, StepCostModel, choose_draft_length, tree_pricing
+from eyas.scheduler.draft_plan import choose_draft_budgets
+from eyas.scheduler.speculation import AcceptanceEstimate, StepCostModel, tree_pricing
 
 MIN_PREFILL_TOKENS = 32  # prefill progress per step even when decoding fills the budget
 PLAIN_PROBE_EVERY = 16  # while speculating, every 16th step is plain: it re-measures c(B, 1)
@@ -51,9 +52,16 @@ class PrefillChunk:
 @dataclass
 class StepPlan:
     decode: list[Request] = field(default_factory=list)  # one row each: root + drafts
-    num_draft_tokens: int = 0  # k for this step (0 = plain decoding)
+    num_draft_tokens: int = 0  # the most draft tokens any request gets (0 = plain decoding)
     max_draft_tokens: int = 0  # the most k could have been (shadow drafts use it; 0 = none)
     prefill: list[PrefillChunk] = field(default_factory=list)
+    # draft tokens per request_id where they differ by request; None: num_draft_tokens each
+    draft_budgets: dict[str, int] | None = None
+
+    def draft_budget(self, request: Request) -> int:
+        if self.draft_budgets is None:
+            return self.num_draft_tokens
+        return self.draft_budgets.get(request.request_id, 0)
 
     @property
     def empty(self) -> bool:
@@ -96,9 +104,11 @@ class Scheduler:
         # prompt tokens each running request will have computed when this step starts
         available = {r: r.prefill_scheduled for r in live}
         # 1. Decode rows and the step's draft length.
-        plan.num_draft_tokens, plan.max_draft_tokens = self._draft_tokens(plan.decode, prefill_pending)
+        plan.draft_budgets, plan.max_draft_tokens = self._draft_budgets(plan.decode, prefill_pending)
+        if plan.draft_budgets is not None:
+            plan.num_draft_tokens = max(plan.draft_budgets.values(), default=0)
         self.last_draft_tokens = plan.num_draft_tokens
-        budget = self.config.max_step_tokens - len(plan.decode) * (1 + plan.num_draft_tokens)
+        budget = self.config.max_step_tokens - sum(1 + plan.draft_budget(r) for r in plan.decode)
         if prefill_pending:
             budget = max(budget, min(self.config.prefill_chunk, MIN_PREFILL_TOKENS))
         # 2. Chunks of prompts already admitted, oldest first.
@@ -143,32 +153,37 @@ class Scheduler:
         request.prefill_scheduled = start + size
         return size
 
-    def _draft_tokens(self, decode: list[Request], prefill_pending: bool) -> tuple[int, int]:
-        """(k for this step, the cap it was chosen under)."""
+    def _draft_budgets(self, decode: list[Request], prefill_pending: bool
+                       ) -> tuple[dict[str, int], int]:
+        """(draft tokens per request_id for this step, the cap they were chosen under)."""
         if not self.speculative or not decode:
-            return 0, 0
+            return {}, 0
         budget = self.config.max_step_tokens // (2 if prefill_pending else 1)
         most = min(self.config.num_draft_tokens, budget // len(decode) - 1)
         if most < 1:
-            return 0, 0
+            return {}, 0
+        every = lambda k: {r.request_id: k for r in decode}  # noqa: E731
         if self.config.speculation == "timed":  # one request: its own policy (config.py)
-            return (most if all(r.timing.speculate_now() for r in decode) else 0), most
+            return every(most if all(r.timing.speculate_now() for r in decode) else 0), most
         if self.config.speculation == "always" or self.costs is None:
-            return most, most
-        rows = max(r.row for r in decode) + 1
-        k = choose_draft_length([r.acceptance for r in decode], rows, self.costs, most)
-        if k > 0:
+            return every(most), most
+        by_row: list[AcceptanceEstimate | None] = [None] * (max(r.row for r in decode) + 1)
+        for request in decode:
+            by_row[request.row] = request.acceptance
+        chosen = choose_draft_budgets(by_row, self.costs, most)
+        if any(chosen):
             self._plain_streak, self._probe_gap = 0, DRAFT_PROBE_EVERY
             self._speculative_steps += 1
             if self._speculative_steps % PLAIN_PROBE_EVERY == 0:
-                k = 0  # a plain probe keeps c(B, 1) measured (speculation must beat it for real)
-            return k, most
+                return every(0), most  # a plain probe keeps c(B, 1) measured
+            return {r.request_id: chosen[r.row] for r in decode}, most
+        rows = len(by_row)
         self._plain_streak += 1
         if self._plain_streak >= max(self._probe_gap, self._probe_cost_floor(rows)):
             self._plain_streak = 0
             self._probe_gap = min(2 * self._probe_gap, DRAFT_PROBE_MAX_GAP)
-            k = 1  # a draft probe: see _probe_cost_floor
-        return k, most
+            return every(1), most  # a draft probe: see _probe_cost_floor
+        return every(0), most
 
     def _probe_cost_floor(self, rows: int) -> int:
         """The fewest plain steps between two draft probes. A proposer too expensive to draft in

@@ -1,23 +1,19 @@
-"""How many draft tokens each request gets per step: from measured costs, so never slower.
+"""What a request's drafts are worth and what a pass costs: the prices behind the serving
+rule (draft_plan.py), from measured costs, so never slower.
 
-The rule. Every running request is one row of the step's single target pass; rows are padded
-to the same length T = 1 + k, so the pass costs c(B, 1 + k) whatever each row drafted (B =
-rows in the pass). A request whose proposer drafts k tokens with per-token acceptance alpha,
-and finds a draft at all with probability p, emits on average
+A request whose proposer drafts k tokens with per-token acceptance alpha, and finds a draft at
+all with probability p, emits on average
 
     E(k) = 1 + p * (alpha + alpha^2 + ... + alpha^k)       (accepted + the bonus/recovered)
 
 tokens per step (EAGLE-3 reference, section 7). Drafting itself costs d seconds per token
-(measured per request: ~0 for n-grams, real for a draft model), D_i(k) = k * d_i. Each step picks
-
-    k* = argmax_k  sum_i E_i(k) / (c(B, 1 + k) + sum_i D_i(k)),   k in 0..max_draft_tokens
-
-and speculates only when that rate beats plain decoding (k = 0: B / c(B, 1)) by `margin`.
-c(B, T) is measured at start-up over the batch sizes and lengths that can occur and then
-follows the measured step times (exponential moving average), so that it tracks the real
-machine, context growth included. As the batch grows, c(B, T) / c(B, 1) rises (the pass is
-compute-bound), so k* shrinks and reaches 0: speculation switches itself off where it stops
-paying and comes back when the batch shrinks.
+(measured per request: ~0 for n-grams, real for a draft model), D(k) = k * d. A pass over B rows
+padded to T = 1 + k tokens costs c(B, T) (`StepCostModel`), measured at start-up over the batch
+sizes and lengths that can occur and then following the measured pass times (exponential
+moving average), so that it tracks the real machine, context growth included. As the batch
+grows, c(B, T) / c(B, 1) rises (the pass is compute-bound), so drafting pays less and
+speculation switches itself off where it stops paying and comes back when the batch shrinks.
+draft_plan.py chooses each row's k and splits the rows into passes from these prices.
 
 alpha and p are per request: counts of accepted / tried drafts with exponential forgetting,
 starting from priors that are the server-wide estimates so far (pooled over every request,
@@ -31,13 +27,20 @@ token per request, after 32, 64, ... 1024 plain steps: scheduler.py) measure it 
 drafting cost d is timed per `propose` call, except calls that first caught up over more
 tokens than one step emits (the prompt, or a run of plain steps: executor.py).
 
-A tree proposer (EAGLE-3 with a measured tree, with or without an n-gram branch) is not a
-chain: k budget nodes spread over a few levels, and a step accepts whichever branch the target
-agrees with. Such a proposer prices its own tree (`TreePricing`): E_i(k) is its expected tokens
-per step for a k-node tree, from its acceptance statistics by rank and depth (sizing.py), scaled
-by p; D_i(k) is its modelled drafting time for that tree (one head pass per level), scaled by
+A tree proposer (EAGLE-3 with a measured tree, with or without an n-gram branch, suffix
+decoding) is not a chain: k budget nodes spread over a few levels, and a step accepts whichever
+branch the target agrees with. Such a proposer prices its own tree (`TreePricing`): E_i(k) is
+its expected tokens per step for a k-node tree (EAGLE-3: from its acceptance statistics by rank
+and depth, sizing.py; suffix decoding: from the candidates it holds for the request's text
+now), and D_i(k) its modelled drafting time for that tree (one head pass per level), scaled by
 the ratio of measured to modelled drafting time (catch-up and Python included). The chain
-model's alpha would credit one candidate per level only and undercount a tree.
+model's alpha would credit one candidate per level only and undercount a tree. Its expected
+accepted tokens are calibrated against what verification realises: each verified tree adds
+the accepted tokens its proposer expected for it and the tokens accepted, and E_i(k) - 1 is
+scaled by realised / expected (per request, seeded from the server-wide ratio). A proposer
+that found nothing expected nothing, so the calibration also covers how often it drafts.
+
+Which rows draft how much, and how the rows are split into passes: draft_plan.py.
 """
 
 from __future__ import annotations
@@ -91,6 +94,11 @@ class AcceptanceEstimate:
     draft_seconds_per_token: float = 0.0  # EMA of the proposer's cost per draft token
     draft_calibration: float = 1.0  # EMA of measured / modelled drafting time (tree proposers)
     tree: TreePricing | None = None  # the request's proposer, when it prices its trees
+    prior_calibration: float = 1.0  # realised / expected accepted tokens of its trees, a priori
+    calibration_weight: float = 2.0  # expected tokens behind that prior
+    expected_accepted: float = 0.0  # accepted tokens its verified trees were priced at (decayed)
+    realised_accepted: float = 0.0  # accepted tokens they realised (decayed)
+    pending_expected: float | None = None  # the tree being verified: its expected accepted tokens
 
     @property
     def alpha(self) -> float:
@@ -102,20 +110,28 @@ class AcceptanceEstimate:
         return ((self.found + self.prior_availability * self.prior_weight)
                 / (self.asked + self.prior_weight))
 
+    @property
+    def calibration(self) -> float:
+        """Realised / expected accepted tokens of this request's verified trees."""
+        return ((self.realised_accepted + self.prior_calibration * self.calibration_weight)
+                / (self.expected_accepted + self.calibration_weight))
+
     def seeded(self) -> AcceptanceEstimate:
         """A fresh estimate whose priors are this one's current values (a new request starts
         from what the server has seen so far)."""
         return AcceptanceEstimate(prior_alpha=self.alpha, prior_availability=self.availability,
                                   draft_seconds_per_token=self.draft_seconds_per_token,
-                                  draft_calibration=self.draft_calibration)
+                                  draft_calibration=self.draft_calibration,
+                                  prior_calibration=self.calibration)
 
     def price(self, k: int) -> tuple[float, float]:
         """(E(k), D(k)) of the module docstring: the tree's own price where the proposer gives
-        one, else the chain model's."""
+        one (its expected accepted tokens calibrated), else the chain model's."""
         if k >= 1 and self.tree is not None:
             tree_tokens = self.tree.expected_tokens(k)
             if tree_tokens is not None:
-                return (1.0 + self.availability * max(tree_tokens - 1.0, 0.0),
+                accepted = min(self.calibration * max(tree_tokens - 1.0, 0.0), float(k))
+                return (1.0 + accepted,
                         self.tree.draft_seconds(k) * self.draft_calibration)
         alpha = min(self.alpha, 0.999)
         return (1.0 + self.availability * sum(alpha ** j for j in range(1, k + 1)),
@@ -133,6 +149,12 @@ class AcceptanceEstimate:
             self.accepted = self.accepted * self.forgetting + accepted
             self.trials = self.trials * self.forgetting + trials
 
+    def record_tree(self, expected: float, accepted: int) -> None:
+        """One verified tree: the accepted tokens it was priced at (uncalibrated) and those
+        verification accepted."""
+        self.expected_accepted = self.expected_accepted * self.forgetting + max(expected, 0.0)
+        self.realised_accepted = self.realised_accepted * self.forgetting + accepted
+
     def record_draft_time(self, seconds: float, tokens: int) -> None:
         if tokens:
             per_token = seconds / tokens
@@ -145,7 +167,7 @@ class AcceptanceEstimate:
             self.draft_calibration = 0.8 * self.draft_calibration + 0.2 * (measured / modelled)
 
     def relax(self) -> None:
-        for name in ("accepted", "trials", "found", "asked"):
+        for name in ("accepted", "trials", "found", "asked", "expected_accepted", "realised_accepted"):
             setattr(self, name, getattr(self, name) * self.relax_rate)
 
 
@@ -279,19 +301,3 @@ def monotone(table: dict[tuple[int, int], float], batch_sizes: list[int], max_to
         for smaller, larger in reversed(list(zip(batch_sizes, batch_sizes[1:]))):
             fixed[(smaller, tokens)] = min(fixed[(smaller, tokens)], fixed[(larger, tokens)])
     return fixed
-
-
-def choose_draft_length(estimates: Sequence[AcceptanceEstimate], rows: int, costs: StepCostModel,
-                        max_draft_tokens: int, margin: float = 1.05) -> int:
-    """k* of the module docstring: 0 (plain) unless speculation is expected to pay."""
-    if not estimates or max_draft_tokens < 1:
-        return 0
-    plain_rate = len(estimates) / costs.cost(rows, 1)
-    best_k, best_rate = 0, plain_rate * margin
-    for k in range(1, max_draft_tokens + 1):
-        prices = [e.price(k) for e in estimates]
-        tokens, drafting = sum(p[0] for p in prices), sum(p[1] for p in prices)
-        rate = tokens / (costs.cost(rows, 1 + k) + drafting)
-        if rate > best_rate:
-            best_k, best_rate = k, rate
-    return best_k

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from eyas.engine.speculative.draft import DraftTree
-from eyas.scheduler.speculation import (AcceptanceEstimate, ShadowDraft, StepCostModel,
-                                        choose_draft_length, monotone)
+from eyas.scheduler.draft_plan import choose_draft_budgets
+from eyas.scheduler.speculation import AcceptanceEstimate, ShadowDraft, StepCostModel, monotone
 
 
 def cpu_like_costs(max_tokens: int = 5) -> StepCostModel:
@@ -16,6 +16,13 @@ def cpu_like_costs(max_tokens: int = 5) -> StepCostModel:
     sizes = [1, 2, 4, 8, 16]
     table = {(b, t): 0.010 + 0.002 * b * t for b in sizes for t in range(1, max_tokens + 1)}
     return StepCostModel(sizes, table, max_tokens)
+
+
+def choose_draft_length(estimates, rows, costs, most):
+    """The largest budget the per-row rule gives any of `estimates` (rows 0.. of a span of
+    `rows`)."""
+    by_row = list(estimates) + [None] * (rows - len(estimates))
+    return max(choose_draft_budgets(by_row, costs, most))
 
 
 def estimate(alpha: float, trials: float = 100.0) -> AcceptanceEstimate:
@@ -110,11 +117,10 @@ def test_a_tree_proposer_is_priced_by_its_own_tree_not_by_a_chain():
     chain = estimate(0.2)  # per-depth acceptance 0.2: 1.2 / 14 ms = 85.7 tok/s, no k pays
     assert choose_draft_length([chain], 1, costs, 4) == 0
     # The same request drafting a tree that accepts 0.45 / 0.75 / 0.85 / 0.9 tokens for
-    # budgets 1..4 at 1 ms per budget node (found 99% of the time): 96.4, 96.8, 92.0, 85.9
-    # tok/s -> k = 2.
+    # budgets 1..4 at 1 ms per budget node: 96.7, 97.2, 92.5, 86.4 tok/s -> k = 2.
     tree = estimate(0.2)
     tree.tree = PricedTree({1: 1.45, 2: 1.75, 3: 1.85, 4: 1.9})
-    assert tree.expected_tokens(2) == pytest.approx(1 + (tree.availability * 0.75))
+    assert tree.expected_tokens(2) == pytest.approx(1.75)  # calibration 1 a priori
     assert choose_draft_length([tree], 1, costs, 4) == 2
     # Drafting measured at 3x its model: 85.3, 79.5, ... tok/s -> plain.
     for _ in range(40):
@@ -128,3 +134,53 @@ def test_a_tree_proposer_is_priced_by_its_own_tree_not_by_a_chain():
     assert unpriced.price(3)[1] == 3 * unpriced.draft_seconds_per_token
     # Seeded copies keep the calibration (a new request starts from what the server measured).
     assert tree.seeded().draft_calibration == tree.draft_calibration and tree.seeded().tree is None
+
+
+def test_tree_prices_are_calibrated_by_what_verification_realised():
+    tree = estimate(0.2)
+    tree.tree = PricedTree({1: 1.9, 2: 2.8, 3: 3.6, 4: 4.3})  # over-confident candidates
+    for _ in range(60):  # every tree priced at 2.8 - 1 = 1.8 accepted tokens realised 1
+        tree.record_tree(1.8, 1)
+    # recent trees weigh most (forgetting 0.9), beside a prior of 1: (10 + 2) / (18 + 2)
+    assert tree.calibration == pytest.approx(0.6, abs=0.01)
+    assert tree.expected_tokens(2) == pytest.approx(1 + tree.calibration * 1.8)
+    # calibrated above 1, a k-node tree is still never priced above k accepted tokens
+    sure = estimate(0.2)
+    sure.tree = PricedTree({1: 1.95, 2: 2.9})
+    for _ in range(60):
+        sure.record_tree(0.9, 1)
+    assert sure.calibration > 1.05 and sure.expected_tokens(1) == pytest.approx(2.0)
+    assert sure.seeded().prior_calibration == pytest.approx(sure.calibration)
+
+
+def test_rows_whose_drafts_do_not_pay_draft_nothing_while_others_draft():
+    """16 rows: 6 whose suffix trees are all but sure (a regenerated answer), 10 that have
+    nothing to draft; c(B, T) = 20 ms + 1 ms * B * T. Plain: 16 tokens / 36 ms = 444 tok/s (467
+    to beat with the margin). One pass of 16 x 5: 38.8 tokens / 100 ms = 388 tok/s. The 6 rows
+    at T = 5 in one pass and the 10 others in a plain one: 38.8 tokens / (50 + 30) ms = 485."""
+    sizes = [1, 2, 4, 8, 16]
+    costs = StepCostModel(sizes, {(b, t): 0.020 + 0.001 * b * t for b in sizes for t in range(1, 6)}, 5)
+    sure = [estimate(0.2) for _ in range(6)]
+    for row in sure:
+        row.tree = PricedTree({1: 1.96, 2: 2.92, 3: 3.88, 4: 4.8}, seconds_per_level=0.0)
+    none = [estimate(0.0) for _ in range(10)]
+    for row in none:
+        row.tree = PricedTree({1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0})
+    assert choose_draft_budgets([*sure, *none], costs, 4) == [4] * 6 + [0] * 10
+    # interleaved, the rows cannot be split cheaply: one pass of 12 x 5 (34.8 tokens / 80 ms,
+    # 435 tok/s against 394 to beat), where the rows with nothing to draft draft nothing
+    mixed = [sure[i // 2] if i % 2 == 0 else none[i // 2] for i in range(12)]
+    assert choose_draft_budgets(mixed, costs, 4) == [4, 0] * 6
+    # the whole batch useless: plain
+    assert choose_draft_budgets(none + [None], costs, 4) == [0] * 11
+
+
+def test_rows_split_into_passes_by_their_real_sizes():
+    from eyas.scheduler.draft_plan import split_rows
+
+    costs = cpu_like_costs()
+    assert split_rows([1] * 8, costs) == [(0, 8)]  # plain: one pass
+    assert split_rows([5, 5, 5, 1, 1, 1, 1, 1, 1, 1], costs) == [(0, 3), (3, 10)]
+    assert split_rows([2, 1, 2, 1], costs) == [(0, 4)]  # a second pass costs more than padding
+    assert split_rows([5, 0, 0, 5], costs) == [(0, 1), (3, 4)]  # idle rows left out
+    assert split_rows([5, 1], None) == [(0, 2)]  # no cost model: one pass

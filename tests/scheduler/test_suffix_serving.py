@@ -74,3 +74,49 @@ def test_eagle3_with_suffix_serving_on_smollm_equals_plain(smollm_target, mtbenc
                                     prefill_chunk=64, tree="auto")
     assert first == plain and second == plain
     assert engine.proposers.suffix_store().hits > 0
+
+
+class PassCounter:
+    """An EngineObserver that keeps the most passes any step ran over its decoding rows."""
+
+    def __init__(self) -> None:
+        self.most_passes = 0
+        self.split_steps = 0
+
+    def step_finished(self, stats) -> None:
+        self.most_passes = max(self.most_passes, stats.passes)
+        self.split_steps += stats.passes > 1
+
+    def request_finished(self, request) -> None:
+        pass
+
+    def queue_changed(self, running: int, waiting: int) -> None:
+        pass
+
+    def kv_changed(self, rows_in_use: int, rows: int, slots: int, cache_bytes: int) -> None:
+        pass
+
+
+def test_rows_split_into_passes_by_their_drafts_equal_plain(tiny_target):
+    """Rows whose suffix trees are drafted run in their own pass, rows with nothing to draft in
+    another (a cost model where padding costs far more than a pass: c(B, T) = 0.1 ms + 10 ms x
+    B x T); every output is still the plain one."""
+    from eyas.scheduler.speculation import StepCostModel
+
+    prompts = [[5, 6, 7, 8, 9] * 8, list(range(300, 340)), [11, 12, 13] * 10, list(range(400, 440))]
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    plain = [generate(tiny_target, p, params).token_ids for p in prompts]
+    counter = PassCounter()
+    config = EngineConfig(max_running=4, prefill_chunk=64, initial_kv_slots=64, speculation="always",
+                          num_draft_tokens=3)
+    engine = Engine(tiny_target, config, draft="suffix:2", observer=counter)
+    sizes = [1, 2, 4]
+    engine.executor.costs = StepCostModel(
+        sizes, {(b, t): 0.0001 + 0.01 * b * t for b in sizes for t in range(1, 5)}, 4, smoothing=0.0)
+    engine.start()
+    try:
+        outputs = [[r.token_ids for r in engine.generate_many(prompts, params, 300)] for _ in range(2)]
+    finally:
+        engine.shutdown()
+    assert outputs == [plain, plain]
+    assert counter.split_steps > 0 and counter.most_passes >= 2

@@ -41,6 +41,8 @@ from eyas.engine.speculative.proposers.suffix_trie import SuffixTrie
 from eyas.engine.speculative.sizing import best_prefix, load_or_measure
 from eyas.errors import EyasError
 
+MIN_GROWN = 8  # candidates grown per source at least (pricing asks for budgets 1, 2, ...)
+
 
 @dataclass
 class SuffixConfig:
@@ -95,6 +97,7 @@ class SuffixProposer:
         self.finished = False
         self.synced = False  # history ends with the root (after a propose): observe may extend it
         self._candidates: list[Candidate] | None = None  # for the current history
+        self._grown = 0  # how many candidates per source that list was grown to
         self._order: list[int] = []  # the candidates' indices, best first
         self._sums: list[float] = [0.0]  # their running sums of probabilities
         self._last: list[Candidate] = []  # the verified tree's nodes, in node order
@@ -161,17 +164,21 @@ class SuffixProposer:
         if max_nodes <= 0:
             self._last = []
             return DraftTree.empty()
-        candidates = self.candidates()
+        candidates = self.candidates(max_nodes)
         order = self._order[:max_nodes]
         if self.cost is not None and self.config.priced:
             order = order[: best_prefix([candidates[i].probability for i in order], self.cost)]
         return self._tree(candidates, order)
 
-    def candidates(self) -> list[Candidate]:
-        """Every candidate after the current history, merged over both sources (cached until
-        the history grows)."""
-        if self._candidates is None:
-            self._candidates = self._grow()
+    def candidates(self, at_least: int | None = None) -> list[Candidate]:
+        """The best candidates after the current history (at least `at_least` where there are
+        that many, at most `max_candidates`), merged over both sources; cached until the
+        history grows. The serving engine prices every row each step, with budgets of a few
+        nodes: growing only as many as asked keeps that cheap."""
+        wanted = min(max(at_least or self.config.max_candidates, MIN_GROWN), self.config.max_candidates)
+        if self._candidates is None or wanted > self._grown:
+            self._grown = wanted
+            self._candidates = self._grow(wanted)
             self._order = ranked(self._candidates)
             self._sums = [0.0]
             for index in self._order:
@@ -180,11 +187,11 @@ class SuffixProposer:
 
     def best(self, max_nodes: int) -> tuple[list[int], float]:
         """The indices of the best `max_nodes` candidates and the sum of their probabilities."""
-        self.candidates()
+        self.candidates(max_nodes)
         count = min(max_nodes, len(self._order))
         return self._order[:count], self._sums[count]
 
-    def _grow(self) -> list[Candidate]:
+    def _grow(self, limit: int) -> list[Candidate]:
         config, context = self.config, self.history
         self.counts["steps"] += 1
         sources = []
@@ -192,13 +199,12 @@ class SuffixProposer:
         if length:  # the current occurrence has no continuation yet: one count less
             self.counts["local_matches"] += 1
             sources.append(grow(self.local, node, length, self.local.count(node) - 1,
-                                self.confidence["local"], "local", config.max_candidates,
-                                config.max_children))
+                                self.confidence["local"], "local", limit, config.max_children))
         if self.store.max_bytes and self.store.documents:
             with self.store.lock:
                 node, length = self.store.trie.match(context, config.max_match)
                 found = grow(self.store.trie, node, length, self.store.trie.count(node),
-                             self.confidence["global"], "global", config.max_candidates,
+                             self.confidence["global"], "global", limit,
                              config.max_children) if length else []
             self.store.record_lookup(bool(found))
             if found:

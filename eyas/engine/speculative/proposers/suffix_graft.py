@@ -65,6 +65,11 @@ class SuffixGraftProposer(GraftedTree):
     def forget(self) -> None:
         self.suffix.forget()
 
+    def sync(self, token_ids: list[int]) -> None:
+        """Catch the suffix history up with the request's tokens (serving: after every step,
+        so that its candidates price the next one)."""
+        self.suffix.sync(token_ids)
+
     # -- drafting -----------------------------------------------------------------------
     def propose(self, token_ids: list[int], max_nodes: int) -> DraftTree:
         tree = self.main.propose(token_ids, max_nodes).truncated(max(max_nodes, 0))
@@ -72,8 +77,8 @@ class SuffixGraftProposer(GraftedTree):
         self._nodes = []
         if tree.draft_probs is not None or max_nodes <= 0:
             return tree  # a sampled chain (its probabilities cover it alone), or no room
-        candidates = self.suffix.candidates()
         order, _ = self.suffix.best(max_nodes)
+        candidates = self.suffix.candidates(max_nodes)
         priced = self._can_price()
         tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
         on_path = self._head_on_path(parents) if priced else [1.0] * (len(tokens) + 1)
