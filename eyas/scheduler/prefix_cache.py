@@ -179,6 +179,9 @@ class PrefixCache:
         return True
 
     def clear(self) -> None:
+        """Drop every cached prefix; the rows they held become free."""
+        for entry in [entry for entry in self.pool.cached if entry is not None]:
+            self._forget(entry)
         self.tree = RadixTree()
 
     def stats(self) -> PrefixCacheStats:

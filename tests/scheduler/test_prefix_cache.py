@@ -174,3 +174,20 @@ def test_a_request_asking_for_prompt_logprobs_computes_its_whole_prompt(tiny_tar
     plan = scheduler.schedule()
     assert [(c.start, c.end) for c in plan.prefill] == [(0, 16)]  # from the start, nothing reused
     assert echo.prefill_scheduled == 16
+
+
+def test_clear_frees_every_cached_row_and_the_next_request_misses(tiny_target):
+    scheduler = new_scheduler(tiny_target)
+    cache = scheduler.prefix_cache
+    first = request(tiny_target, list(range(100, 120)))
+    scheduler.add(first)
+    scheduler.schedule()
+    finish(scheduler, first, 1, [7, 8, 9])
+    assert scheduler.pool.cached[0] is not None
+    cache.clear()
+    assert scheduler.pool.cached == [None, None] and scheduler.pool.free_row() == 0
+    again = request(tiny_target, list(range(100, 120)) + [7, 8, 9])
+    scheduler.add(again)  # once raised KeyError: the pool still named a prefix the index lost
+    plan = scheduler.schedule()
+    assert again.row == 0 and [(c.start, c.end) for c in plan.prefill] == [(0, 16)]
+    assert cache.stats().rows == 0
