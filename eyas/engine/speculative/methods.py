@@ -58,7 +58,7 @@ def _model(target: Target, option: str, tree: str | None) -> Proposer:
         raise EyasError("--draft model needs a model: model:PATH_OR_ALIAS[@DTYPE]")
     path, precision = draft_model_precision(target, option)
     draft = load_target(path, dtype=precision, device=str(target.device))
-    return DraftModelProposer(draft, name="model")
+    return DraftModelProposer(draft, name="model", priced=True)  # chain sized from measured costs
 
 
 def _self(target: Target, option: str, tree: str | None) -> Proposer:

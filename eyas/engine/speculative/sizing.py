@@ -229,16 +229,16 @@ def expected_tokens(depth: int, top_k: int, total: int, ranks: list[float]) -> f
 
 
 def best_prefix(on_path: list[float], cost: CostModel, draft_seconds: float = 0.0,
-                plain: bool = True) -> int:
+                plain: bool = True, draft_per_token: float = 0.0) -> int:
     """How many candidates to verify, best first (`on_path`: each one's probability of lying on
     the accepted path, never rising), for the most expected tokens per second, (1 + sum of the
-    first n) / (verify(1 + n) + draft_seconds). 0 is a plain step, 1 / verify(1); with
-    plain=False at least one candidate is verified."""
+    first n) / (verify(1 + n) + draft_seconds + n x draft_per_token). 0 is a plain step,
+    1 / verify(1); with plain=False at least one candidate is verified."""
     best_count, best_rate = (0, 1.0 / cost.verify(1)) if plain else (1, 0.0)
     tokens = 1.0
     for count, probability in enumerate(on_path, start=1):
         tokens += probability
-        rate = tokens / (cost.verify(count + 1) + draft_seconds)
+        rate = tokens / (cost.verify(count + 1) + draft_seconds + count * draft_per_token)
         if rate > best_rate:
             best_count, best_rate = count, rate
     return best_count

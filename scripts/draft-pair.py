@@ -1,0 +1,101 @@
+"""Does a draft model pay for its target? Plain and speculative decoding side by side, prompt by
+prompt, timed in CPU seconds (1 thread: a busy machine stretches both alike), with the costs
+that decide it measured in the same run.
+
+    OMP_NUM_THREADS=1 python scripts/draft-pair.py TARGET DRAFT [DATASET] [PROMPTS] [TOKENS] [FLAGS]
+    OMP_NUM_THREADS=1 python scripts/draft-pair.py qwen2.5-coder-1.5b qwen2.5-coder-0.5b mtbench 6 64
+    ... --no-policy   # every step drafts (the method itself, without the fallback to plain)
+
+Printed: per prompt, plain and speculative CPU seconds, their ratio, tau, the steps that fell
+back to plain; then the medians and totals, and the arithmetic: one draft token's cost, the
+target's pass over T = 1..k+1 tokens, and the speed-up that tau predicts from them,
+
+    tau x verify(1) / (verify(k + 1) + k x draft_token)
+
+Greedy output is checked equal to plain on every prompt.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+import torch
+
+from eyas.engine.generate import generate
+from eyas.engine.sampling import SamplingParams
+from eyas.engine.speculative.decode import speculative_generate
+from eyas.engine.speculative.methods import build_proposer
+from eyas.engine.speculative.policy import PolicyConfig
+from eyas.engine.speculative.sizing import measure_verify_costs
+from eyas.engine.target import load_target
+from eyas.scheduler.measure import load_prompts
+
+
+def cpu_seconds(fn):
+    started = time.process_time()
+    value = fn()
+    return value, time.process_time() - started
+
+
+@torch.inference_mode()
+def draft_token_seconds(proposer, repeats: int = 12) -> float:
+    """CPU seconds of one greedy draft token after 256 cached tokens (median), as propose() runs it."""
+    proposer.begin(proposer.draft, [0] * 256, SamplingParams())
+    proposer.propose([0] * 256, 1)  # catch-up: the draft's prefill
+    times = []
+    for index in range(repeats):
+        ids = [0] * (257 + index)
+        _, seconds = cpu_seconds(lambda: proposer.propose(ids, 1))
+        times.append(seconds)
+    return statistics.median(times)
+
+
+def main(target_name: str, draft_name: str, dataset: str = "mtbench", num_prompts: int = 6,
+         max_tokens: int = 64, policy: bool = True, k: int = 4) -> None:
+    target = load_target(target_name, dtype="int4")
+    proposer = build_proposer(f"model:{draft_name}", target)
+    params = SamplingParams(max_tokens=max_tokens)
+    prompts = load_prompts(target, dataset, num_prompts)
+    config = PolicyConfig(enabled=policy)
+    generate(target, prompts[0], SamplingParams(max_tokens=4))  # warm-up
+    speculative_generate(target, prompts[0], SamplingParams(max_tokens=8), proposer, k, policy=config)
+    rows = []
+    print(f"{target_name} (int4) + draft {draft_name} ({proposer.draft.precision}), {dataset}, "
+          f"{len(prompts)} x {max_tokens} tokens, k={k}, policy {'on' if policy else 'off'}, "
+          f"{torch.get_num_threads()} thread(s), CPU seconds")
+    print("prompt  tokens  plain_s  spec_s  speedup  tau   draft_s verify_s plain_steps fallbacks equal")
+    for index, prompt in enumerate(prompts):
+        plain, plain_s = cpu_seconds(lambda: generate(target, prompt, params))
+        spec, spec_s = cpu_seconds(lambda: speculative_generate(target, prompt, params, proposer, k,
+                                                                policy=config))
+        stats = spec.stats["speculative"]
+        equal = spec.token_ids == plain.token_ids
+        rows.append((len(plain.token_ids), plain_s, spec_s, stats["acceptance_length"]))
+        print(f"{index:6d}  {len(plain.token_ids):6d}  {plain_s:7.2f}  {spec_s:6.2f}  {plain_s / spec_s:6.2f}x"
+              f"  {stats['acceptance_length']:4.2f}  {stats['draft_seconds']:7.2f} {stats['verify_seconds']:8.2f}"
+              f" {stats['plain_steps']:11d} {stats['fallbacks']:9d} {equal}")
+    ratios = [p / s for _, p, s, _ in rows]
+    total = sum(p for _, p, _, _ in rows) / sum(s for _, _, s, _ in rows)
+    print(f"speed-up: median {statistics.median(ratios):.2f}x, total {total:.2f}x "
+          f"(tokens/s ratios, CPU time)")
+    # The arithmetic beside it.
+    verify = measure_verify_costs(target, sizes=tuple(range(1, k + 2)))
+    draft = draft_token_seconds(proposer)
+    taus = [tau for *_, tau in rows if tau > 0]
+    tau = statistics.mean(taus) if taus else 1.0
+    step = verify[k + 1] + k * draft
+    print("target pass, ms by T: " + ", ".join(f"{t}: {s * 1e3:.1f}" for t, s in verify.items())
+          + f" (wall, 1 thread); draft token {draft * 1e3:.1f} ms (CPU)")
+    print(f"predicted at tau {tau:.2f}, k={k}: {tau:.2f} x {verify[1] * 1e3:.1f} / ({verify[k + 1] * 1e3:.1f}"
+          f" + {k} x {draft * 1e3:.1f}) = {tau * verify[1] / step:.2f}x; at the byte floors the draft"
+          f" costs {draft / verify[1]:.2f} of a target token")
+
+
+if __name__ == "__main__":
+    flags = [a for a in sys.argv[1:] if a.startswith("--")]
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    if len(args) < 2:
+        raise SystemExit(__doc__)
+    main(args[0], args[1], *(args[2:3]), *[int(a) for a in args[3:5]], policy="--no-policy" not in flags)

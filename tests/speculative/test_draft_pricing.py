@@ -1,0 +1,97 @@
+"""A draft model's chain priced from measured costs (proposers/chain_pricing.py): a pair that
+cannot pay decodes plain, and greedy output stays equal to plain whatever the pricing chose."""
+
+from __future__ import annotations
+
+import pytest
+
+from eyas.engine.generate import generate
+from eyas.engine.sampling import SamplingParams
+from eyas.engine.speculative.decode import speculative_generate
+from eyas.engine.speculative.proposers.chain_pricing import ChainPricing
+from eyas.engine.speculative.proposers.draft_model import DraftModelProposer
+from eyas.engine.speculative.sizing import CostModel
+from tiny_models import build_tiny_model
+
+# A 1.5B int4 target on a CPU: each extra verified token ~0.19 of a one-token pass.
+TARGET = CostModel({t: 1.0 + 0.19 * (t - 1) for t in range(1, 17)})
+PROMPT = list(range(200, 230))
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def settled(rate: float, draft_pass: float, steps: int = 200) -> ChainPricing:
+    """Pricing after `steps` chains of 4 whose drafts were each accepted with `rate`."""
+    pricing = ChainPricing(TARGET, draft_pass, explore_steps=0)
+    for step in range(steps):
+        accepted = 0
+        while accepted < 4 and (step * 7919 + accepted * 104729) % 1000 < rate * 1000:
+            accepted += 1
+        pricing.acceptance.record(4, accepted)
+    return pricing
+
+
+def test_a_draft_a_third_of_the_target_drafts_long_chains_when_accepted():
+    assert settled(0.95, 0.2).length(4) == 4
+    assert settled(0.9, 1 / 3).length(4) == 3  # (1 + .9 + .81 + .73) / (1.57 + 3 / 3) > 4 tokens' rate
+
+
+def test_a_rarely_accepted_draft_gets_plain_steps():
+    assert settled(0.3, 1 / 3).length(4) == 0
+    assert settled(0.0, 0.05).length(4) == 0
+
+
+def test_a_draft_as_dear_as_the_target_never_drafts_not_even_to_explore():
+    pricing = ChainPricing(TARGET, draft_pass=1.0)
+    assert not pricing.could_pay(4)
+    assert [pricing.length(4) for _ in range(5)] == [0] * 5
+    cheap = ChainPricing(TARGET, draft_pass=0.2, explore_steps=2)
+    assert [cheap.length(4) for _ in range(2)] == [4, 4]  # the prior alone would not draft 4
+
+
+def test_measured_ratios_move_the_prices_together():
+    pricing = settled(0.8, 0.3)
+    before = pricing.length(4)
+    for _ in range(30):  # the machine got 3x slower for everything: the same choice
+        pricing.measured("plain", 3.0, 1.0)
+        pricing.measured("verify", 3.0 * TARGET.verify(5), TARGET.verify(5))
+        pricing.measured("draft", 0.9, 0.3)
+    assert pricing.length(4) == before > 0
+    for _ in range(30):  # only the draft's passes got dearer (3x): the chain must shrink
+        pricing.measured("draft", 2.7, 0.3)
+    assert pricing.length(4) < before
+
+
+@pytest.fixture(scope="module")
+def stranger_draft(tmp_path_factory, smollm_tokenizer):
+    """A tiny random model with the target's tokenizer and other weights: its drafts are wrong."""
+    from eyas.engine.target import load_target
+
+    folder = build_tiny_model(tmp_path_factory.mktemp("stranger"), smollm_tokenizer, seed=1)
+    return load_target(str(folder), dtype="float32")
+
+
+def test_drafts_that_never_match_fall_back_to_plain_with_plain_output(tiny_target, stranger_draft):
+    params = SamplingParams(max_tokens=48, ignore_eos=True)
+    plain = generate(tiny_target, PROMPT, params).token_ids
+    proposer = DraftModelProposer(stranger_draft, priced=True)
+    # a cheap draft (a tenth of a target pass): only acceptance can rule it out
+    proposer.pricing = ChainPricing(TARGET, draft_pass=0.1, explore_steps=2)
+    result = speculative_generate(tiny_target, PROMPT, params, proposer, 4)
+    spec = result.stats["speculative"]
+    assert result.token_ids == plain
+    assert spec["accepted_tokens"] <= 1
+    assert spec["verification_steps"] <= 3  # the two exploring steps, at most one probe
+    assert spec["plain_steps"] >= 40
+
+
+def test_a_draft_that_cannot_pay_is_never_run(tiny_target, stranger_draft):
+    """single_stream prices the draft from its own measured pass: a draft the size of the
+    target cannot pay, so it neither prefills nor drafts; the output is plain's."""
+    params = SamplingParams(max_tokens=16, ignore_eos=True)
+    plain = generate(tiny_target, PROMPT, params).token_ids
+    proposer = DraftModelProposer(stranger_draft, priced=True)
+    result = speculative_generate(tiny_target, PROMPT, params, proposer, 4)
+    assert result.token_ids == plain
+    assert result.stats["speculative"]["verification_steps"] == 0
+    assert proposer.cached_ids == []  # no prefill of the draft either
