@@ -168,8 +168,9 @@ def cost_cache_path(key: str) -> Path:
     return cache_dir() / "costs" / f"{digest}.json"
 
 
-def load_or_measure(target, head=None) -> CostModel:
-    """The cost model of this machine + model + precision (+ head), measured once and cached."""
+def load_or_measure(target, head=None, sizes: tuple[int, ...] = TOKEN_SIZES) -> CostModel:
+    """The cost model of this machine + model + precision (+ head), measured once and cached;
+    `sizes`: the pass lengths T measured (a draft model's single-token pass: (1, 2))."""
     from eyas.eagle3.fused import FusedHead
 
     head_key = "" if head is None else json.dumps({**head.config.to_dict(), "precision": head.precision,
@@ -177,13 +178,13 @@ def load_or_measure(target, head=None) -> CostModel:
     layers = fused_cpu.kernel_tag(target.model)  # fused or Python layers, int4 kernel, sources
     key = "|".join([COST_VERSION, str(target.folder), target.precision, layers, str(target.device),
                     str(torch.get_num_threads()), platform.processor() or platform.machine(),
-                    torch.__version__, head_key])
+                    torch.__version__, head_key] + ([] if sizes == TOKEN_SIZES else [str(sizes)]))
     path = cost_cache_path(key)
     if path.is_file():
         raw = json.loads(path.read_text())
         return CostModel({int(k): v for k, v in raw["verify_seconds"].items()},
                          {int(k): v for k, v in raw["draft_seconds"].items()})
-    model = CostModel(measure_verify_costs(target),
+    model = CostModel(measure_verify_costs(target, sizes=sizes),
                       measure_draft_costs(head) if head is not None else {1: 0.0})
     write_json_atomic(path, {"key": key, **asdict(model)})
     return model

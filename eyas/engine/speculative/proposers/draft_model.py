@@ -82,7 +82,8 @@ class DraftModelProposer:
         if self.priced and self.pricing is None:
             from eyas.engine.speculative.sizing import load_or_measure
 
-            self.pricing = ChainPricing(load_or_measure(target), load_or_measure(self.draft).verify(1))
+            draft_pass = load_or_measure(self.draft, sizes=(1, 2)).verify(1)
+            self.pricing = ChainPricing(load_or_measure(target), draft_pass)
 
     def step_seconds(self, size: int, seconds: float) -> None:
         """The wall time of one decode step that verified `size` draft tokens (0: plain),
