@@ -76,6 +76,9 @@ def main(target_name: str, draft_name: str, dataset: str = "mtbench", num_prompt
         print(f"{index:6d}  {len(plain.token_ids):6d}  {plain_s:7.2f}  {spec_s:6.2f}  {plain_s / spec_s:6.2f}x"
               f"  {stats['acceptance_length']:4.2f}  {stats['draft_seconds']:7.2f} {stats['verify_seconds']:8.2f}"
               f" {stats['plain_steps']:11d} {stats['fallbacks']:9d} {equal}")
+        if "cost_ratios" in stats:  # the chain's prices after this prompt (chain_pricing.py)
+            print(f"        prices: {stats['cost_ratios']}, draft pass {stats['draft_pass_ms']} ms, "
+                  f"target pass {stats['verify_1_ms']} ms, acceptance {stats['acceptance_rates'][:5]}")
     ratios = [p / s for _, p, s, _ in rows]
     total = sum(p for _, p, _, _ in rows) / sum(s for _, _, s, _ in rows)
     print(f"speed-up: median {statistics.median(ratios):.2f}x, total {total:.2f}x "

@@ -11,8 +11,10 @@ The prices: the target's pass over T tokens and the draft's pass over one token,
 once per machine, model and precision (sizing.load_or_measure, cached), then scaled by what
 this decoding measures (`ChainPricing.measured`: plain steps, the verification part of
 speculative steps, draft passes), so that a busy machine, whose passes all run slower, moves
-the prices together. Before any acceptance has been seen, the first `explore_steps` steps draft
-the whole budget (where the pair could pay at all: `could_pay`), since the prior alone may not.
+the prices together. Where the pair could pay at all (`could_pay`: at 90% acceptance), the
+first `explore_steps` steps draft the whole budget, as does the first step of each request
+(acceptance differs from prompt to prompt) and one step after every `probe_every` plain ones,
+so that a pair priced out on one stretch of text is tried again on the next.
 """
 
 from __future__ import annotations
@@ -31,10 +33,12 @@ class ChainPricing:
     cost: CostModel  # the target's pass over T tokens (T = 1..64), seconds
     draft_pass: float  # seconds of one draft pass over one token after a context, measured alike
     explore_steps: int = 3  # steps that draft the whole budget before any price is trusted
+    probe_every: int = 16  # plain steps in a row after which one step drafts the whole budget
     # P(a draft model's token accepted): the first; each later one once the one before was
-    acceptance: BranchStats = field(default_factory=lambda: BranchStats(LONGEST, prior=(0.6, 0.7)))
+    acceptance: BranchStats = field(default_factory=lambda: BranchStats(LONGEST, prior=(0.7, 0.8)))
     ratios: dict[str, float] = field(default_factory=dict)  # measured / modelled, by RATIO_KINDS
     explored: int = 0
+    plain_in_a_row: int = 0
 
     def __post_init__(self) -> None:
         if self.draft_pass <= 0 or self.cost.verify(1) <= 0:
@@ -70,14 +74,21 @@ class ChainPricing:
         """Whether some chain pays if `rate` of each position's drafts were accepted."""
         return self.best_length(max_nodes, [rate]) > 0
 
+    def new_request(self) -> None:
+        """A request begins: its first step explores (where the pair could pay)."""
+        self.explored = min(self.explored, self.explore_steps - 1)
+
     def length(self, max_nodes: int) -> int:
-        """The chain to draft now: the whole budget while exploring, then the priced length."""
-        if self.explored < self.explore_steps:
-            if not self.could_pay(max_nodes):
-                return 0
+        """The chain to draft now: the whole budget while exploring or probing, else the
+        priced length."""
+        exploring = self.explored < self.explore_steps or self.plain_in_a_row >= self.probe_every
+        if exploring and self.could_pay(max_nodes):
             self.explored += 1
+            self.plain_in_a_row = 0
             return max_nodes
-        return self.best_length(max_nodes)
+        length = self.best_length(max_nodes)
+        self.plain_in_a_row = 0 if length else self.plain_in_a_row + 1
+        return length
 
     def stats(self) -> dict:
         return {"acceptance_rates": [round(self.acceptance.rate(j), 3) for j in range(8)],
