@@ -111,3 +111,27 @@ def test_a_draft_that_cannot_pay_is_never_run(tiny_target, tmp_path, smollm_toke
     assert result.token_ids == plain
     assert result.stats["speculative"]["verification_steps"] == 0
     assert proposer.cached_ids == []  # no prefill of the draft either
+
+
+def test_a_vocabulary_subset_drafts_its_own_argmax_and_output_stays_plain(tiny_target, stranger_draft):
+    """Greedy drafts over the first 16384 ids + the special tokens: the subset's exact argmax;
+    greedy output equals plain with the target as its own draft and with a stranger."""
+    import torch
+
+    from eyas.engine.speculative.proposers.draft_vocabulary import DraftVocabulary
+    from spec_checks import assert_greedy_equals_plain
+
+    vocabulary = DraftVocabulary.build(tiny_target, 16384)
+    assert vocabulary is not None and DraftVocabulary.build(tiny_target, 32768) is None
+    assert set(tiny_target.tokenizer.all_special_ids) <= set(vocabulary.ids.tolist())
+    hidden = torch.randn(8, tiny_target.config.hidden_size)
+    with torch.inference_mode():
+        full = tiny_target.model.lm_head(hidden)  # [8, V]
+    ids = vocabulary.ids
+    expected = ids[full[:, ids].argmax(dim=-1)].tolist()
+    assert [vocabulary.token(int(i)) for i in vocabulary.logits(hidden).argmax(dim=-1)] == expected
+    proposer = DraftModelProposer(tiny_target, vocabulary_size=16384)
+    totals = assert_greedy_equals_plain(tiny_target, [PROMPT], proposer, 4, 24)
+    assert totals["draft_tokens"] > 0
+    stranger = DraftModelProposer(stranger_draft, vocabulary_size=16384)
+    assert_greedy_equals_plain(tiny_target, [PROMPT], stranger, 4, 24)

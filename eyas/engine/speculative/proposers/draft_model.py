@@ -26,6 +26,7 @@ import torch
 from eyas.engine.sampling import SamplingParams, sample_from, target_probs
 from eyas.engine.speculative.draft import DraftTree, VerifyResult
 from eyas.engine.speculative.proposers.chain_pricing import ChainPricing
+from eyas.engine.speculative.proposers.draft_vocabulary import DraftVocabulary
 from eyas.engine.target import Target
 from eyas.errors import EyasError
 from eyas.models.kv_cache import LayerSubsetKVCache
@@ -52,13 +53,16 @@ class DraftModelProposer:
     `min_confidence` ends the chain early at a draft token whose probability under the draft
     is below it (0 = always draft the full budget); `max_draft_tokens` caps the chain.
     `priced` sizes the chain from measured costs in single-stream decoding (module docstring).
+    `vocabulary_size` > 0: greedy drafts are the argmax over the first that many token ids and
+    the special tokens (draft_vocabulary.py), where the draft's vocabulary is far larger.
     """
 
     tap_layers: tuple[int, ...] = ()
 
     def __init__(self, draft: Target, name: str = "model", slots: int = 4096,
                  skip_layers: Collection[int] = (), min_confidence: float = 0.0,
-                 max_draft_tokens: int | None = None, priced: bool = False) -> None:
+                 max_draft_tokens: int | None = None, priced: bool = False,
+                 vocabulary_size: int = 0) -> None:
         self.draft = draft
         self.name = name
         self.slots = slots  # the most slots the draft cache may grow to
@@ -74,6 +78,7 @@ class DraftModelProposer:
         self.pricing: ChainPricing | None = None  # single_stream, priced only
         self.pass_seconds = 0.0  # draft passes of the last propose(), catch-up included
         self.after_prefill = False  # the next step follows the prefill: not a price
+        self.vocabulary = DraftVocabulary.build(draft, vocabulary_size) if vocabulary_size > 0 else None
 
     def single_stream(self, target: Target) -> None:
         """Decoding one request (speculative_generate): a priced proposer gets the measured
@@ -135,16 +140,22 @@ class DraftModelProposer:
         if needed > self.cache.max_slots:
             self.cache = self.cache.grown(min(self.slot_limit, max(needed, 2 * self.cache.max_slots)))
 
+    def _argmax_only(self) -> bool:
+        return self.params.greedy and self.min_confidence <= 0
+
     def _forward(self, ids: list[int], write_at: int) -> torch.Tensor:
-        """Feed `ids` at slots write_at..; the draft's logits [1, V] after the last one."""
+        """Feed `ids` at slots write_at..; the draft's logits [1, V] after the last one (greedy
+        with a vocabulary subset: the subset's [1, N], whose argmax `vocabulary.token` maps)."""
         tensor = torch.tensor([ids], device=self.draft.device)
         # greedy drafting needs only the argmax: the screened output layer gives it exactly at
         # int8 cost (a 150k-token vocabulary in float32 would cost more than the draft's layers)
-        argmax_only = self.params.greedy and self.min_confidence <= 0
+        argmax_only = self._argmax_only()
+        subset = self.vocabulary if argmax_only else None
         started = time.perf_counter()
-        out = self.draft.model(tensor, cache=self.cache, write_at=write_at, logits_at="last",
-                               skip_layers=self.skip_layers, greedy=argmax_only)
-        logits = out.logits[:, -1]
+        out = self.draft.model(tensor, cache=self.cache, write_at=write_at,
+                               logits_at=None if subset else "last", skip_layers=self.skip_layers,
+                               greedy=argmax_only)
+        logits = subset.logits(out.hidden[:, -1]) if subset else out.logits[:, -1]
         seconds = time.perf_counter() - started
         self.pass_seconds += seconds
         if self.pricing is not None and len(ids) <= 2:  # a step's pass, not a catch-up's
@@ -183,6 +194,8 @@ class DraftModelProposer:
                     if confidence < self.min_confidence:
                         break
                 token = int(logits.argmax(dim=-1))
+                if self.vocabulary is not None and self._argmax_only():
+                    token = self.vocabulary.token(token)
             else:
                 probs = target_probs(logits, self.params)[0]  # [V]
                 if self.min_confidence > 0 and float(probs.max()) < self.min_confidence:
