@@ -5,8 +5,9 @@ that decide it measured in the same run.
     OMP_NUM_THREADS=1 python scripts/draft-pair.py TARGET DRAFT [DATASET] [PROMPTS] [TOKENS] [FLAGS]
     OMP_NUM_THREADS=1 python scripts/draft-pair.py qwen2.5-coder-1.5b qwen2.5-coder-0.5b mtbench 6 64
     ... --no-policy   # every step drafts (the method itself, without the fallback to plain)
-    ... --vocab=65536 # also a second draft system side by side: greedy drafts over the first
-                      # 65536 token ids + the special tokens (proposers/draft_vocabulary.py)
+    ... --vocab=65536 # also, side by side: greedy drafts over the first 65536 token ids + the
+                      # special tokens (proposers/draft_vocabulary.py)
+    ... --unpriced    # also, side by side: the same draft unpriced (the whole budget every step)
 
 Printed: per prompt, plain and speculative CPU seconds, their ratio, tau, the steps that fell
 back to plain; then the medians and totals, and the arithmetic: one draft token's cost, the
@@ -56,19 +57,24 @@ def draft_token_seconds(proposer, repeats: int = 12) -> float:
 
 
 def main(target_name: str, draft_name: str, dataset: str = "mtbench", num_prompts: int = 6,
-         max_tokens: int = 64, policy: bool = True, k: int = 4, vocabulary: int = 0) -> None:
+         max_tokens: int = 64, policy: bool = True, k: int = 4, vocabulary: int = 0,
+         unpriced: bool = False) -> None:
     target = load_target(target_name, dtype="int4")
     proposer = build_proposer(f"model:{draft_name}", target)
-    subset = (DraftModelProposer(proposer.draft, priced=True, vocabulary_size=vocabulary)
-              if vocabulary else None)
+    others = {}  # systems beside it: label -> proposer
+    if vocabulary:
+        others[f"vocabulary {vocabulary}"] = DraftModelProposer(proposer.draft, priced=True,
+                                                                vocabulary_size=vocabulary)
+    if unpriced:
+        others[f"unpriced k={k}"] = DraftModelProposer(proposer.draft)
     params = SamplingParams(max_tokens=max_tokens)
     prompts = load_prompts(target, dataset, num_prompts)
     config = PolicyConfig(enabled=policy)
     generate(target, prompts[0], SamplingParams(max_tokens=4))  # warm-up
     speculative_generate(target, prompts[0], SamplingParams(max_tokens=8), proposer, k, policy=config)
-    if subset is not None:
-        speculative_generate(target, prompts[0], SamplingParams(max_tokens=8), subset, k, policy=config)
-    rows, subset_rows = [], []
+    for other in others.values():
+        speculative_generate(target, prompts[0], SamplingParams(max_tokens=8), other, k, policy=config)
+    rows, other_rows = [], {label: [] for label in others}
     print(f"{target_name} (int4) + draft {draft_name} ({proposer.draft.precision}), {dataset}, "
           f"{len(prompts)} x {max_tokens} tokens, k={k}, policy {'on' if policy else 'off'}, "
           f"{torch.get_num_threads()} thread(s), CPU seconds")
@@ -83,13 +89,13 @@ def main(target_name: str, draft_name: str, dataset: str = "mtbench", num_prompt
         print(f"{index:6d}  {len(plain.token_ids):6d}  {plain_s:7.2f}  {spec_s:6.2f}  {plain_s / spec_s:6.2f}x"
               f"  {stats['acceptance_length']:4.2f}  {stats['draft_seconds']:7.2f} {stats['verify_seconds']:8.2f}"
               f" {stats['plain_steps']:11d} {stats['fallbacks']:9d} {equal}")
-        if subset is not None:
-            other, other_s = cpu_seconds(lambda: speculative_generate(target, prompt, params, subset, k,
-                                                                      policy=config))
-            other_tau = other.stats["speculative"]["acceptance_length"]
-            subset_rows.append((plain_s, other_s))
-            print(f"        vocabulary {vocabulary}: {other_s:6.2f} s  {plain_s / other_s:5.2f}x  tau "
-                  f"{other_tau:4.2f}  equal {other.token_ids == plain.token_ids}")
+        for label, other in others.items():
+            result, other_s = cpu_seconds(lambda: speculative_generate(target, prompt, params, other, k,
+                                                                       policy=config))
+            other_rows[label].append((plain_s, other_s))
+            print(f"        {label}: {other_s:6.2f} s  {plain_s / other_s:5.2f}x  tau "
+                  f"{result.stats['speculative']['acceptance_length']:4.2f}  "
+                  f"equal {result.token_ids == plain.token_ids}")
         if "cost_ratios" in stats:  # the chain's prices after this prompt (chain_pricing.py)
             print(f"        prices: {stats['cost_ratios']}, draft pass {stats['draft_pass_ms']} ms, "
                   f"target pass {stats['verify_1_ms']} ms, acceptance {stats['acceptance_rates'][:5]}")
@@ -97,20 +103,24 @@ def main(target_name: str, draft_name: str, dataset: str = "mtbench", num_prompt
     total = sum(p for _, p, _, _ in rows) / sum(s for _, _, s, _ in rows)
     print(f"speed-up: median {statistics.median(ratios):.2f}x, total {total:.2f}x "
           f"(tokens/s ratios, CPU time)")
-    if subset_rows:
-        print(f"vocabulary {vocabulary}: median {statistics.median([p / s for p, s in subset_rows]):.2f}x, "
-              f"total {sum(p for p, _ in subset_rows) / sum(s for _, s in subset_rows):.2f}x")
+    for label, pairs in other_rows.items():
+        print(f"{label}: median {statistics.median([p / s for p, s in pairs]):.2f}x, "
+              f"total {sum(p for p, _ in pairs) / sum(s for _, s in pairs):.2f}x")
     # The arithmetic beside it.
-    verify = measure_verify_costs(target, sizes=tuple(range(1, k + 2)))
+    saved, time.perf_counter = time.perf_counter, time.process_time  # CPU time, as above
+    try:
+        verify = measure_verify_costs(target, sizes=tuple(range(1, k + 2)))
+    finally:
+        time.perf_counter = saved
     draft = draft_token_seconds(proposer)
     taus = [tau for *_, tau in rows if tau > 0]
     tau = statistics.mean(taus) if taus else 1.0
     step = verify[k + 1] + k * draft
     print("target pass, ms by T: " + ", ".join(f"{t}: {s * 1e3:.1f}" for t, s in verify.items())
-          + f" (wall, 1 thread); draft token {draft * 1e3:.1f} ms (CPU)")
+          + f"; draft token {draft * 1e3:.1f} ms (CPU time)")
     print(f"predicted at tau {tau:.2f}, k={k}: {tau:.2f} x {verify[1] * 1e3:.1f} / ({verify[k + 1] * 1e3:.1f}"
-          f" + {k} x {draft * 1e3:.1f}) = {tau * verify[1] / step:.2f}x; at the byte floors the draft"
-          f" costs {draft / verify[1]:.2f} of a target token")
+          f" + {k} x {draft * 1e3:.1f}) = {tau * verify[1] / step:.2f}x; the draft costs"
+          f" {draft / verify[1]:.2f} of a target token, verifying {k + 1} {verify[k + 1] / verify[1]:.2f}")
 
 
 if __name__ == "__main__":
@@ -120,4 +130,4 @@ if __name__ == "__main__":
         raise SystemExit(__doc__)
     vocab = [int(f.split("=", 1)[1]) for f in flags if f.startswith("--vocab=")]
     main(args[0], args[1], *(args[2:3]), *[int(a) for a in args[3:5]], policy="--no-policy" not in flags,
-         vocabulary=vocab[0] if vocab else 0)
+         vocabulary=vocab[0] if vocab else 0, unpriced="--unpriced" in flags)
