@@ -92,7 +92,7 @@ def main(target_name: str, draft_name: str, dataset: str = "mtbench", num_prompt
         for label, other in others.items():
             result, other_s = cpu_seconds(lambda: speculative_generate(target, prompt, params, other, k,
                                                                        policy=config))
-            other_rows[label].append((plain_s, other_s))
+            other_rows[label].append((plain_s, other_s, result.stats["speculative"]["acceptance_length"]))
             print(f"        {label}: {other_s:6.2f} s  {plain_s / other_s:5.2f}x  tau "
                   f"{result.stats['speculative']['acceptance_length']:4.2f}  "
                   f"equal {result.token_ids == plain.token_ids}")
@@ -104,8 +104,8 @@ def main(target_name: str, draft_name: str, dataset: str = "mtbench", num_prompt
     print(f"speed-up: median {statistics.median(ratios):.2f}x, total {total:.2f}x "
           f"(tokens/s ratios, CPU time)")
     for label, pairs in other_rows.items():
-        print(f"{label}: median {statistics.median([p / s for p, s in pairs]):.2f}x, "
-              f"total {sum(p for p, _ in pairs) / sum(s for _, s in pairs):.2f}x")
+        print(f"{label}: median {statistics.median([p / s for p, s, _ in pairs]):.2f}x, "
+              f"total {sum(p for p, _, _ in pairs) / sum(s for _, s, _ in pairs):.2f}x")
     # The arithmetic beside it.
     saved, time.perf_counter = time.perf_counter, time.process_time  # CPU time, as above
     try:
@@ -113,7 +113,9 @@ def main(target_name: str, draft_name: str, dataset: str = "mtbench", num_prompt
     finally:
         time.perf_counter = saved
     draft = draft_token_seconds(proposer)
-    taus = [tau for *_, tau in rows if tau > 0]
+    # tau of k-token chains: the unpriced system's where it ran, else the priced one's
+    chains = other_rows.get(f"unpriced k={k}") or rows
+    taus = [tau for *_, tau in chains if tau > 0]
     tau = statistics.mean(taus) if taus else 1.0
     step = verify[k + 1] + k * draft
     print("target pass, ms by T: " + ", ".join(f"{t}: {s * 1e3:.1f}" for t, s in verify.items())
