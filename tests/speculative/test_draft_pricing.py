@@ -33,7 +33,10 @@ def settled(rate: float, draft_pass: float, steps: int = 200) -> ChainPricing:
 
 def test_a_draft_a_third_of_the_target_drafts_long_chains_when_accepted():
     assert settled(0.95, 0.2).length(4) == 4
-    assert settled(0.9, 1 / 3).length(4) == 3  # (1 + .9 + .81 + .73) / (1.57 + 3 / 3) > 4 tokens' rate
+    # (1 + .9 + .81 + .73 + .66) / (1.76 + 4 / 3) beats a plain step: the whole budget, though
+    # 3 would be a little better, so that every position's rate keeps being observed
+    assert settled(0.9, 1 / 3).length(4) == 4
+    assert settled(0.6, 1 / 3).length(4) == 1  # 4 would lose to plain; 1 is the best that pays
 
 
 def test_a_rarely_accepted_draft_gets_plain_steps():
@@ -92,9 +95,9 @@ def test_drafts_that_never_match_fall_back_to_plain_with_plain_output(tiny_targe
     spec = result.stats["speculative"]
     assert result.token_ids == plain
     assert spec["accepted_tokens"] <= 1
-    # the two exploring steps; then (1 + 0.47) / (1.19 + 1 / 3) < 1: plain, but for one probe
-    # after every 16 plain steps
-    assert 2 < spec["verification_steps"] <= 2 + 48 // 16
+    # the two exploring steps; then (1 + 0.47) / (1.19 + 1 / 3) < 1: plain, but for a probe
+    # when the misses have decayed toward the prior (~every 10 steps) or after 16 plain steps
+    assert 2 < spec["verification_steps"] <= 8
     assert spec["plain_steps"] >= 35
 
 

@@ -3,9 +3,12 @@
 A chain of L draft tokens costs L draft passes (the catch-up pass that yields the first draft,
 then one per further draft) and one target pass over T = L + 1 tokens; it yields
 1 + r1 + r1 r2 + ... + r1..rL tokens, r_j being the observed rate at which the j-th draft is
-accepted once the one before it was (ngram.BranchStats, decaying toward its prior). L is the
-length with the most expected tokens per second; L = 0 is a plain step, which is what a pair
-that cannot pay gets.
+accepted once the one before it was (ngram.BranchStats, decaying toward its prior). The whole
+budget is drafted wherever it beats a plain step (so that every position's rate keeps being
+observed: priced on rates seen only in short chains, a long chain's later drafts would keep
+their prior and chains would stay short where long ones pay); otherwise the length with the
+most expected tokens per second, down to L = 0, a plain step, which is what a pair that cannot
+pay gets.
 
 The prices: the target's pass over T tokens and the draft's pass over one token, each measured
 once per machine, model and precision (sizing.load_or_measure, cached), then scaled by what
@@ -35,7 +38,8 @@ class ChainPricing:
     explore_steps: int = 3  # steps that draft the whole budget before any price is trusted
     probe_every: int = 16  # plain steps in a row after which one step drafts the whole budget
     # P(a draft model's token accepted): the first; each later one once the one before was
-    acceptance: BranchStats = field(default_factory=lambda: BranchStats(LONGEST, prior=(0.7, 0.8)))
+    acceptance: BranchStats = field(default_factory=lambda: BranchStats(LONGEST, prior=(0.7, 0.8),
+                                                                        relax_rate=0.95))
     ratios: dict[str, float] = field(default_factory=dict)  # measured / modelled, by RATIO_KINDS
     explored: int = 0
     plain_in_a_row: int = 0
@@ -63,12 +67,17 @@ class ChainPricing:
         return self.cost.calibrated(plain, self.ratios.get("verify", plain))
 
     def best_length(self, max_nodes: int, rates: list[float] | None = None) -> int:
-        """The chain length (0..max_nodes) with the most expected tokens per second."""
+        """The whole budget where it beats a plain step, else the chain length (0..max_nodes)
+        with the most expected tokens per second."""
         on_path, reach = [], 1.0
         for j in range(min(max_nodes, LONGEST)):
             reach *= self.acceptance.rate(j) if rates is None else rates[min(j, len(rates) - 1)]
             on_path.append(reach)
-        return best_prefix(on_path, self.calibrated(), draft_per_token=self.draft_seconds())
+        cost, draft = self.calibrated(), self.draft_seconds()
+        whole = len(on_path)
+        if whole and (1 + sum(on_path)) / (cost.verify(whole + 1) + whole * draft) > 1 / cost.verify(1):
+            return whole
+        return best_prefix(on_path, cost, draft_per_token=draft)
 
     def could_pay(self, max_nodes: int, rate: float = 0.9) -> bool:
         """Whether some chain pays if `rate` of each position's drafts were accepted."""
