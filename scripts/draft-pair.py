@@ -5,8 +5,8 @@ that decide it measured in the same run.
     OMP_NUM_THREADS=1 python scripts/draft-pair.py TARGET DRAFT [DATASET] [PROMPTS] [TOKENS] [FLAGS]
     OMP_NUM_THREADS=1 python scripts/draft-pair.py qwen2.5-coder-1.5b qwen2.5-coder-0.5b mtbench 6 64
     ... --no-policy   # every step drafts (the method itself, without the fallback to plain)
-    ... --vocab=65536 # also, side by side: greedy drafts over the first 65536 token ids + the
-                      # special tokens (proposers/draft_vocabulary.py)
+    ... --vocab=0     # also, side by side: greedy drafts over N first token ids + the special
+                      # tokens (proposers/draft_vocabulary.py; 0: the whole vocabulary)
     ... --unpriced    # also, side by side: the same draft unpriced (the whole budget every step)
 
 Printed: per prompt, plain and speculative CPU seconds, their ratio, tau, the steps that fell
@@ -29,7 +29,7 @@ import torch
 from eyas.engine.generate import generate
 from eyas.engine.sampling import SamplingParams
 from eyas.engine.speculative.decode import speculative_generate
-from eyas.engine.speculative.methods import build_proposer
+from eyas.engine.speculative.methods import DRAFT_VOCABULARY, build_proposer
 from eyas.engine.speculative.policy import PolicyConfig
 from eyas.engine.speculative.proposers.draft_model import DraftModelProposer
 from eyas.engine.speculative.sizing import measure_verify_costs
@@ -57,16 +57,16 @@ def draft_token_seconds(proposer, repeats: int = 12) -> float:
 
 
 def main(target_name: str, draft_name: str, dataset: str = "mtbench", num_prompts: int = 6,
-         max_tokens: int = 64, policy: bool = True, k: int = 4, vocabulary: int = 0,
+         max_tokens: int = 64, policy: bool = True, k: int = 4, vocabulary: int | None = None,
          unpriced: bool = False) -> None:
     target = load_target(target_name, dtype="int4")
     proposer = build_proposer(f"model:{draft_name}", target)
     others = {}  # systems beside it: label -> proposer
-    if vocabulary:
-        others[f"vocabulary {vocabulary}"] = DraftModelProposer(proposer.draft, priced=True,
+    if vocabulary is not None:
+        others[f"vocabulary {vocabulary or 'whole'}"] = DraftModelProposer(proposer.draft, priced=True,
                                                                 vocabulary_size=vocabulary)
     if unpriced:
-        others[f"unpriced k={k}"] = DraftModelProposer(proposer.draft)
+        others[f"unpriced k={k}"] = DraftModelProposer(proposer.draft, vocabulary_size=DRAFT_VOCABULARY)
     params = SamplingParams(max_tokens=max_tokens)
     prompts = load_prompts(target, dataset, num_prompts)
     config = PolicyConfig(enabled=policy)
@@ -132,4 +132,4 @@ if __name__ == "__main__":
         raise SystemExit(__doc__)
     vocab = [int(f.split("=", 1)[1]) for f in flags if f.startswith("--vocab=")]
     main(args[0], args[1], *(args[2:3]), *[int(a) for a in args[3:5]], policy="--no-policy" not in flags,
-         vocabulary=vocab[0] if vocab else 0, unpriced="--unpriced" in flags)
+         vocabulary=vocab[0] if vocab else None, unpriced="--unpriced" in flags)
