@@ -112,7 +112,7 @@ def main(target_name: str, draft_name: str, dataset: str = "mtbench", num_prompt
         verify = measure_verify_costs(target, sizes=tuple(range(1, k + 2)))
     finally:
         time.perf_counter = saved
-    draft = draft_token_seconds(proposer)
+    draft = draft_token_seconds(DraftModelProposer(proposer.draft, vocabulary_size=DRAFT_VOCABULARY))
     # tau of k-token chains: the unpriced system's where it ran, else the priced one's
     chains = other_rows.get(f"unpriced k={k}") or rows
     taus = [tau for *_, tau in chains if tau > 0]

@@ -102,11 +102,11 @@ def test_drafts_that_never_match_fall_back_to_plain_with_plain_output(tiny_targe
 
 
 def test_a_draft_that_cannot_pay_is_never_run(tiny_target, tmp_path, smollm_tokenizer):
-    """single_stream prices the draft from its own measured pass: a draft four times the
+    """single_stream prices the draft from its own measured pass: a draft eight times the
     target's width cannot pay, so it neither prefills nor drafts; the output is plain's."""
     from eyas.engine.target import load_target
 
-    folder = build_tiny_model(tmp_path, smollm_tokenizer, seed=2, hidden_size=256, intermediate_size=512)
+    folder = build_tiny_model(tmp_path, smollm_tokenizer, seed=2, hidden_size=512, intermediate_size=1024)
     params = SamplingParams(max_tokens=16, ignore_eos=True)
     plain = generate(tiny_target, PROMPT, params).token_ids
     proposer = DraftModelProposer(load_target(str(folder), dtype="float32"), priced=True)
@@ -138,3 +138,10 @@ def test_a_vocabulary_subset_drafts_its_own_argmax_and_output_stays_plain(tiny_t
     assert totals["draft_tokens"] > 0
     stranger = DraftModelProposer(stranger_draft, vocabulary_size=16384)
     assert_greedy_equals_plain(tiny_target, [PROMPT], stranger, 4, 24)
+
+
+def test_a_draft_priced_out_by_a_busy_moment_is_probed_again():
+    pricing = ChainPricing(TARGET, draft_pass=0.3, explore_steps=0)
+    pricing.measured("draft", 1.5, 0.3)  # one draft pass measured at 1.5 target passes
+    assert not pricing.could_pay(4)
+    assert [pricing.length(4) for _ in range(17)] == [0] * 16 + [4]

@@ -91,7 +91,10 @@ class ChainPricing:
         """The chain to draft now: the whole budget while exploring or probing, else the
         priced length."""
         exploring = self.explored < self.explore_steps or self.plain_in_a_row >= self.probe_every
-        if exploring and self.could_pay(max_nodes):
+        # a probe also re-measures a draft priced out by what it measured (a busy moment can
+        # price one draft pass above a target pass); one never measured is trusted
+        probing = self.plain_in_a_row >= self.probe_every and "draft" in self.ratios
+        if exploring and (probing or self.could_pay(max_nodes)):
             self.explored += 1
             self.plain_in_a_row = 0
             return max_nodes
