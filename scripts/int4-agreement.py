@@ -14,17 +14,15 @@ precisions").
 from __future__ import annotations
 
 import os
-import statistics
 import sys
 
 import torch
-import torch.nn.functional as F
 
+from eyas.bench.agreement import Agreement
 from eyas.engine.generate import generate
 from eyas.engine.sampling import SamplingParams
 from eyas.engine.target import load_target
 from eyas.models import extension
-from eyas.models.kv_cache import KVCache
 from eyas.scheduler.measure import load_prompts
 
 
@@ -37,28 +35,13 @@ def main(num_prompts: int = 40) -> None:
     if extension.int8dot_kernel():
         paths[f"fused layers, int8dot kernel ({extension.int8dot_kernel()})"] = load_target("smollm2-135m")
     prompts = load_prompts(reference, "mtbench", num_prompts)
-    agree = {name: 0 for name in paths}
-    divergence: dict[str, list[float]] = {name: [] for name in paths}
-    positions = 0
+    agreement = Agreement(reference, paths)
     for prompt in prompts:
-        answer = generate(reference, prompt, SamplingParams(max_tokens=128)).token_ids
-        ids = torch.tensor([list(prompt) + list(answer)])
-        start = len(prompt) - 1  # the row that predicts the first answer token
-        with torch.inference_mode():
-            expected = reference.model(ids).logits[0, start:-1].float()  # [A, V]
-            for name, target in paths.items():
-                config = target.config
-                cache = KVCache(config.num_hidden_layers, 1, config.num_key_value_heads, ids.shape[1],
-                                config.head_dim, dtype=target.kv_dtype)
-                logits = target.model(ids, cache=cache, write_at=0).logits[0, start:-1].float()
-                agree[name] += int((logits.argmax(-1) == expected.argmax(-1)).sum())
-                divergence[name].append(F.kl_div(logits.log_softmax(-1), expected.log_softmax(-1),
-                                                 log_target=True, reduction="batchmean").item())
-        positions += len(answer)
-    print(f"{len(prompts)} MT-Bench prompts, {positions} answer positions of the float32 model")
+        agreement.add(prompt, generate(reference, prompt, SamplingParams(max_tokens=128)).token_ids)
+    print(f"{len(prompts)} MT-Bench prompts, {agreement.positions} answer positions of the float32 model")
     for name in paths:
-        print(f"int4 {name}: top-1 agreement with float32 {agree[name] / positions:.4f}, "
-              f"mean KL(float32 || int4) {statistics.mean(divergence[name]):.3e}")
+        print(f"int4 {name}: top-1 agreement with float32 {agreement.top1(name):.4f}, "
+              f"mean KL(float32 || int4) {agreement.mean_kl(name):.3e}")
 
 
 if __name__ == "__main__":

@@ -17,12 +17,11 @@ import statistics
 import sys
 
 import torch
-import torch.nn.functional as F
 
+from eyas.bench.agreement import Agreement
 from eyas.engine.generate import generate
 from eyas.engine.sampling import SamplingParams
 from eyas.engine.target import load_target
-from eyas.models.kv_cache import KVCache
 from eyas.scheduler.measure import load_prompts
 
 PRECISIONS = ("float32", "int4", "int8")
@@ -33,39 +32,24 @@ def main(model: str, num_prompts: int = 8, tokens: int = 64) -> None:
     reference = targets["float32"]
     prompts = load_prompts(reference, "mtbench", num_prompts)
     params = SamplingParams(max_tokens=tokens)
-    agree = {name: 0 for name in PRECISIONS}
-    divergence: dict[str, list[float]] = {name: [] for name in PRECISIONS}
+    agreement = Agreement(reference, targets)
     speed: dict[str, list[float]] = {name: [] for name in PRECISIONS}
     same: dict[str, int] = {name: 0 for name in PRECISIONS}
-    positions = 0
     for prompt in prompts:
         answers = {}
         for name, target in targets.items():  # 1. decoding, interleaved
             result = generate(target, prompt, params)
             answers[name] = result.token_ids
             speed[name].append(result.stats["tokens_per_s"])
-        answer = answers["float32"]
         for name in PRECISIONS:
-            same[name] += int(answers[name] == answer)
-        ids = torch.tensor([list(prompt) + list(answer)])
-        start = len(prompt) - 1  # the row that predicts the first answer token
-        with torch.inference_mode():  # 2. teacher forcing on the float32 answer
-            expected = reference.model(ids).logits[0, start:-1].float()  # [A, V]
-            for name, target in targets.items():
-                config = target.config
-                cache = KVCache(config.num_hidden_layers, 1, config.num_key_value_heads, ids.shape[1],
-                                config.head_dim, dtype=target.kv_dtype)
-                logits = target.model(ids, cache=cache, write_at=0).logits[0, start:-1].float()
-                agree[name] += int((logits.argmax(-1) == expected.argmax(-1)).sum())
-                divergence[name].append(F.kl_div(logits.log_softmax(-1), expected.log_softmax(-1),
-                                                 log_target=True, reduction="batchmean").item())
-        positions += len(answer)
-    print(f"{model}: {len(prompts)} MT-Bench prompts, {positions} answer positions of the float32 model, "
-          f"{torch.get_num_threads()} thread(s)")
+            same[name] += int(answers[name] == answers["float32"])
+        agreement.add(prompt, answers["float32"])  # 2. teacher forcing on the float32 answer
+    print(f"{model}: {len(prompts)} MT-Bench prompts, {agreement.positions} answer positions of the "
+          f"float32 model, {torch.get_num_threads()} thread(s)")
     base = statistics.median(speed["float32"])
     for name in PRECISIONS:
         tps = statistics.median(speed[name])
-        print(f"{name:8s} top-1 agreement {agree[name] / positions:.4f}  KL {statistics.mean(divergence[name]):.2e}  "
+        print(f"{name:8s} top-1 agreement {agreement.top1(name):.4f}  KL {agreement.mean_kl(name):.2e}  "
               f"answers equal to float32 {same[name]}/{len(prompts)}  decoding {tps:.1f} tok/s "
               f"({tps / base:.2f}x float32)")
 

@@ -271,9 +271,9 @@ def length_sorted_batches(pending: list[Conversation], batch_size: int, window_b
                           ) -> Iterator[list[Conversation]]:
     """Batches of conversations of similar length, in input order window by window.
 
-    A batch is padded to its longest prompt, so mixing a 30-token prompt with a 400-token one
-    wastes most of the prefill (4x on ShareGPT first turns). Sorting the whole input would let
-    a run stopped early hold only short prompts; sorting each window of `window_batches`
+    Each step's decode pass reads every row's keys up to the longest row's context (masked
+    beyond its own), so rows of similar length waste the least. Sorting the whole input would
+    let a run stopped early hold only short prompts; sorting each window of `window_batches`
     batches keeps what is done at any point a fair sample of the input.
     """
     window = batch_size * window_batches

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -11,16 +10,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from eyas.bench.lmeval.compare import free_port
 from eyas.training.config import TrainConfig
 from eyas.training.trainer import Trainer
 
 STEPS = 3
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def train_losses(folder: Path) -> list[float]:

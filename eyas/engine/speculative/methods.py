@@ -50,6 +50,9 @@ def draft_model_precision(target: Target, option: str) -> tuple[str, str]:
     return path, precision
 
 
+DRAFT_VOCABULARY = 65536  # token ids a draft model's greedy drafts choose from (with the special ones)
+
+
 def _model(target: Target, option: str, tree: str | None) -> Proposer:
     from eyas.engine.speculative.proposers.draft_model import DraftModelProposer
     from eyas.engine.target import load_target
@@ -58,7 +61,9 @@ def _model(target: Target, option: str, tree: str | None) -> Proposer:
         raise EyasError("--draft model needs a model: model:PATH_OR_ALIAS[@DTYPE]")
     path, precision = draft_model_precision(target, option)
     draft = load_target(path, dtype=precision, device=str(target.device))
-    return DraftModelProposer(draft, name="model")
+    # the chain sized from measured costs; greedy drafts over the first 65,536 token ids (and the
+    # special tokens) where the vocabulary is twice that or more (proposers/draft_vocabulary.py)
+    return DraftModelProposer(draft, name="model", priced=True, vocabulary_size=DRAFT_VOCABULARY)
 
 
 def _self(target: Target, option: str, tree: str | None) -> Proposer:

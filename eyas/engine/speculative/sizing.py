@@ -171,8 +171,9 @@ def cost_cache_path(key: str) -> Path:
     return cache_dir() / "costs" / f"{digest}.json"
 
 
-def load_or_measure(target, head=None) -> CostModel:
-    """The cost model of this machine + model + precision (+ head), measured once and cached."""
+def load_or_measure(target, head=None, sizes: tuple[int, ...] = TOKEN_SIZES) -> CostModel:
+    """The cost model of this machine + model + precision (+ head), measured once and cached;
+    `sizes`: the pass lengths T measured (a draft model's single-token pass: (1, 2))."""
     from eyas.eagle3.fused import FusedHead
 
     head_key = "" if head is None else json.dumps({**head.config.to_dict(), "precision": head.precision,
@@ -180,13 +181,13 @@ def load_or_measure(target, head=None) -> CostModel:
     layers = fused_cpu.kernel_tag(target.model)  # fused or Python layers, int4 kernel, sources
     key = "|".join([COST_VERSION, str(target.folder), target.precision, layers, str(target.device),
                     str(torch.get_num_threads()), platform.processor() or platform.machine(),
-                    torch.__version__, head_key])
+                    torch.__version__, head_key] + ([] if sizes == TOKEN_SIZES else [str(sizes)]))
     path = cost_cache_path(key)
     if path.is_file():
         raw = json.loads(path.read_text())
         return CostModel({int(k): v for k, v in raw["verify_seconds"].items()},
                          {int(k): v for k, v in raw["draft_seconds"].items()})
-    model = CostModel(measure_verify_costs(target),
+    model = CostModel(measure_verify_costs(target, sizes=sizes),
                       measure_draft_costs(head) if head is not None else {1: 0.0})
     write_json_atomic(path, {"key": key, **asdict(model)})
     return model
@@ -232,16 +233,16 @@ def expected_tokens(depth: int, top_k: int, total: int, ranks: list[float]) -> f
 
 
 def best_prefix(on_path: list[float], cost: CostModel, draft_seconds: float = 0.0,
-                plain: bool = True) -> int:
+                plain: bool = True, draft_per_token: float = 0.0) -> int:
     """How many candidates to verify, best first (`on_path`: each one's probability of lying on
     the accepted path, never rising), for the most expected tokens per second, (1 + sum of the
-    first n) / (verify(1 + n) + draft_seconds). 0 is a plain step, 1 / verify(1); with
-    plain=False at least one candidate is verified."""
+    first n) / (verify(1 + n) + draft_seconds + n x draft_per_token). 0 is a plain step,
+    1 / verify(1); with plain=False at least one candidate is verified."""
     best_count, best_rate = (0, 1.0 / cost.verify(1)) if plain else (1, 0.0)
     tokens = 1.0
     for count, probability in enumerate(on_path, start=1):
         tokens += probability
-        rate = tokens / (cost.verify(count + 1) + draft_seconds)
+        rate = tokens / (cost.verify(count + 1) + draft_seconds + count * draft_per_token)
         if rate > best_rate:
             best_count, best_rate = count, rate
     return best_count

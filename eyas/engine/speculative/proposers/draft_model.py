@@ -6,18 +6,27 @@ The draft model keeps its own KV cache. It drafts a chain of k tokens autoregres
 and top-p, with those probabilities handed to the verifier). After verification its cache is
 rolled back to the longest prefix that is still valid: nothing is recomputed.
 
+Priced (`priced=True`, what `--draft model:` builds): in single-stream decoding
+(`single_stream`) the chain's length is chosen each step from measured costs and observed
+acceptance (chain_pricing.py), 0 (a plain step, no draft pass) where no chain pays, so that a
+pair that cannot pay decodes at plain speed; the draft reads the prompt while the target
+prefills it (`begin`), so that the first speculative step is not charged for it.
+
 `layerskip` (layerskip.py) is this proposer with the target as its own draft, some decoder
 layers left out.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Collection
 
 import torch
 
 from eyas.engine.sampling import SamplingParams, sample_from, target_probs
 from eyas.engine.speculative.draft import DraftTree, VerifyResult
+from eyas.engine.speculative.proposers.chain_pricing import ChainPricing
+from eyas.engine.speculative.proposers.draft_vocabulary import DraftVocabulary
 from eyas.engine.target import Target
 from eyas.errors import EyasError
 from eyas.models.kv_cache import LayerSubsetKVCache
@@ -43,13 +52,17 @@ class DraftModelProposer:
     the draft is the target itself); its cache then holds only the layers that run.
     `min_confidence` ends the chain early at a draft token whose probability under the draft
     is below it (0 = always draft the full budget); `max_draft_tokens` caps the chain.
+    `priced` sizes the chain from measured costs in single-stream decoding (module docstring).
+    `vocabulary_size` > 0: greedy drafts are the argmax over the first that many token ids and
+    the special tokens (draft_vocabulary.py), where the draft's vocabulary is far larger.
     """
 
     tap_layers: tuple[int, ...] = ()
 
     def __init__(self, draft: Target, name: str = "model", slots: int = 4096,
                  skip_layers: Collection[int] = (), min_confidence: float = 0.0,
-                 max_draft_tokens: int | None = None) -> None:
+                 max_draft_tokens: int | None = None, priced: bool = False,
+                 vocabulary_size: int = 0) -> None:
         self.draft = draft
         self.name = name
         self.slots = slots  # the most slots the draft cache may grow to
@@ -61,6 +74,38 @@ class DraftModelProposer:
         self.params = SamplingParams()
         self.generator: torch.Generator | None = None
         self.checked_targets: set[int] = set()
+        self.priced = priced
+        self.pricing: ChainPricing | None = None  # single_stream, priced only
+        self.pass_seconds = 0.0  # draft passes of the last propose(), catch-up included
+        self.after_prefill = False  # the next step follows the prefill: not a price
+        self.vocabulary = DraftVocabulary.build(draft, vocabulary_size) if vocabulary_size > 0 else None
+
+    def single_stream(self, target: Target) -> None:
+        """Decoding one request (speculative_generate): a priced proposer gets the measured
+        costs of the target's passes and of the draft's (cached per machine; the serving
+        engine never calls this)."""
+        if self.priced and self.pricing is None:
+            from eyas.engine.speculative.sizing import load_or_measure
+
+            draft_pass = load_or_measure(self.draft, sizes=(1, 2)).verify(1)
+            self.pricing = ChainPricing(load_or_measure(target), draft_pass)
+
+    def step_seconds(self, size: int, seconds: float) -> None:
+        """The wall time of one decode step that verified `size` draft tokens (0: plain),
+        against the prices (single_stream only)."""
+        pricing = self.pricing
+        if pricing is None:
+            return
+        if self.after_prefill:  # right after the prefill: dearer than a steady step
+            self.after_prefill = False
+        elif size:
+            pricing.measured("verify", seconds - self.pass_seconds, pricing.cost.verify(size + 1))
+        else:
+            pricing.measured("plain", seconds, pricing.cost.verify(1))
+        self.pass_seconds = 0.0
+
+    def stats(self) -> dict:
+        return {} if self.pricing is None else self.pricing.stats()
 
     def begin(self, target: Target, prompt_ids: list[int], params: SamplingParams) -> None:
         if self.draft is not target and id(target) not in self.checked_targets:
@@ -73,6 +118,13 @@ class DraftModelProposer:
         # Room for the prompt and a first stretch of output; grown (doubled) on demand.
         self.cache = self._new_cache(min(self.slot_limit, len(prompt_ids) + INITIAL_SPARE_SLOTS))
         self.cached_ids = []
+        self.after_prefill = True
+        if self.pricing is not None:
+            self.pricing.new_request()
+        if self.pricing is not None and self.pricing.could_pay(self.max_draft_tokens or 8):
+            with torch.inference_mode():  # the draft's prefill, beside the target's
+                self._forward(list(prompt_ids), 0)
+            self.cached_ids = list(prompt_ids)
 
     @property
     def slot_limit(self) -> int:
@@ -88,15 +140,27 @@ class DraftModelProposer:
         if needed > self.cache.max_slots:
             self.cache = self.cache.grown(min(self.slot_limit, max(needed, 2 * self.cache.max_slots)))
 
+    def _argmax_only(self) -> bool:
+        return self.params.greedy and self.min_confidence <= 0
+
     def _forward(self, ids: list[int], write_at: int) -> torch.Tensor:
-        """Feed `ids` at slots write_at..; the draft's logits [1, V] after the last one."""
+        """Feed `ids` at slots write_at..; the draft's logits [1, V] after the last one (greedy
+        with a vocabulary subset: the subset's [1, N], whose argmax `vocabulary.token` maps)."""
         tensor = torch.tensor([ids], device=self.draft.device)
         # greedy drafting needs only the argmax: the screened output layer gives it exactly at
         # int8 cost (a 150k-token vocabulary in float32 would cost more than the draft's layers)
-        argmax_only = self.params.greedy and self.min_confidence <= 0
-        out = self.draft.model(tensor, cache=self.cache, write_at=write_at, logits_at="last",
-                               skip_layers=self.skip_layers, greedy=argmax_only)
-        return out.logits[:, -1]
+        argmax_only = self._argmax_only()
+        subset = self.vocabulary if argmax_only else None
+        started = time.perf_counter()
+        out = self.draft.model(tensor, cache=self.cache, write_at=write_at,
+                               logits_at=None if subset else "last", skip_layers=self.skip_layers,
+                               greedy=argmax_only)
+        logits = subset.logits(out.hidden[:, -1]) if subset else out.logits[:, -1]
+        seconds = time.perf_counter() - started
+        self.pass_seconds += seconds
+        if self.pricing is not None and len(ids) <= 2:  # a step's pass, not a catch-up's
+            self.pricing.measured("draft", seconds, self.pricing.draft_pass)
+        return logits
 
     def _common_prefix(self, token_ids: list[int]) -> int:
         limit = min(len(self.cached_ids), len(token_ids) - 1)  # the root is always fed again
@@ -109,6 +173,9 @@ class DraftModelProposer:
     def propose(self, token_ids: list[int], max_nodes: int) -> DraftTree:
         if self.max_draft_tokens is not None:
             max_nodes = min(max_nodes, self.max_draft_tokens)
+        self.pass_seconds = 0.0
+        if self.pricing is not None:
+            max_nodes = self.pricing.length(max_nodes)
         if max_nodes <= 0 or len(token_ids) + max_nodes >= self.slot_limit:
             return DraftTree.empty()
         self._ensure_slots(len(token_ids) + max_nodes)
@@ -127,6 +194,8 @@ class DraftModelProposer:
                     if confidence < self.min_confidence:
                         break
                 token = int(logits.argmax(dim=-1))
+                if self.vocabulary is not None and self._argmax_only():
+                    token = self.vocabulary.token(token)
             else:
                 probs = target_probs(logits, self.params)[0]  # [V]
                 if self.min_confidence > 0 and float(probs.max()) < self.min_confidence:
@@ -142,4 +211,8 @@ class DraftModelProposer:
 
     def observe(self, tree: DraftTree, result: VerifyResult | None,
                 output: ForwardOutput | None) -> None:
-        pass  # the next propose() finds the valid prefix by comparing token ids
+        # the next propose() finds the valid prefix by comparing token ids
+        if self.pricing is not None and result is not None:
+            if tree.size:
+                self.pricing.acceptance.record(tree.size, len(result.accepted_nodes))
+            self.pricing.acceptance.relax()

@@ -1,0 +1,109 @@
+"""How long a draft model's chain should be in single-stream decoding, priced from measurement.
+
+A chain of L draft tokens costs L draft passes (the catch-up pass that yields the first draft,
+then one per further draft) and one target pass over T = L + 1 tokens; it yields
+1 + r1 + r1 r2 + ... + r1..rL tokens, r_j being the observed rate at which the j-th draft is
+accepted once the one before it was (ngram.BranchStats, decaying toward its prior). The whole
+budget is drafted wherever it beats a plain step (so that every position's rate keeps being
+observed: priced on rates seen only in short chains, a long chain's later drafts would keep
+their prior and chains would stay short where long ones pay); otherwise the length with the
+most expected tokens per second, down to L = 0, a plain step, which is what a pair that cannot
+pay gets.
+
+The prices: the target's pass over T tokens and the draft's pass over one token, each measured
+once per machine, model and precision (sizing.load_or_measure, cached), then scaled by what
+this decoding measures (`ChainPricing.measured`: plain steps, the verification part of
+speculative steps, draft passes), so that a busy machine, whose passes all run slower, moves
+the prices together. Where the pair could pay at all (`could_pay`: at 90% acceptance), the
+first `explore_steps` steps draft the whole budget, as does the first step of each request
+(acceptance differs from prompt to prompt) and one step after every `probe_every` plain ones,
+so that a pair priced out on one stretch of text is tried again on the next.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from eyas.engine.speculative.proposers.ngram import BranchStats
+from eyas.engine.speculative.sizing import CostModel, best_prefix
+
+LONGEST = 16  # the longest chain priced
+RATIO_KINDS = ("plain", "verify", "draft")
+
+
+@dataclass
+class ChainPricing:
+    cost: CostModel  # the target's pass over T tokens (T = 1..64), seconds
+    draft_pass: float  # seconds of one draft pass over one token after a context, measured alike
+    explore_steps: int = 3  # steps that draft the whole budget before any price is trusted
+    probe_every: int = 16  # plain steps in a row after which one step drafts the whole budget
+    # P(a draft model's token accepted): the first; each later one once the one before was
+    acceptance: BranchStats = field(default_factory=lambda: BranchStats(LONGEST, prior=(0.7, 0.8),
+                                                                        relax_rate=0.95))
+    ratios: dict[str, float] = field(default_factory=dict)  # measured / modelled, by RATIO_KINDS
+    explored: int = 0
+    plain_in_a_row: int = 0
+
+    def __post_init__(self) -> None:
+        if self.draft_pass <= 0 or self.cost.verify(1) <= 0:
+            raise ValueError("a chain is priced from positive pass times")
+
+    def measured(self, kind: str, seconds: float, modelled: float) -> None:
+        """A measured time of what the cost model prices at `modelled` seconds (a running ratio)."""
+        assert kind in RATIO_KINDS, kind
+        if seconds <= 0 or modelled <= 0:
+            return
+        ratio = seconds / modelled
+        previous = self.ratios.get(kind)
+        self.ratios[kind] = ratio if previous is None else 0.8 * previous + 0.2 * ratio
+
+    def draft_seconds(self) -> float:
+        """One draft pass, as this decoding measures it."""
+        return self.draft_pass * self.ratios.get("draft", self.ratios.get("plain", 1.0))
+
+    def calibrated(self) -> CostModel:
+        """The target's cost model scaled to what plain and speculative steps measured."""
+        plain = self.ratios.get("plain", 1.0)
+        return self.cost.calibrated(plain, self.ratios.get("verify", plain))
+
+    def best_length(self, max_nodes: int, rates: list[float] | None = None) -> int:
+        """The whole budget where it beats a plain step, else the chain length (0..max_nodes)
+        with the most expected tokens per second."""
+        on_path, reach = [], 1.0
+        for j in range(min(max_nodes, LONGEST)):
+            reach *= self.acceptance.rate(j) if rates is None else rates[min(j, len(rates) - 1)]
+            on_path.append(reach)
+        cost, draft = self.calibrated(), self.draft_seconds()
+        whole = len(on_path)
+        if whole and (1 + sum(on_path)) / (cost.verify(whole + 1) + whole * draft) > 1 / cost.verify(1):
+            return whole
+        return best_prefix(on_path, cost, draft_per_token=draft)
+
+    def could_pay(self, max_nodes: int, rate: float = 0.9) -> bool:
+        """Whether some chain pays if `rate` of each position's drafts were accepted."""
+        return self.best_length(max_nodes, [rate]) > 0
+
+    def new_request(self) -> None:
+        """A request begins: its first step explores (where the pair could pay)."""
+        self.explored = min(self.explored, self.explore_steps - 1)
+
+    def length(self, max_nodes: int) -> int:
+        """The chain to draft now: the whole budget while exploring or probing, else the
+        priced length."""
+        exploring = self.explored < self.explore_steps or self.plain_in_a_row >= self.probe_every
+        # a probe also re-measures a draft priced out by what it measured (a busy moment can
+        # price one draft pass above a target pass); one never measured is trusted
+        probing = self.plain_in_a_row >= self.probe_every and "draft" in self.ratios
+        if exploring and (probing or self.could_pay(max_nodes)):
+            self.explored += 1
+            self.plain_in_a_row = 0
+            return max_nodes
+        length = self.best_length(max_nodes)
+        self.plain_in_a_row = 0 if length else self.plain_in_a_row + 1
+        return length
+
+    def stats(self) -> dict:
+        return {"acceptance_rates": [round(self.acceptance.rate(j), 3) for j in range(8)],
+                "cost_ratios": {kind: round(value, 3) for kind, value in self.ratios.items()},
+                "draft_pass_ms": round(self.draft_seconds() * 1e3, 2),
+                "verify_1_ms": round(self.calibrated().verify(1) * 1e3, 2)}

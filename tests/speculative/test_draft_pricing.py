@@ -1,0 +1,147 @@
+"""A draft model's chain priced from measured costs (proposers/chain_pricing.py): a pair that
+cannot pay decodes plain, and greedy output stays equal to plain whatever the pricing chose."""
+
+from __future__ import annotations
+
+import pytest
+
+from eyas.engine.generate import generate
+from eyas.engine.sampling import SamplingParams
+from eyas.engine.speculative.decode import speculative_generate
+from eyas.engine.speculative.proposers.chain_pricing import ChainPricing
+from eyas.engine.speculative.proposers.draft_model import DraftModelProposer
+from eyas.engine.speculative.sizing import CostModel
+from tiny_models import build_tiny_model
+
+# A 1.5B int4 target on a CPU: each extra verified token ~0.19 of a one-token pass.
+TARGET = CostModel({t: 1.0 + 0.19 * (t - 1) for t in range(1, 17)})
+PROMPT = list(range(200, 230))
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def settled(rate: float, draft_pass: float, steps: int = 200) -> ChainPricing:
+    """Pricing after `steps` chains of 4 whose drafts were each accepted with `rate`."""
+    pricing = ChainPricing(TARGET, draft_pass, explore_steps=0)
+    for step in range(steps):
+        accepted = 0
+        while accepted < 4 and (step * 7919 + accepted * 104729) % 1000 < rate * 1000:
+            accepted += 1
+        pricing.acceptance.record(4, accepted)
+    return pricing
+
+
+def test_a_draft_a_third_of_the_target_drafts_long_chains_when_accepted():
+    assert settled(0.95, 0.2).length(4) == 4
+    # (1 + .9 + .81 + .73 + .66) / (1.76 + 4 / 3) beats a plain step: the whole budget, though
+    # 3 would be a little better, so that every position's rate keeps being observed
+    assert settled(0.9, 1 / 3).length(4) == 4
+    assert settled(0.6, 1 / 3).length(4) == 1  # 4 would lose to plain; 1 is the best that pays
+
+
+def test_a_rarely_accepted_draft_gets_plain_steps():
+    assert settled(0.3, 1 / 3).length(4) == 0
+    assert settled(0.0, 0.05).length(4) == 0
+
+
+def test_a_draft_as_dear_as_the_target_never_drafts_not_even_to_explore():
+    pricing = ChainPricing(TARGET, draft_pass=1.0)
+    assert not pricing.could_pay(4)
+    assert [pricing.length(4) for _ in range(5)] == [0] * 5
+    cheap = ChainPricing(TARGET, draft_pass=0.2, explore_steps=2)
+    assert [cheap.length(4) for _ in range(2)] == [4, 4]  # the prior alone would not draft 4
+    for _ in range(10):
+        cheap.acceptance.record(4, 0)
+    assert [cheap.length(4) for _ in range(17)] == [0] * 16 + [4]  # a probe after 16 plain steps
+    cheap.new_request()
+    assert cheap.length(4) == 4  # a new request explores once
+
+
+def test_measured_ratios_move_the_prices_together():
+    pricing = settled(0.8, 0.3)
+    before = pricing.length(4)
+    for _ in range(30):  # the machine got 3x slower for everything: the same choice
+        pricing.measured("plain", 3.0, 1.0)
+        pricing.measured("verify", 3.0 * TARGET.verify(5), TARGET.verify(5))
+        pricing.measured("draft", 0.9, 0.3)
+    assert pricing.length(4) == before > 0
+    for _ in range(30):  # only the draft's passes got dearer (3x): the chain must shrink
+        pricing.measured("draft", 2.7, 0.3)
+    assert pricing.length(4) < before
+
+
+class FrozenPricing(ChainPricing):
+    def measured(self, kind: str, seconds: float, modelled: float) -> None:
+        pass  # the prices stay as given
+
+
+@pytest.fixture(scope="module")
+def stranger_draft(tmp_path_factory, smollm_tokenizer):
+    """A tiny random model with the target's tokenizer and other weights: its drafts are wrong."""
+    from eyas.engine.target import load_target
+
+    folder = build_tiny_model(tmp_path_factory.mktemp("stranger"), smollm_tokenizer, seed=1)
+    return load_target(str(folder), dtype="float32")
+
+
+def test_drafts_that_never_match_fall_back_to_plain_with_plain_output(tiny_target, stranger_draft):
+    params = SamplingParams(max_tokens=48, ignore_eos=True)
+    plain = generate(tiny_target, PROMPT, params).token_ids
+    proposer = DraftModelProposer(stranger_draft, priced=True)
+    # the 1.5B pair's prices, frozen (the tiny models' own timings would move them): a draft a
+    # third of the target pays at the prior and while exploring; only acceptance can rule it out
+    proposer.pricing = FrozenPricing(TARGET, draft_pass=1 / 3, explore_steps=2)
+    result = speculative_generate(tiny_target, PROMPT, params, proposer, 4)
+    spec = result.stats["speculative"]
+    assert result.token_ids == plain
+    assert spec["accepted_tokens"] <= 1
+    # the two exploring steps; then (1 + 0.47) / (1.19 + 1 / 3) < 1: plain, but for a probe
+    # when the misses have decayed toward the prior (~every 10 steps) or after 16 plain steps
+    assert 2 < spec["verification_steps"] <= 8
+    assert spec["plain_steps"] >= 35
+
+
+def test_a_draft_that_cannot_pay_is_never_run(tiny_target, tmp_path, smollm_tokenizer):
+    """single_stream prices the draft from its own measured pass: a draft eight times the
+    target's width cannot pay, so it neither prefills nor drafts; the output is plain's."""
+    from eyas.engine.target import load_target
+
+    folder = build_tiny_model(tmp_path, smollm_tokenizer, seed=2, hidden_size=512, intermediate_size=1024)
+    params = SamplingParams(max_tokens=16, ignore_eos=True)
+    plain = generate(tiny_target, PROMPT, params).token_ids
+    proposer = DraftModelProposer(load_target(str(folder), dtype="float32"), priced=True)
+    result = speculative_generate(tiny_target, PROMPT, params, proposer, 4)
+    assert result.token_ids == plain
+    assert result.stats["speculative"]["verification_steps"] == 0
+    assert proposer.cached_ids == []  # no prefill of the draft either
+
+
+def test_a_vocabulary_subset_drafts_its_own_argmax_and_output_stays_plain(tiny_target, stranger_draft):
+    """Greedy drafts over the first 16384 ids + the special tokens: the subset's exact argmax;
+    greedy output equals plain with the target as its own draft and with a stranger."""
+    import torch
+
+    from eyas.engine.speculative.proposers.draft_vocabulary import DraftVocabulary
+    from spec_checks import assert_greedy_equals_plain
+
+    vocabulary = DraftVocabulary.build(tiny_target, 16384)
+    assert vocabulary is not None and DraftVocabulary.build(tiny_target, 32768) is None
+    assert set(tiny_target.tokenizer.all_special_ids) <= set(vocabulary.ids.tolist())
+    hidden = torch.randn(8, tiny_target.config.hidden_size)
+    with torch.inference_mode():
+        full = tiny_target.model.lm_head(hidden)  # [8, V]
+    ids = vocabulary.ids
+    expected = ids[full[:, ids].argmax(dim=-1)].tolist()
+    assert [vocabulary.token(int(i)) for i in vocabulary.logits(hidden).argmax(dim=-1)] == expected
+    proposer = DraftModelProposer(tiny_target, vocabulary_size=16384)
+    totals = assert_greedy_equals_plain(tiny_target, [PROMPT], proposer, 4, 24)
+    assert totals["draft_tokens"] > 0
+    stranger = DraftModelProposer(stranger_draft, vocabulary_size=16384)
+    assert_greedy_equals_plain(tiny_target, [PROMPT], stranger, 4, 24)
+
+
+def test_a_draft_priced_out_by_a_busy_moment_is_probed_again():
+    pricing = ChainPricing(TARGET, draft_pass=0.3, explore_steps=0)
+    pricing.measured("draft", 1.5, 0.3)  # one draft pass measured at 1.5 target passes
+    assert not pricing.could_pay(4)
+    assert [pricing.length(4) for _ in range(17)] == [0] * 16 + [4]
