@@ -132,9 +132,13 @@ class ScreenedOutputLayer(nn.Module):
                                                        self.weight_error, self.approx_norm,
                                                        self.full_weight())
             return approx.reshape(*shape[:-1], self.out_features)
-        approx, bound = self.screen(flat)  # [R, V] each
-        best_lower = (approx - bound).amax(dim=1, keepdim=True)  # [R, 1]
-        rows, columns = (approx + bound >= best_lower).nonzero(as_tuple=True)  # the candidates
+        if self.int8dot:  # steps 1-2 and the candidates in one C++ call; their rows read here
+            approx, rows, columns = torch.ops.eyas.int8_screen_candidates(
+                flat, self.packed, self.scale_float, self.code_sums, self.weight_error, self.approx_norm)
+        else:
+            approx, bound = self.screen(flat)  # [R, V] each
+            best_lower = (approx - bound).amax(dim=1, keepdim=True)  # [R, 1]
+            rows, columns = (approx + bound >= best_lower).nonzero(as_tuple=True)  # the candidates [P]
         if lean:  # only the candidates' rows are dequantized
             unique, inverse = torch.unique(columns, return_inverse=True)
             candidates = torch.from_numpy(self.row_source.rows(unique.numpy()))[inverse]

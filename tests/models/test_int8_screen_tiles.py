@@ -119,3 +119,21 @@ def test_the_greedy_argmax_is_the_exhaustive_float64_argmax_and_candidates_are_e
     candidates = approx + bound >= (approx - bound).amax(1, keepdim=True)  # [R, V]
     assert torch.equal(greedy[candidates], exact.float()[candidates])
     assert torch.equal(greedy[~candidates], approx[~candidates])
+
+
+@IMPLEMENTATIONS
+def test_the_candidates_are_the_logits_whose_interval_reaches_the_best_lower_bound(name):
+    """int8_screen_candidates (for output layers whose float32 rows are read on demand): the same
+    approximate logits as int8_screen, and exactly the (row, column) pairs the re-check visits."""
+    weight, codes, buffers = screen_inputs(592, 100, seed=5)
+    x = torch.cat([weight[9:10] * 30, activations(6, 100)])  # [7, H]
+    with kernel(name) as ext:
+        packed = ext.int8_screen_pack(codes)
+        approx, bound = ext.int8_screen(x, packed, *buffers)
+        ours, rows, columns = torch.ops.eyas.int8_screen_candidates(x, packed, *buffers)
+    expected_rows, expected_columns = (approx + bound >= (approx - bound).amax(1, keepdim=True)).nonzero(as_tuple=True)
+    assert torch.equal(ours, approx)
+    assert torch.equal(rows, expected_rows) and torch.equal(columns, expected_columns)
+    best = (x.double() @ weight.double().t()).argmax(1)  # [R]
+    for r in range(7):  # every row's argmax is among its candidates
+        assert int(best[r]) in columns[rows == r].tolist()

@@ -52,6 +52,8 @@
 #include <algorithm>
 #include <cmath>
 #include <climits>
+#include <cstdio>
+#include <cstdlib>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -210,11 +212,23 @@ namespace {
 
 // The selected implementation's 8-bit tiles (int8_screen_tiles.h) and their shape.
 struct TileChoice {
-  const screen::TileFn (*tiles)[5];
+  const screen::TileFn (*tiles)[9];
   screen::TileShape shape;
 };
 
 TileChoice eight_bit_tiles() {
+  if (const char* env = std::getenv("EYAS_SCREEN_TUNE")) {  // one_row_blocks,many_blocks,max_rows,prefetch
+    int a, b, c, d;
+    if (std::sscanf(env, "%d,%d,%d,%d", &a, &b, &c, &d) == 4) {
+      screen::prefetch_distance = d;
+#ifdef EYAS_VNNI
+      if (int8dot_kernel() == Int8Dot::avx512vnni) screen::vnni::kShape = {a, b, c};
+#endif
+#ifdef EYAS_AVX2
+      if (int8dot_kernel() == Int8Dot::avx2) screen::avx2::kShape = {a, b, c};
+#endif
+    }
+  }
 #ifdef EYAS_VNNI
   if (int8dot_kernel() == Int8Dot::avx512vnni) return {screen::vnni::kTiles, screen::vnni::kShape};
 #endif
@@ -423,24 +437,21 @@ std::tuple<at::Tensor, at::Tensor> int8_screen(const at::Tensor& x_in, const at:
   return {approx, bound};
 }
 
-at::Tensor int8_screen_greedy(const at::Tensor& x_in, const at::Tensor& packed, const at::Tensor& scale_in,
-                              const at::Tensor& sums_in, const at::Tensor& weight_error_in,
-                              const at::Tensor& approx_norm_in, const at::Tensor& weight_in) {
-  const Checked c = check(x_in, packed, scale_in, sums_in, weight_error_in, approx_norm_in);
-  const int64_t rows = c.x.size(0), vocab = packed.size(0) * kRows, hidden = packed.size(1) * 4;
-  const int64_t blocks = vocab / kRows;
-  TORCH_CHECK(weight_in.dim() == 2 && weight_in.size(0) == vocab && weight_in.size(1) == hidden &&
-              weight_in.scalar_type() == at::kFloat, "weight must be float32 [", vocab, ", ", hidden, "]");
-  const at::Tensor weight = weight_in.contiguous();
+namespace {
+
+// The screen of x [R, H] with each block's extremes, then each row's candidates: every logit whose
+// interval [approx - bound, approx + bound] reaches the row's best lower bound. `visit(r, j, a)` is
+// called for each (a: the row's approx [V], which it may overwrite at j), rows over the threads,
+// in increasing j within a row.
+template <typename Visit>
+at::Tensor screen_candidates(const Checked& c, const at::Tensor& packed, Visit visit) {
+  const int64_t rows = c.x.size(0), vocab = packed.size(0) * kRows, blocks = vocab / kRows;
   at::Tensor approx = at::empty({rows, vocab}, c.x.options()), bound = at::empty({rows, vocab}, c.x.options());
   if (rows == 0) return approx;
   std::vector<float> block_max(2 * rows * blocks);
   screen_into(c.x, packed, c.scale, c.sums, c.weight_error, c.approx_norm, approx, bound, block_max.data());
-  // 4. Per row: the best lower bound, then every logit whose interval reaches it, exactly.
-  const float* xp = c.x.data_ptr<float>();
-  const float* wp = weight.data_ptr<float>();
-  const float* bp = bound.data_ptr<float>();
   float* ap = approx.data_ptr<float>();
+  const float* bp = bound.data_ptr<float>();
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const float* lower = block_max.data() + r * blocks;
@@ -448,17 +459,47 @@ at::Tensor int8_screen_greedy(const at::Tensor& x_in, const at::Tensor& packed, 
       const float best_lower = *std::max_element(lower, lower + blocks);
       float* a = ap + r * vocab;
       const float* b = bp + r * vocab;
-      const float* xr = xp + r * hidden;
       for (int64_t block = 0; block < blocks; ++block) {
         if (!(upper[block] >= best_lower)) continue;
-        for (int64_t j = block * kRows; j < (block + 1) * kRows; ++j) {
-          if (!(a[j] + b[j] >= best_lower)) continue;
-          a[j] = exact_logit(xr, wp + j * hidden, hidden);
-        }
+        for (int64_t j = block * kRows; j < (block + 1) * kRows; ++j)
+          if (a[j] + b[j] >= best_lower) visit(r, j, a);
       }
     }
   });
   return approx;
+}
+
+}  // namespace
+
+at::Tensor int8_screen_greedy(const at::Tensor& x_in, const at::Tensor& packed, const at::Tensor& scale_in,
+                              const at::Tensor& sums_in, const at::Tensor& weight_error_in,
+                              const at::Tensor& approx_norm_in, const at::Tensor& weight_in) {
+  const Checked c = check(x_in, packed, scale_in, sums_in, weight_error_in, approx_norm_in);
+  const int64_t vocab = packed.size(0) * kRows, hidden = packed.size(1) * 4;
+  TORCH_CHECK(weight_in.dim() == 2 && weight_in.size(0) == vocab && weight_in.size(1) == hidden &&
+              weight_in.scalar_type() == at::kFloat, "weight must be float32 [", vocab, ", ", hidden, "]");
+  const at::Tensor weight = weight_in.contiguous();
+  const float* xp = c.x.data_ptr<float>();
+  const float* wp = weight.data_ptr<float>();
+  return screen_candidates(c, packed, [&](int64_t r, int64_t j, float* a) {
+    a[j] = exact_logit(xp + r * hidden, wp + j * hidden, hidden);  // 4. each candidate, exactly
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_screen_candidates(
+    const at::Tensor& x_in, const at::Tensor& packed, const at::Tensor& scale_in, const at::Tensor& sums_in,
+    const at::Tensor& weight_error_in, const at::Tensor& approx_norm_in) {
+  const Checked c = check(x_in, packed, scale_in, sums_in, weight_error_in, approx_norm_in);
+  std::vector<std::vector<int64_t>> found(c.x.size(0));
+  at::Tensor approx = screen_candidates(c, packed, [&](int64_t r, int64_t j, float*) { found[r].push_back(j); });
+  int64_t count = 0;
+  for (const auto& row : found) count += int64_t(row.size());
+  at::Tensor rows = at::empty({count}, at::kLong), columns = at::empty({count}, at::kLong);
+  int64_t* rp = rows.data_ptr<int64_t>();
+  int64_t* cp = columns.data_ptr<int64_t>();
+  for (int64_t r = 0; r < int64_t(found.size()); ++r)
+    for (const int64_t j : found[r]) *rp++ = r, *cp++ = j;
+  return {approx, rows, columns};
 }
 
 int screen_activation_bits() { return screen_bits; }
@@ -473,4 +514,6 @@ void set_screen_activation_bits(int64_t bits) {
 TORCH_LIBRARY_FRAGMENT(eyas, m) {
   m.def("int8_screen_greedy(Tensor x, Tensor packed, Tensor scale, Tensor sums, Tensor weight_error, "
         "Tensor approx_norm, Tensor weight) -> Tensor", &eyas::int8_screen_greedy);
+  m.def("int8_screen_candidates(Tensor x, Tensor packed, Tensor scale, Tensor sums, Tensor weight_error, "
+        "Tensor approx_norm) -> (Tensor, Tensor, Tensor)", &eyas::int8_screen_candidates);
 }
