@@ -6,10 +6,11 @@
 // plus 16 bytes per vocabulary row, read once per call: 29 MB for SmolLM2), the int8
 // multiply-add peak for many (V x H multiply-adds per row and per 8-bit pass: 8-bit activations,
 // the default, are one pass, 14-bit ones, set_screen_activation_bits(14), two). The exact
-// re-check of candidates (int8_screen_greedy) reads a handful of float32 rows and must stay
-// small beside either: 8-bit activations widen the bound, so they re-check more candidates
-// (~50 per row on SmolLM2's hidden states, against ~5 with 14 bits), for ~20% less time per
-// extra row of greedy_logits at one thread (scripts/screen-activations.py).
+// re-check of candidates (int8_screen_greedy) reads a handful of float32 rows, each dot product
+// in 32 float64 lanes (exact_logit), and must stay small beside either: 8-bit activations widen
+// the bound, so they re-check more candidates (~50 per row on SmolLM2's hidden states, against
+// ~5 with 14 bits), for ~20% less time per extra row of greedy_logits at one thread
+// (scripts/screen-activations.py).
 //
 // Why: PyTorch's int8 kernel (`_weight_int8pack_mm`) takes bf16 activations and costs ~0.45 ms
 // per row for SmolLM2's 49152 x 576 layer on the 2-core machine, and the bound around it then
@@ -22,10 +23,8 @@
 //   x^ = D 2^e_g xq, so a group far below the row's largest input keeps its levels (one scale
 //   per row leaves SmolLM2's hidden states, whose few huge inputs set max|x|, so few levels that
 //   rows re-check ~1,600 candidates on average, some all 49,152; per group, ~60); the group
-//   sums, exact int32, shift left by e_g into one integer T per logit: one pass. vpdpbusd takes
-//   the codes made unsigned (c + 128, one vpxor per 64 weight bytes) and xq signed, and one
-//   per-row integer removes the 128 * xq terms; vpmaddubsw would saturate on that, so AVX2
-//   multiplies |xq| by the codes with xq's sign (vpsignb): the same integers.
+//   sums, exact int32, shift left by e_g into one integer T per logit: one pass. Its register
+//   tiles (int8_screen_tiles.h) load each 64-byte line of codes once for up to 4 rows.
 //
 // Error bound, for row x and vocabulary row j (W_j the float32 weights, A_j = s_j * codes_j
 // the int8 copy, x^ the rounded activations):
@@ -52,8 +51,6 @@
 #include <algorithm>
 #include <cmath>
 #include <climits>
-#include <cstdio>
-#include <cstdlib>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -212,23 +209,11 @@ namespace {
 
 // The selected implementation's 8-bit tiles (int8_screen_tiles.h) and their shape.
 struct TileChoice {
-  const screen::TileFn (*tiles)[9];
+  const screen::TileFn (*tiles)[5];
   screen::TileShape shape;
 };
 
 TileChoice eight_bit_tiles() {
-  if (const char* env = std::getenv("EYAS_SCREEN_TUNE")) {  // one_row_blocks,many_blocks,max_rows,prefetch
-    int a, b, c, d;
-    if (std::sscanf(env, "%d,%d,%d,%d", &a, &b, &c, &d) == 4) {
-      screen::prefetch_distance = d;
-#ifdef EYAS_VNNI
-      if (int8dot_kernel() == Int8Dot::avx512vnni) screen::vnni::kShape = {a, b, c};
-#endif
-#ifdef EYAS_AVX2
-      if (int8dot_kernel() == Int8Dot::avx2) screen::avx2::kShape = {a, b, c};
-#endif
-    }
-  }
 #ifdef EYAS_VNNI
   if (int8dot_kernel() == Int8Dot::avx512vnni) return {screen::vnni::kTiles, screen::vnni::kShape};
 #endif
