@@ -28,7 +28,9 @@ or AVX2, models/extension.py int8dot_kernel), the extension's (csrc/int8_screen.
 integer activations with a power-of-two step per 32 inputs, or 14-bit ones per row with
 EYAS_SCREEN_ACTIVATIONS=14 (twice the integer work, fewer candidates), integer dot products, the bound computed beside each logit in the same
 pass, and step 3 in the same call: no pass over [R, V] in PyTorch); elsewhere PyTorch's int8
-kernel on bf16 activations, with the bound below and step 3 in PyTorch. Both bounds are
+kernel on bf16 activations, with the bound below and step 3 in PyTorch. An output layer read
+row by row from its checkpoint (a row source) takes its candidates from the extension
+(`int8_screen_candidates`) and computes their exact logits from their own rows. Both bounds are
 rigorous, so the argmax is the same either way; only the number of candidates differs.
 
 Memory: the float32 weight is held once, as rows [V, H] (shared with a tied embedding). A

@@ -343,7 +343,8 @@ void screen_into(const at::Tensor& x, const at::Tensor& packed, const at::Tensor
                                     approx_norm.data_ptr<float>() + j, x_norm.data() + r, x_error.data() + r,
                                     ap + r * vocab + j, bp + r * vocab + j,
                                     block_max == nullptr ? nullptr : block_max + r * blocks + block,
-                                    vocab, rows * blocks, blocks};
+                                    vocab, rows * blocks, blocks,
+                                    rows == 1 ? screen::kPrefetchOneRow : width * stride};
           choice.tiles[width][n](weights + block * stride, stride, e.view, r, out);
         }
       }

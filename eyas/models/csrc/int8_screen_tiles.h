@@ -31,9 +31,10 @@ namespace eyas {
 namespace screen {
 
 constexpr int64_t kRows = 16;  // vocabulary rows per block (one 512-bit register of int32)
-// Software prefetch this many bytes ahead in each block's stream: at one row the tile is bound by
-// read bandwidth.
-constexpr int64_t kPrefetch = 1024;
+// Software prefetch, one line per line loaded, `TileOut::prefetch` bytes ahead: kPrefetchOneRow in
+// each block's stream at one row (bound by read bandwidth); at several rows the next tile's blocks
+// (B * stride ahead), so that reading them overlaps the whole tile's arithmetic.
+constexpr int64_t kPrefetchOneRow = 1024;
 constexpr float kRelative = 8.0f / 16777216.0f, kSafety = 1.01f, kAbsolute = 1e-6f;
 
 // A pass's 8-bit activations, rows [R, ...]: |xq| [R, H] (AVX2), xq [R, H], each group's
@@ -64,6 +65,7 @@ struct TileOut {
   float* block_max;
   int64_t vocab, plane;  // plane: rows * blocks, the distance between block_max's two planes
   int64_t blocks;        // the row stride of block_max
+  int64_t prefetch;      // bytes ahead of each line loaded
 };
 
 // B blocks from `weights` (block b at weights + b * stride bytes) times R rows from r0.
@@ -110,7 +112,7 @@ void tile8(const int8_t* weights, int64_t stride, const Eight& a, int64_t r0, co
     const auto line = [&](int64_t k) {
       __m512i w[B];
       for (int b = 0; b < B; ++b) {
-        _mm_prefetch(reinterpret_cast<const char*>(weights + b * stride + 64 * k + kPrefetch), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(weights + b * stride + 64 * k + out.prefetch), _MM_HINT_T0);
         w[b] = _mm512_xor_si512(_mm512_loadu_si512(weights + b * stride + 64 * k), bias);
       }
       for (int r = 0; r < R; ++r) {
@@ -190,7 +192,7 @@ void tile8(const int8_t* weights, int64_t stride, const Eight& a, int64_t r0, co
       __m256i w[H];
       for (int h = 0; h < H; ++h) {
         if (h % 2 == 0)
-          _mm_prefetch(reinterpret_cast<const char*>(weights + (h / 2) * stride + 64 * k + kPrefetch), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(weights + (h / 2) * stride + 64 * k + out.prefetch), _MM_HINT_T0);
         w[h] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(weights + (h / 2) * stride + 64 * k + 32 * (h % 2)));
       }
       for (int r = 0; r < R; ++r) {
