@@ -19,13 +19,11 @@
 // integers (int32 sums wrap alike), then the same float operations.
 #pragma once
 
-#include <immintrin.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 
-#include "int8dot.h"
+#include "int8dot.h"  // the instruction sets this build has, and their intrinsics
 
 namespace eyas {
 namespace screen {
