@@ -28,7 +28,9 @@ or AVX2, models/extension.py int8dot_kernel), the extension's (csrc/int8_screen.
 integer activations with a power-of-two step per 32 inputs, or 14-bit ones per row with
 EYAS_SCREEN_ACTIVATIONS=14 (twice the integer work, fewer candidates), integer dot products, the bound computed beside each logit in the same
 pass, and step 3 in the same call: no pass over [R, V] in PyTorch); elsewhere PyTorch's int8
-kernel on bf16 activations, with the bound below and step 3 in PyTorch. Both bounds are
+kernel on bf16 activations, with the bound below and step 3 in PyTorch. An output layer read
+row by row from its checkpoint (a row source) takes its candidates from the extension
+(`int8_screen_candidates`) and computes their exact logits from their own rows. Both bounds are
 rigorous, so the argmax is the same either way; only the number of candidates differs.
 
 Memory: the float32 weight is held once, as rows [V, H] (shared with a tied embedding). A
@@ -132,9 +134,13 @@ class ScreenedOutputLayer(nn.Module):
                                                        self.weight_error, self.approx_norm,
                                                        self.full_weight())
             return approx.reshape(*shape[:-1], self.out_features)
-        approx, bound = self.screen(flat)  # [R, V] each
-        best_lower = (approx - bound).amax(dim=1, keepdim=True)  # [R, 1]
-        rows, columns = (approx + bound >= best_lower).nonzero(as_tuple=True)  # the candidates
+        if self.int8dot:  # steps 1-2 and the candidates in one C++ call; their rows read here
+            approx, rows, columns = torch.ops.eyas.int8_screen_candidates(
+                flat, self.packed, self.scale_float, self.code_sums, self.weight_error, self.approx_norm)
+        else:
+            approx, bound = self.screen(flat)  # [R, V] each
+            best_lower = (approx - bound).amax(dim=1, keepdim=True)  # [R, 1]
+            rows, columns = (approx + bound >= best_lower).nonzero(as_tuple=True)  # the candidates [P]
         if lean:  # only the candidates' rows are dequantized
             unique, inverse = torch.unique(columns, return_inverse=True)
             candidates = torch.from_numpy(self.row_source.rows(unique.numpy()))[inverse]

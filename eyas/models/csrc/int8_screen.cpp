@@ -6,10 +6,11 @@
 // plus 16 bytes per vocabulary row, read once per call: 29 MB for SmolLM2), the int8
 // multiply-add peak for many (V x H multiply-adds per row and per 8-bit pass: 8-bit activations,
 // the default, are one pass, 14-bit ones, set_screen_activation_bits(14), two). The exact
-// re-check of candidates (int8_screen_greedy) reads a handful of float32 rows and must stay
-// small beside either: 8-bit activations widen the bound, so they re-check more candidates
-// (~50 per row on SmolLM2's hidden states, against ~5 with 14 bits), for ~20% less time per
-// extra row of greedy_logits at one thread (scripts/screen-activations.py).
+// re-check of candidates (int8_screen_greedy) reads a handful of float32 rows, each dot product
+// in 32 float64 lanes (exact_logit), and must stay small beside either: 8-bit activations widen
+// the bound, so they re-check more candidates (~50 per row on SmolLM2's hidden states, against
+// ~5 with 14 bits), for ~20% less time per extra row of greedy_logits at one thread
+// (scripts/screen-activations.py).
 //
 // Why: PyTorch's int8 kernel (`_weight_int8pack_mm`) takes bf16 activations and costs ~0.45 ms
 // per row for SmolLM2's 49152 x 576 layer on the 2-core machine, and the bound around it then
@@ -22,10 +23,8 @@
 //   x^ = D 2^e_g xq, so a group far below the row's largest input keeps its levels (one scale
 //   per row leaves SmolLM2's hidden states, whose few huge inputs set max|x|, so few levels that
 //   rows re-check ~1,600 candidates on average, some all 49,152; per group, ~60); the group
-//   sums, exact int32, shift left by e_g into one integer T per logit: one pass. vpdpbusd takes
-//   the codes made unsigned (c + 128, one vpxor per 64 weight bytes) and xq signed, and one
-//   per-row integer removes the 128 * xq terms; vpmaddubsw would saturate on that, so AVX2
-//   multiplies |xq| by the codes with xq's sign (vpsignb): the same integers.
+//   sums, exact int32, shift left by e_g into one integer T per logit: one pass. Its register
+//   tiles (int8_screen_tiles.h) load each 64-byte line of codes once for up to 4 rows.
 //
 // Error bound, for row x and vocabulary row j (W_j the float32 weights, A_j = s_j * codes_j
 // the int8 copy, x^ the rounded activations):
@@ -56,13 +55,18 @@
 #include <cstring>
 #include <vector>
 
+#include "int8_screen_tiles.h"
 #include "int8dot.h"
 
 namespace eyas {
 namespace {
 
-constexpr int64_t kRows = 16, kMaxHidden = 2048, kTile = 4;
-constexpr float kRelative = 8.0f / 16777216.0f, kSafety = 1.01f, kAbsolute = 1e-6f;
+using screen::Eight;
+using screen::kAbsolute;
+using screen::kRelative;
+using screen::kRows;
+using screen::kSafety;
+constexpr int64_t kMaxHidden = 2048, kTile = 4;
 
 // The screen's activation arithmetic: 8 bits (one pass) or 14 (two); the argmax is exact either way.
 int screen_bits = 8;
@@ -70,21 +74,6 @@ int screen_bits = 8;
 using ScreenFn = void (*)(const int8_t*, int64_t, const uint8_t*, const uint8_t*, int64_t, const float*,
                           const float*, const float*, const float*, const int32_t*, const float*, const float*,
                           float*, float*, int64_t);
-
-// A pass's 8-bit activations, rows [R, ...]: |xq| [R, H] (AVX2), xq [R, H], each group's
-// exponent e_g [R, G], 128 sum_g 2^e_g sum(xq_g) [R] (wrapped to int32; AVX-512) and the row's
-// step D [R] (x^ = D 2^e_g xq).
-struct Eight {
-  const uint8_t* magnitude;
-  const int8_t* value;
-  const int32_t* exponent;
-  const int32_t* correction;
-  const float* step;
-  int64_t hidden, quads, groups;
-};
-
-using Screen8Fn = void (*)(const int8_t*, const Eight&, int64_t, const float*, const float*, const float*,
-                           const float*, const float*, float*, float*, int64_t);
 
 #ifdef EYAS_VNNI
 namespace vnni {
@@ -127,53 +116,7 @@ void screen_tile(const int8_t* block, int64_t quads, const uint8_t* hi, const ui
   }
 }
 
-// 8-bit activations (screen_activation_bits() == 8, see the file's header): the codes made
-// unsigned on the fly (c + 128, a vpxor per 64 bytes, shared by the rows) are vpdpbusd's
-// unsigned operand and xq (-127..127) its signed one, broadcast: one instruction per row and 4
-// inputs. Each group of 32 inputs' int32 sum, shifted left by its exponent, goes into the row's
-// total; the 128 * xq terms come off at the end as one per-row integer (`correction`), so T =
-// sum_g 2^e_g (codes . xq)_g exactly (int32 arithmetic wraps, and T itself fits).
-template <int R>
-void screen_tile8(const int8_t* block, const Eight& a, int64_t r0, const float* x_norm, const float* x_error,
-                  const float* scale, const float* weight_error, const float* approx_norm, float* approx,
-                  float* bound, int64_t vocab) {
-  const __m512i zero = _mm512_setzero_si512(), bias = _mm512_set1_epi8(char(0x80));
-  __m512i total[R];
-  for (int r = 0; r < R; ++r) total[r] = _mm512_sub_epi32(zero, _mm512_set1_epi32(a.correction[r0 + r]));
-  for (int64_t g = 0; g < a.groups; ++g) {
-    __m512i acc[R][2];  // per row: even/odd quads (independent chains)
-    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = zero;
-    const int64_t stop = std::min(a.quads, 8 * g + 8);
-    for (int64_t k = 8 * g; k < stop; ++k) {
-      const __m512i biased_w = _mm512_xor_si512(_mm512_loadu_si512(block + 64 * k), bias);
-      for (int r = 0; r < R; ++r) {
-        int32_t q;
-        std::memcpy(&q, a.value + (r0 + r) * a.hidden + 4 * k, 4);
-        acc[r][k & 1] = _mm512_dpbusd_epi32(acc[r][k & 1], biased_w, _mm512_set1_epi32(q));
-      }
-    }
-    for (int r = 0; r < R; ++r) {
-      const __m128i e = _mm_cvtsi32_si128(a.exponent[(r0 + r) * a.groups + g]);
-      total[r] = _mm512_add_epi32(total[r], _mm512_sll_epi32(_mm512_add_epi32(acc[r][0], acc[r][1]), e));
-    }
-  }
-  const __m512 s = _mm512_loadu_ps(scale), werr = _mm512_loadu_ps(weight_error);
-  const __m512 anorm = _mm512_loadu_ps(approx_norm);
-  const __m512 sign = _mm512_set1_ps(-0.0f);
-  for (int r = 0; r < R; ++r) {
-    const __m512 value = _mm512_mul_ps(_mm512_cvtepi32_ps(total[r]), _mm512_mul_ps(s, _mm512_set1_ps(a.step[r0 + r])));
-    __m512 b = _mm512_mul_ps(_mm512_set1_ps(x_norm[r]), werr);
-    b = _mm512_fmadd_ps(_mm512_set1_ps(x_error[r]), anorm, b);
-    b = _mm512_fmadd_ps(_mm512_andnot_ps(sign, value), _mm512_set1_ps(kRelative), b);
-    b = _mm512_fmadd_ps(b, _mm512_set1_ps(kSafety), _mm512_set1_ps(kAbsolute));
-    _mm512_storeu_ps(approx + r * vocab, value);
-    _mm512_storeu_ps(bound + r * vocab, b);
-  }
-}
-
 constexpr ScreenFn kScreenTiles[kTile + 1] = {nullptr, screen_tile<1>, screen_tile<2>, screen_tile<3>, screen_tile<4>};
-constexpr Screen8Fn kScreenTiles8[kTile + 1] = {nullptr, screen_tile8<1>, screen_tile8<2>, screen_tile8<3>,
-                                                screen_tile8<4>};
 
 }  // namespace vnni
 #endif
@@ -224,58 +167,7 @@ void screen_tile(const int8_t* block, int64_t quads, const uint8_t* hi, const ui
   }
 }
 
-// 8-bit activations on 256-bit registers: vpsignb gives each code xq's sign (zero where xq is),
-// vpmaddubsw multiplies |xq| (at most 127) by it: a pair sums to at most 2 * 127 * 127 = 32258 <
-// 2^15, no saturation, so the group sums and T are the same integers as vpdpbusd's above (int32
-// arithmetic wraps alike), then the same float operations.
-template <int R>
-void screen_tile8(const int8_t* block, const Eight& a, int64_t r0, const float* x_norm, const float* x_error,
-                  const float* scale, const float* weight_error, const float* approx_norm, float* approx,
-                  float* bound, int64_t vocab) {
-  const __m256i ones = _mm256_set1_epi16(1);
-  const __m256 sign = _mm256_set1_ps(-0.0f);
-  for (int half = 0; half < 2; ++half) {
-    __m256i total[R];
-    for (int r = 0; r < R; ++r) total[r] = _mm256_setzero_si256();
-    for (int64_t g = 0; g < a.groups; ++g) {
-      __m256i acc[R][2];  // per row: even/odd quads
-      for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
-      const int64_t stop = std::min(a.quads, 8 * g + 8);
-      for (int64_t k = 8 * g; k < stop; ++k) {
-        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * k + 32 * half));
-        for (int r = 0; r < R; ++r) {
-          int32_t m, q;
-          std::memcpy(&m, a.magnitude + (r0 + r) * a.hidden + 4 * k, 4);
-          std::memcpy(&q, a.value + (r0 + r) * a.hidden + 4 * k, 4);
-          const __m256i signed_w = _mm256_sign_epi8(w, _mm256_set1_epi32(q));
-          acc[r][k & 1] = _mm256_add_epi32(
-              acc[r][k & 1], _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi32(m), signed_w), ones));
-        }
-      }
-      for (int r = 0; r < R; ++r) {
-        const __m128i e = _mm_cvtsi32_si128(a.exponent[(r0 + r) * a.groups + g]);
-        total[r] = _mm256_add_epi32(total[r], _mm256_sll_epi32(_mm256_add_epi32(acc[r][0], acc[r][1]), e));
-      }
-    }
-    const int64_t j = 8 * half;
-    const __m256 s = _mm256_loadu_ps(scale + j), werr = _mm256_loadu_ps(weight_error + j);
-    const __m256 anorm = _mm256_loadu_ps(approx_norm + j);
-    for (int r = 0; r < R; ++r) {
-      const __m256 value =
-          _mm256_mul_ps(_mm256_cvtepi32_ps(total[r]), _mm256_mul_ps(s, _mm256_set1_ps(a.step[r0 + r])));
-      __m256 b = _mm256_mul_ps(_mm256_set1_ps(x_norm[r]), werr);
-      b = _mm256_fmadd_ps(_mm256_set1_ps(x_error[r]), anorm, b);
-      b = _mm256_fmadd_ps(_mm256_andnot_ps(sign, value), _mm256_set1_ps(kRelative), b);
-      b = _mm256_fmadd_ps(b, _mm256_set1_ps(kSafety), _mm256_set1_ps(kAbsolute));
-      _mm256_storeu_ps(approx + r * vocab + j, value);
-      _mm256_storeu_ps(bound + r * vocab + j, b);
-    }
-  }
-}
-
 constexpr ScreenFn kScreenTiles[kTile + 1] = {nullptr, screen_tile<1>, screen_tile<2>, screen_tile<3>, screen_tile<4>};
-constexpr Screen8Fn kScreenTiles8[kTile + 1] = {nullptr, screen_tile8<1>, screen_tile8<2>, screen_tile8<3>,
-                                                screen_tile8<4>};
 
 }  // namespace avx2
 #endif
@@ -291,15 +183,6 @@ const ScreenFn* screen_tiles() {
   return nullptr;
 }
 
-const Screen8Fn* screen_tiles8() {
-#ifdef EYAS_VNNI
-  if (int8dot_kernel() == Int8Dot::avx512vnni) return vnni::kScreenTiles8;
-#endif
-#ifdef EYAS_AVX2
-  if (int8dot_kernel() == Int8Dot::avx2) return avx2::kScreenTiles8;
-#endif
-  return nullptr;
-}
 
 }  // namespace
 
@@ -324,6 +207,22 @@ at::Tensor int8_screen_pack(const at::Tensor& codes_in) {
 
 namespace {
 
+// The selected implementation's 8-bit tiles (int8_screen_tiles.h) and their shape.
+struct TileChoice {
+  const screen::TileFn (*tiles)[5];
+  screen::TileShape shape;
+};
+
+TileChoice eight_bit_tiles() {
+#ifdef EYAS_VNNI
+  if (int8dot_kernel() == Int8Dot::avx512vnni) return {screen::vnni::kTiles, screen::vnni::kShape};
+#endif
+#ifdef EYAS_AVX2
+  if (int8dot_kernel() == Int8Dot::avx2) return {screen::avx2::kTiles, screen::avx2::kShape};
+#endif
+  return {nullptr, {}};
+}
+
 // The 8-bit activations of x [R, H] (the file's header): per group of 32 inputs an exponent
 // e_g = cap - s_g, where s_g (0..cap) is the largest with 2^s_g max|x_g| <= max|x|, so that
 // xq = round(x 2^s_g 127 / max|x|) in -127..127 uses the group's range; x^ = D 2^e_g xq with D =
@@ -332,7 +231,7 @@ namespace {
 struct Eighths {
   std::vector<uint8_t> magnitude;
   std::vector<int8_t> value;
-  std::vector<int32_t> exponent, correction;
+  std::vector<int32_t> exponent, factor, correction;
   std::vector<float> step;
   Eight view{};
 };
@@ -345,6 +244,7 @@ Eighths prepare_eight(const float* xp, int64_t rows, int64_t hidden, float* x_no
   e.magnitude.resize(rows * hidden);
   e.value.resize(rows * hidden);
   e.exponent.resize(rows * groups);
+  e.factor.resize(rows * groups);
   e.correction.resize(rows);
   e.step.resize(rows);
   for (int64_t r = 0; r < rows; ++r) {
@@ -362,6 +262,7 @@ Eighths prepare_eight(const float* xp, int64_t rows, int64_t hidden, float* x_no
       int shift = 0;
       while (shift < cap && amax > 0.0f && std::ldexp(gmax, shift + 1) <= amax) ++shift;
       e.exponent[r * groups + g] = cap - shift;
+      e.factor[r * groups + g] = (int32_t(1) << (cap - shift)) * 0x10001;  // 2^e_g in both int16 halves
       const float scaled = std::ldexp(inverse, shift);
       const double group_step = std::ldexp(double(d), -shift);
       int64_t group_sum = 0;
@@ -380,7 +281,8 @@ Eighths prepare_eight(const float* xp, int64_t rows, int64_t hidden, float* x_no
     x_norm[r] = float(std::sqrt(norm) * (1.0 + 1e-6));  // rounded up: the bound stays a bound
     x_error[r] = float(std::sqrt(error) * (1.0 + 1e-6));
   }
-  e.view = Eight{e.magnitude.data(), e.value.data(), e.exponent.data(), e.correction.data(), e.step.data(),
+  e.view = Eight{e.magnitude.data(), e.value.data(), e.exponent.data(), e.factor.data(), e.correction.data(),
+                 e.step.data(),
                  hidden, quads, groups};
   return e;
 }
@@ -391,7 +293,6 @@ void screen_into(const at::Tensor& x, const at::Tensor& packed, const at::Tensor
                  const at::Tensor& weight_error, const at::Tensor& approx_norm, at::Tensor& approx,
                  at::Tensor& bound, float* block_max) {
   const ScreenFn* tiles = screen_tiles();
-  const Screen8Fn* tiles8 = screen_tiles8();
   const int64_t vocab = packed.size(0) * kRows, hidden = packed.size(1) * 4, rows = x.size(0);
   const int64_t blocks = vocab / kRows;
   // 1. Each row: its integers (14 bits: hi + 64, lo + 64 as unsigned bytes; 8 bits: Eighths),
@@ -421,29 +322,47 @@ void screen_into(const at::Tensor& x, const at::Tensor& packed, const at::Tensor
     x_norm[r] = float(std::sqrt(norm) * (1.0 + 1e-6));  // rounded up: the bound stays a bound
     x_error[r] = float(std::sqrt(error) * (1.0 + 1e-6));
   }
-  // 2. Blocks of 16 vocabulary rows over the threads, rows in tiles of 4.
+  // 2. Blocks of 16 vocabulary rows over the threads: register tiles of B blocks x R rows (8 bits,
+  // int8_screen_tiles.h), or 1 block x 4 rows (14 bits), then each block's extremes.
   const int8_t* weights = packed.data_ptr<int8_t>();
-  const int64_t quads = hidden / 4;
+  const int64_t quads = hidden / 4, stride = quads * 64;
   float* ap = approx.data_ptr<float>();
   float* bp = bound.data_ptr<float>();
+  if (eight) {
+    const TileChoice choice = eight_bit_tiles();
+    const int64_t wide = rows == 1 ? choice.shape.blocks_one_row : choice.shape.blocks_many_rows;
+    const int64_t wide_tiles = blocks / wide, tiles_total = wide_tiles + blocks % wide;
+    at::parallel_for(0, tiles_total, 4, [&](int64_t begin, int64_t end) {
+      for (int64_t tile = begin; tile < end; ++tile) {
+        const int64_t width = tile < wide_tiles ? wide : 1;
+        const int64_t block = tile < wide_tiles ? tile * wide : wide_tiles * wide + (tile - wide_tiles);
+        const int64_t j = block * kRows;
+        for (int64_t r = 0; r < rows; r += choice.shape.max_rows) {
+          const int64_t n = std::min<int64_t>(choice.shape.max_rows, rows - r);
+          const screen::TileOut out{scale.data_ptr<float>() + j, weight_error.data_ptr<float>() + j,
+                                    approx_norm.data_ptr<float>() + j, x_norm.data() + r, x_error.data() + r,
+                                    ap + r * vocab + j, bp + r * vocab + j,
+                                    block_max == nullptr ? nullptr : block_max + r * blocks + block,
+                                    vocab, rows * blocks, blocks,
+                                    rows == 1 ? screen::kPrefetchOneRow : width * stride};
+          choice.tiles[width][n](weights + block * stride, stride, e.view, r, out);
+        }
+      }
+    });
+    return;
+  }
   at::parallel_for(0, blocks, 16, [&](int64_t begin, int64_t end) {
     for (int64_t block = begin; block < end; ++block) {
       const int64_t j = block * kRows;
       for (int64_t r = 0; r < rows; r += kTile) {
         const int64_t n = std::min(kTile, rows - r);
-        if (eight) {
-          tiles8[n](weights + block * quads * 64, e.view, r, x_norm.data() + r, x_error.data() + r,
-                    scale.data_ptr<float>() + j, weight_error.data_ptr<float>() + j,
-                    approx_norm.data_ptr<float>() + j, ap + r * vocab + j, bp + r * vocab + j, vocab);
-          continue;
-        }
-        tiles[n](weights + block * quads * 64, quads, hi.data() + r * hidden, lo.data() + r * hidden, hidden,
-                        d.data() + r, x_norm.data() + r, x_error.data() + r, scale.data_ptr<float>() + j,
-                        sums.data_ptr<int32_t>() + j, weight_error.data_ptr<float>() + j,
-                        approx_norm.data_ptr<float>() + j, ap + r * vocab + j, bp + r * vocab + j, vocab);
+        tiles[n](weights + block * stride, quads, hi.data() + r * hidden, lo.data() + r * hidden, hidden,
+                 d.data() + r, x_norm.data() + r, x_error.data() + r, scale.data_ptr<float>() + j,
+                 sums.data_ptr<int32_t>() + j, weight_error.data_ptr<float>() + j,
+                 approx_norm.data_ptr<float>() + j, ap + r * vocab + j, bp + r * vocab + j, vocab);
       }
       if (block_max == nullptr) continue;
-      for (int64_t r = 0; r < rows; ++r) {  // 3. the block's extremes, while it is in L1
+      for (int64_t r = 0; r < rows; ++r) {  // the block's extremes, while it is in L1
         const float* a = ap + r * vocab + j;
         const float* b = bp + r * vocab + j;
         float lower = a[0] - b[0], upper = a[0] + b[0];
@@ -476,6 +395,22 @@ Checked check(const at::Tensor& x_in, const at::Tensor& packed, const at::Tensor
   return c;
 }
 
+// A candidate's logit x . w in float64, rounded once to float32: the float32 logit up to its last
+// bit. 32 partial sums (lanes i mod 32: four 512-bit or eight 256-bit registers of float64 once
+// the compiler vectorises them), then one fixed order of additions: the same bits whatever the
+// instruction set, at a few cycles per 8 inputs instead of one float64 addition's latency per input.
+float exact_logit(const float* x, const float* w, int64_t hidden) {
+  constexpr int kLanes = 32;
+  double lanes[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= hidden; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) lanes[l] += double(x[i + l]) * double(w[i + l]);
+  for (int l = 0; i + l < hidden; ++l) lanes[l] += double(x[i + l]) * double(w[i + l]);
+  for (int width = kLanes / 2; width > 0; width /= 2)
+    for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
+  return float(lanes[0]);
+}
+
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor> int8_screen(const at::Tensor& x_in, const at::Tensor& packed,
@@ -488,24 +423,21 @@ std::tuple<at::Tensor, at::Tensor> int8_screen(const at::Tensor& x_in, const at:
   return {approx, bound};
 }
 
-at::Tensor int8_screen_greedy(const at::Tensor& x_in, const at::Tensor& packed, const at::Tensor& scale_in,
-                              const at::Tensor& sums_in, const at::Tensor& weight_error_in,
-                              const at::Tensor& approx_norm_in, const at::Tensor& weight_in) {
-  const Checked c = check(x_in, packed, scale_in, sums_in, weight_error_in, approx_norm_in);
-  const int64_t rows = c.x.size(0), vocab = packed.size(0) * kRows, hidden = packed.size(1) * 4;
-  const int64_t blocks = vocab / kRows;
-  TORCH_CHECK(weight_in.dim() == 2 && weight_in.size(0) == vocab && weight_in.size(1) == hidden &&
-              weight_in.scalar_type() == at::kFloat, "weight must be float32 [", vocab, ", ", hidden, "]");
-  const at::Tensor weight = weight_in.contiguous();
+namespace {
+
+// The screen of x [R, H] with each block's extremes, then each row's candidates: every logit whose
+// interval [approx - bound, approx + bound] reaches the row's best lower bound. `visit(r, j, a)` is
+// called for each (a: the row's approx [V], which it may overwrite at j), rows over the threads,
+// in increasing j within a row.
+template <typename Visit>
+at::Tensor screen_candidates(const Checked& c, const at::Tensor& packed, Visit visit) {
+  const int64_t rows = c.x.size(0), vocab = packed.size(0) * kRows, blocks = vocab / kRows;
   at::Tensor approx = at::empty({rows, vocab}, c.x.options()), bound = at::empty({rows, vocab}, c.x.options());
   if (rows == 0) return approx;
   std::vector<float> block_max(2 * rows * blocks);
   screen_into(c.x, packed, c.scale, c.sums, c.weight_error, c.approx_norm, approx, bound, block_max.data());
-  // 4. Per row: the best lower bound, then every logit whose interval reaches it, exactly.
-  const float* xp = c.x.data_ptr<float>();
-  const float* wp = weight.data_ptr<float>();
-  const float* bp = bound.data_ptr<float>();
   float* ap = approx.data_ptr<float>();
+  const float* bp = bound.data_ptr<float>();
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const float* lower = block_max.data() + r * blocks;
@@ -513,20 +445,47 @@ at::Tensor int8_screen_greedy(const at::Tensor& x_in, const at::Tensor& packed, 
       const float best_lower = *std::max_element(lower, lower + blocks);
       float* a = ap + r * vocab;
       const float* b = bp + r * vocab;
-      const float* xr = xp + r * hidden;
       for (int64_t block = 0; block < blocks; ++block) {
         if (!(upper[block] >= best_lower)) continue;
-        for (int64_t j = block * kRows; j < (block + 1) * kRows; ++j) {
-          if (!(a[j] + b[j] >= best_lower)) continue;
-          const float* w = wp + j * hidden;
-          double dot = 0.0;  // in float64, rounded once: the float32 logit up to its last bit
-          for (int64_t i = 0; i < hidden; ++i) dot += double(xr[i]) * double(w[i]);
-          a[j] = float(dot);
-        }
+        for (int64_t j = block * kRows; j < (block + 1) * kRows; ++j)
+          if (a[j] + b[j] >= best_lower) visit(r, j, a);
       }
     }
   });
   return approx;
+}
+
+}  // namespace
+
+at::Tensor int8_screen_greedy(const at::Tensor& x_in, const at::Tensor& packed, const at::Tensor& scale_in,
+                              const at::Tensor& sums_in, const at::Tensor& weight_error_in,
+                              const at::Tensor& approx_norm_in, const at::Tensor& weight_in) {
+  const Checked c = check(x_in, packed, scale_in, sums_in, weight_error_in, approx_norm_in);
+  const int64_t vocab = packed.size(0) * kRows, hidden = packed.size(1) * 4;
+  TORCH_CHECK(weight_in.dim() == 2 && weight_in.size(0) == vocab && weight_in.size(1) == hidden &&
+              weight_in.scalar_type() == at::kFloat, "weight must be float32 [", vocab, ", ", hidden, "]");
+  const at::Tensor weight = weight_in.contiguous();
+  const float* xp = c.x.data_ptr<float>();
+  const float* wp = weight.data_ptr<float>();
+  return screen_candidates(c, packed, [&](int64_t r, int64_t j, float* a) {
+    a[j] = exact_logit(xp + r * hidden, wp + j * hidden, hidden);  // 4. each candidate, exactly
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_screen_candidates(
+    const at::Tensor& x_in, const at::Tensor& packed, const at::Tensor& scale_in, const at::Tensor& sums_in,
+    const at::Tensor& weight_error_in, const at::Tensor& approx_norm_in) {
+  const Checked c = check(x_in, packed, scale_in, sums_in, weight_error_in, approx_norm_in);
+  std::vector<std::vector<int64_t>> found(c.x.size(0));
+  at::Tensor approx = screen_candidates(c, packed, [&](int64_t r, int64_t j, float*) { found[r].push_back(j); });
+  int64_t count = 0;
+  for (const auto& row : found) count += int64_t(row.size());
+  at::Tensor rows = at::empty({count}, at::kLong), columns = at::empty({count}, at::kLong);
+  int64_t* rp = rows.data_ptr<int64_t>();
+  int64_t* cp = columns.data_ptr<int64_t>();
+  for (int64_t r = 0; r < int64_t(found.size()); ++r)
+    for (const int64_t j : found[r]) *rp++ = r, *cp++ = j;
+  return {approx, rows, columns};
 }
 
 int screen_activation_bits() { return screen_bits; }
@@ -541,4 +500,6 @@ void set_screen_activation_bits(int64_t bits) {
 TORCH_LIBRARY_FRAGMENT(eyas, m) {
   m.def("int8_screen_greedy(Tensor x, Tensor packed, Tensor scale, Tensor sums, Tensor weight_error, "
         "Tensor approx_norm, Tensor weight) -> Tensor", &eyas::int8_screen_greedy);
+  m.def("int8_screen_candidates(Tensor x, Tensor packed, Tensor scale, Tensor sums, Tensor weight_error, "
+        "Tensor approx_norm) -> (Tensor, Tensor, Tensor)", &eyas::int8_screen_candidates);
 }

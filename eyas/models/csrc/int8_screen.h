@@ -29,6 +29,14 @@ at::Tensor int8_screen_greedy(const at::Tensor& x, const at::Tensor& packed, con
                               const at::Tensor& sums, const at::Tensor& weight_error,
                               const at::Tensor& approx_norm, const at::Tensor& weight);
 
+// The same screen, then each row's candidates (the logits that int8_screen_greedy re-checks), for a
+// caller that computes their exact values itself (an output layer whose float32 rows are read from
+// the checkpoint on demand): (approx [R, V], rows [P], columns [P]) int64, by row then column.
+// Registered as torch.ops.eyas.int8_screen_candidates.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_screen_candidates(
+    const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, const at::Tensor& sums,
+    const at::Tensor& weight_error, const at::Tensor& approx_norm);
+
 // The screen's activation arithmetic: 8 bits (one integer pass, the default) or 14 bits (two
 // passes, a tighter bound: fewer candidates). The argmax is exact with either.
 int screen_activation_bits();
