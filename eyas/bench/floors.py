@@ -100,7 +100,7 @@ def model_work(model: nn.Module) -> ModelWork:
         names = (("packed", "scale_float", "code_sums", "weight_error", "approx_norm") if head.int8dot
                  else ("codes", "scale", "weight_error", "approx_norm"))
         output_bytes = _buffer_bytes(head, names)
-        output_macs = head.weight.numel() if head.int8dot else 0
+        output_macs = head.out_features * head.in_features if head.int8dot else 0
     else:
         output_bytes = sum(t.numel() * t.element_size() for t in head.buffers()) + sum(
             p.numel() * p.element_size() for p in head.parameters())

@@ -89,7 +89,8 @@ class ScreenedOutputLayer(nn.Module):
                         else weight.t().contiguous())  # [H, V]
         self.register_buffer("weight_t", weight_t)  # None: `forward` reads the rows
         self.register_buffer("weight", weight)  # [V, H], shared with the embedding when tied
-        self.out_features, hidden = shape
+        self.out_features, self.in_features = shape  # [V, H]
+        hidden = self.in_features
         self.accumulation = hidden * F32_UNIT / (1 - hidden * F32_UNIT)
         self.int8dot = _int8dot_screen(shape)
         for name, tensor in (screen if screen is not None else self._build_screen(chunk)).items():

@@ -112,3 +112,19 @@ def test_profile_splits_the_fused_stack_of_the_int4_target(smollm_int4_target):
     assert labels[:3] == ["whole pass (as `bench costs` times it)",
                           "the same pass with timers (the parts below add up to it)", "decoder layers"]
     assert "q/k/v matmul (int4)" in labels and "threads waiting at the end of parallel regions" in labels
+
+
+def test_model_work_reads_the_screen_not_the_float_output_rows(tiny_target):
+    from eyas.bench.floors import model_work
+    from eyas.models.output_layer import ScreenedOutputLayer
+
+    head = tiny_target.model.lm_head
+    assert isinstance(head, ScreenedOutputLayer)
+    work = model_work(tiny_target.model)
+    weight = head.weight
+    try:
+        head.weight = None  # as a large untied output layer holds it: rows read when needed
+        assert model_work(tiny_target.model) == work
+    finally:
+        head.weight = weight
+    assert work.output_multiply_adds == (head.out_features * head.in_features if head.int8dot else 0)
