@@ -56,8 +56,7 @@ def choose_draft_budgets(rows: Sequence[AcceptanceEstimate | None], costs: StepC
         prices[i] = [(1.0, 0.0)] + [estimate.price(n) for n in range(1, max_draft_tokens + 1)]
     if all(max(e for e, _ in prices[i]) <= 1.0 for i in live):
         return budgets  # nobody expects a draft token accepted
-    cost = [[0.0] * (max_draft_tokens + 2)] + [
-        [0.0] + [costs.cost(b, t) for t in range(1, max_draft_tokens + 2)] for b in range(1, span + 1)]
+    cost = _cost_table(costs, span, max_draft_tokens + 1)
     rate = margin * len(live) / costs.cost(span, 1)
     best: list[int] | None = None
     for _ in range(MAX_ROUNDS):
@@ -127,10 +126,14 @@ def split_rows(sizes: Sequence[int], costs: StepCostModel | None) -> list[tuple[
     span = len(sizes)
     if costs is None or span <= 1 or max(sizes, default=0) <= 1:
         return [(0, span)]
-    most = max(sizes)
-    cost = [[0.0] * (most + 1)] + [[0.0] + [costs.cost(b, t) for t in range(1, most + 1)]
-                                   for b in range(1, span + 1)]
-    return _split(list(sizes), cost)
+    return _split(list(sizes), _cost_table(costs, span, max(sizes)))
+
+
+def _cost_table(costs: StepCostModel, span: int, longest: int) -> list[list[float]]:
+    """cost[b][t]: modelled seconds of a pass over b rows of t tokens (b <= span, t <= longest;
+    0 where b or t is 0)."""
+    return [[0.0] * (longest + 1)] + [[0.0] + [costs.cost(b, t) for t in range(1, longest + 1)]
+                                      for b in range(1, span + 1)]
 
 
 def _split(sizes: list[int], cost: list[list[float]]) -> list[tuple[int, int]]:

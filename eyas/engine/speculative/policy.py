@@ -85,9 +85,5 @@ def policy_for(proposer: object, config: PolicyConfig | None) -> SpeculationPoli
     except TypeError:
         return SpeculationPolicy(config)
     if policy is None or policy.config != config:
-        policy = SpeculationPolicy(config)
-        try:
-            _SHARED[proposer] = policy
-        except TypeError:
-            pass
+        policy = _SHARED[proposer] = SpeculationPolicy(config)
     return policy
