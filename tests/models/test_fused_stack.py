@@ -143,7 +143,8 @@ def test_phase_timers_change_no_bit_and_cover_the_call(smollm_int4_target):
     for phase in ("qkv", "o", "gate_up", "down", "quantize", "attention", "norms", "rotary", "silu_mul",
                   "residuals", "stack_other"):
         assert timed[phase] > 0, phase
-    assert (timed["sync"] > 0) == (torch.get_num_threads() > 1)
+    if torch.get_num_threads() == 1:  # with more, the caller waits only for chunks a worker claimed
+        assert timed["sync"] == 0
     # the matmuls are most of the work (waits aside: a loaded machine can leave a thread waiting long)
     assert timed["qkv"] + timed["o"] + timed["gate_up"] + timed["down"] > 0.3 * (wall - timed["sync"])
     assert 0.8 * wall < sum(timed.values()) <= wall

@@ -68,6 +68,9 @@ constexpr int64_t kColumns = 16, kGroup = 32, kBlockBytes = 320;
 // the hardware prefetcher alone kept ~15 GB/s in flight; 2-8 ahead gave 1.10-1.11x on plain
 // decoding, side by side in one process (BENCHMARKS.md, "Kernels and precisions").
 constexpr int64_t kAhead = 4;
+// The smallest chunk of blocks a thread claims in a region: ~0.5 us of work at one row, next to
+// ~0.1 us for a contended claim.
+constexpr int64_t kBlocksPerChunk = 2;
 
 // The implementations this build has, best first, with their names.
 const std::vector<std::pair<Int8Dot, std::string>>& built() {
@@ -417,12 +420,14 @@ void int4_gemm(const float* x, int64_t rows, int64_t in, const at::Tensor& packe
   TORCH_CHECK(groups * kGroup == in, "input width ", in, " does not match the packed weights' ", groups * kGroup);
   const Quantized& xq = quantize_rows(kernel.quantize_group, kernel.parts, x, rows, in);
   const uint8_t* weights = packed.data_ptr<uint8_t>();
-  // Threads split the columns; each streams its blocks' weights once per tile of rows (a
-  // block of 16 columns is 320 bytes per 32 inputs: it stays in L1/L2 between tiles).
-  eyas::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+  // Threads claim chunks of columns (worker_pool.h); each streams its blocks' weights once per
+  // tile of rows (a block of 16 columns is 320 bytes per 32 inputs: it stays in L1/L2 between
+  // tiles). Prefetching runs past the chunk's end: the next chunk is read from DRAM once either
+  // way, by whichever thread claims it.
+  eyas::parallel_for(0, blocks, kBlocksPerChunk, [&](int64_t begin, int64_t end) {
     for (int64_t cb = begin; cb < end; ++cb) {
       const uint8_t* block = weights + cb * groups * kBlockBytes;
-      if (cb + kAhead < end) {  // more loads in flight than the hardware prefetcher keeps
+      if (cb + kAhead < blocks) {  // more loads in flight than the hardware prefetcher keeps
         const char* next = reinterpret_cast<const char*>(block + kAhead * groups * kBlockBytes);
         for (int64_t byte = 0; byte < groups * kBlockBytes; byte += 64) __builtin_prefetch(next + byte, 0, 3);
       }

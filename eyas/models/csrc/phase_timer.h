@@ -5,16 +5,16 @@
 // Exclusive time on the calling thread: every nanosecond between the outermost scope's start
 // and end is charged to exactly one phase, the innermost open one (a matmul's activation
 // quantization is charged to "quantize", not to the matmul around it), so the phases of a call
-// add up to its wall time. Parallel regions (parallel_for below) also time each thread's share
-// of the work: the time the threads of a region stand idle while another finishes (its barrier,
-// and the wake-up of the workers) is moved, averaged over the threads, from the phase to
-// "sync". A phase that runs on one thread (the norms, rotary, SiLU and residual loops) shows its
-// whole wall time; its idle second thread is not counted as sync.
+// add up to its wall time. In a parallel region (parallel_for below, on worker_pool.h) the
+// calling thread works through chunks like the workers, then waits for the chunks other threads
+// still run: that wait is moved from the phase to "sync". The workers' own time is not charged.
 // The clock: wall time (steady_clock), or the calling thread's CPU time, which a loaded machine
-// does not inflate (meaningful with one thread: a worker's time is then never waited for).
+// does not inflate (with several threads the caller's wait is then its spinning: CPU time too).
 #pragma once
 
 #include <ATen/Parallel.h>
+
+#include "worker_pool.h"
 
 #include <algorithm>
 #include <array>
@@ -30,7 +30,7 @@ enum Phase : int {
   kQkv, kO, kGateUp, kDown,  // the int4 matmuls (integer products and their float epilogue)
   kQuantize,  // rounding activations to the int8 form the matmuls multiply
   kAttention, kNorms, kRotary, kSiluMul, kResiduals,
-  kSync,  // threads waiting at the end of parallel regions
+  kSync,  // the calling thread waiting for chunks of a parallel region that other threads run
   kPhaseCount
 };
 
@@ -76,8 +76,9 @@ inline PhaseClock& phase_clock() {
 // Charges its lifetime to `phase` (exclusive of inner scopes); nothing when timing is off.
 class PhaseScope {
  public:
-  explicit PhaseScope(Phase phase) : clock_(phase_clock()), active_(clock_.enabled && at::get_thread_num() == 0 &&
-                                                                     !at::in_parallel_region()) {
+  explicit PhaseScope(Phase phase)
+      : clock_(phase_clock()), active_(clock_.enabled && !in_pool_region() && at::get_thread_num() == 0 &&
+                                       !at::in_parallel_region()) {
     if (!active_) return;
     outer_ = clock_.current;
     clock_.switch_to(phase);
@@ -97,29 +98,20 @@ class PhaseScope {
   Phase outer_ = kStackOther;
 };
 
-// at::parallel_for, and when timing: the idle time of its threads moved from the current phase
-// to kSync (the wall time of a region of P parts is P * wall - the parts' busy time, over P).
+// pool_for (worker_pool.h), and when timing: the calling thread's wait for other threads'
+// chunks moved from the current phase to kSync.
 template <typename F>
 void parallel_for(int64_t begin, int64_t end, int64_t grain, const F& f) {
   PhaseClock& clock = phase_clock();
-  if (!clock.enabled || clock.depth == 0 || at::in_parallel_region()) {
-    at::parallel_for(begin, end, grain, f);
+  if (!clock.enabled || clock.depth == 0 || in_pool_region()) {
+    pool_for(begin, end, grain, f);
     return;
   }
-  std::atomic<int64_t> busy{0}, parts{0};
-  const int64_t start = PhaseClock::now();
-  at::parallel_for(begin, end, grain, [&](int64_t first, int64_t last) {
-    const int64_t started = PhaseClock::now();
-    f(first, last);
-    busy += PhaseClock::now() - started;
-    ++parts;
-  });
-  const int64_t wall = PhaseClock::now() - start, count = parts.load();
-  if (count > 1) {
-    const int64_t idle = std::max<int64_t>(0, (count * wall - busy.load()) / count);
+  const int64_t waited = pool_for(begin, end, grain, f, &PhaseClock::now);
+  if (waited > 0) {
     clock.switch_to(clock.current);  // charge the region to its phase first
-    clock.ns[clock.current] -= idle;
-    clock.ns[kSync] += idle;
+    clock.ns[clock.current] -= waited;
+    clock.ns[kSync] += waited;
   }
 }
 

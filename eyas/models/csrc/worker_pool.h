@@ -1,0 +1,216 @@
+// The threads of the int4 decoder stack's parallel regions (int4_decoder_layer.cpp, int4_gemm.cpp,
+// attention.cpp, int8_screen.cpp): workers created once, and regions in which no thread waits for
+// another to start.
+//
+// Why: with OpenMP (at::parallel_for) a region gives each thread a fixed share and ends at a
+// barrier, so a thread that the OS has descheduled holds up everyone: on the 2-core machine with
+// other processes running, 99% of a 2-thread pass of the stack was that wait, and 8-14% on a quiet
+// machine (~150 regions per pass of SmolLM2-135M). The floor it chases: a region takes the time of
+// its work spread over the threads that are actually running, plus one claim of a chunk per chunk.
+//
+// How: a region [begin, end) is handed out in chunks through one atomic word; whichever thread
+// runs claims the next chunk (large ones first, then smaller ones: guided scheduling, so a chunk
+// claimed late finishes soon after the rest). The calling thread works too, and waits only for
+// chunks that another thread has claimed and not finished; a worker that has not woken up yet
+// claims nothing. Idle workers spin for a short while (the next region of a pass is microseconds
+// away), then sleep on a futex, so an idle server burns no core.
+// A chunk's values must not depend on how the range was cut (every caller's contract: a row, a
+// block of columns, an attention work item computes the same bits in any chunk on any thread).
+//
+// Threads: at::get_num_threads() (torch.set_num_threads / OMP_NUM_THREADS) at each region; one
+// thread runs the plain loop, no pool. The pool is never destroyed (its workers sleep until the
+// process exits); after fork() the child's caller simply does every chunk itself.
+#pragma once
+
+#include <ATen/Parallel.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define EYAS_PAUSE() _mm_pause()
+#else
+#define EYAS_PAUSE() ((void)0)
+#endif
+
+namespace eyas {
+
+// True on a pool worker, and on the calling thread while it runs a region's chunks: a region
+// inside a region runs as a plain loop, and phase timers (phase_timer.h) ignore these threads.
+inline bool& in_pool_region() {
+  static thread_local bool inside = false;
+  return inside;
+}
+
+class WorkerPool {
+ public:
+  static WorkerPool& instance() {
+    static WorkerPool* pool = new WorkerPool();  // never destroyed: see the header
+    return *pool;
+  }
+
+  // body(first, last) over chunks of [begin, end), none shorter than `grain` (but the last),
+  // on `threads` threads (this one included). Returns the nanoseconds (on `clock`, when given)
+  // this thread waited for chunks that others had claimed. Rethrows the first exception a chunk
+  // threw, after every chunk has run.
+  template <typename F>
+  int64_t run(int64_t begin, int64_t end, int64_t grain, int threads, const F& body, int64_t (*clock)() = nullptr) {
+    std::lock_guard<std::mutex> one_region(region_mutex_);  // regions of two calling threads take turns
+    ensure_workers(threads - 1);
+    // 1. Publish the region: mark the word as being written, set the job, then the new word.
+    const uint64_t generation = (word_.load(std::memory_order_relaxed) >> kGenerationShift) + 1;
+    word_.store(pack(generation, 0) | kWriting, std::memory_order_seq_cst);
+    job_call_.store(&call<F>, std::memory_order_relaxed);
+    job_body_.store(&body, std::memory_order_relaxed);
+    job_begin_.store(begin, std::memory_order_relaxed);
+    job_count_.store(end - begin, std::memory_order_relaxed);
+    job_grain_.store(std::max<int64_t>(grain, 1), std::memory_order_relaxed);
+    job_threads_.store(threads, std::memory_order_relaxed);
+    done_.store(0, std::memory_order_relaxed);
+    failed_.store(false, std::memory_order_relaxed);
+    word_.store(pack(generation, 0), std::memory_order_seq_cst);
+    if (sleepers_.load(std::memory_order_seq_cst) > 0) {
+      wake_.fetch_add(1, std::memory_order_seq_cst);
+      syscall(SYS_futex, reinterpret_cast<uint32_t*>(&wake_), FUTEX_WAKE_PRIVATE, INT32_MAX, nullptr, nullptr, 0);
+    }
+    // 2. Work like a worker, then wait for the chunks still running elsewhere.
+    in_pool_region() = true;
+    work(generation);
+    in_pool_region() = false;
+    const int64_t count = end - begin;
+    int64_t waited = 0;
+    if (done_.load(std::memory_order_acquire) < count) {
+      const int64_t started = clock ? clock() : 0;
+      for (int spins = 0; done_.load(std::memory_order_acquire) < count; ++spins) {
+        if (spins < kCallerSpins) EYAS_PAUSE();
+        else sched_yield();  // the chunk's thread may share this core
+      }
+      if (clock) waited = clock() - started;
+    }
+    if (failed_.load(std::memory_order_acquire)) std::rethrow_exception(error_);
+    return waited;
+  }
+
+ private:
+  // The word: generation (high bits), a "being written" flag, the offset of the next unclaimed
+  // index from the region's begin (low 40 bits).
+  static constexpr int kGenerationShift = 41;
+  static constexpr uint64_t kWriting = uint64_t(1) << 40, kOffsetMask = kWriting - 1;
+  static constexpr int kCallerSpins = 20000;  // ~0.1-0.5 ms of pause before yielding the core
+  static constexpr std::chrono::microseconds kWorkerSpin{200};  // then a worker sleeps
+
+  static uint64_t pack(uint64_t generation, int64_t offset) { return (generation << kGenerationShift) | uint64_t(offset); }
+
+  template <typename F>
+  static void call(const void* body, int64_t first, int64_t last) {
+    (*static_cast<const F*>(body))(first, last);
+  }
+
+  WorkerPool() = default;
+
+  void ensure_workers(int wanted) {
+    while (int(workers_) < wanted) {
+      const int index = int(workers_);
+      std::thread([this, index] { worker(index); }).detach();
+      ++workers_;
+    }
+  }
+
+  // Claims and runs chunks of region `generation` until none is left or a newer region began.
+  void work(uint64_t generation) {
+    // The job's fields are consistent for `generation` if the word still carries it unflagged
+    // after reading them (the caller flags the word before writing a new job).
+    using Call = void (*)(const void*, int64_t, int64_t);
+    const Call body_call = job_call_.load(std::memory_order_relaxed);
+    const void* body = job_body_.load(std::memory_order_relaxed);
+    const int64_t begin = job_begin_.load(std::memory_order_relaxed), count = job_count_.load(std::memory_order_relaxed);
+    const int64_t grain = job_grain_.load(std::memory_order_relaxed);
+    const int64_t threads = job_threads_.load(std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    uint64_t word = word_.load(std::memory_order_relaxed);
+    while (true) {
+      if ((word >> kGenerationShift) != (generation & ((uint64_t(1) << (64 - kGenerationShift)) - 1)) ||
+          (word & kWriting))
+        return;
+      const int64_t offset = int64_t(word & kOffsetMask);
+      if (offset >= count) return;
+      const int64_t take = std::min(count - offset, std::max(grain, (count - offset) / (2 * threads)));
+      if (!word_.compare_exchange_weak(word, word + uint64_t(take), std::memory_order_acq_rel,
+                                       std::memory_order_relaxed))
+        continue;
+      try {
+        body_call(body, begin + offset, begin + offset + take);
+      } catch (...) {
+        if (!failed_.exchange(true, std::memory_order_acq_rel)) error_ = std::current_exception();
+      }
+      done_.fetch_add(take, std::memory_order_release);
+      word = word_.load(std::memory_order_relaxed);
+    }
+  }
+
+  [[noreturn]] void worker(int index) {
+    in_pool_region() = true;
+    uint64_t seen = word_.load(std::memory_order_acquire) >> kGenerationShift;
+    while (true) {
+      // 1. Wait for a newer region: spin, then sleep.
+      uint64_t word = word_.load(std::memory_order_acquire);
+      const auto spin_until = std::chrono::steady_clock::now() + kWorkerSpin;
+      for (int spins = 0; (word >> kGenerationShift) == seen || (word & kWriting); ++spins) {
+        EYAS_PAUSE();
+        if ((spins & 63) == 63 && std::chrono::steady_clock::now() > spin_until) {
+          sleepers_.fetch_add(1, std::memory_order_seq_cst);
+          const uint32_t ticket = wake_.load(std::memory_order_seq_cst);
+          word = word_.load(std::memory_order_seq_cst);
+          if ((word >> kGenerationShift) == seen || (word & kWriting))
+            syscall(SYS_futex, reinterpret_cast<uint32_t*>(&wake_), FUTEX_WAIT_PRIVATE, ticket, nullptr, nullptr, 0);
+          sleepers_.fetch_sub(1, std::memory_order_seq_cst);
+          spins = 0;
+        }
+        word = word_.load(std::memory_order_acquire);
+      }
+      seen = word >> kGenerationShift;
+      // 2. Join it, unless it wants fewer threads than this worker's place.
+      if (index + 1 < job_threads_.load(std::memory_order_relaxed)) work(seen);
+    }
+  }
+
+  std::mutex region_mutex_;
+  int workers_ = 0;
+  alignas(64) std::atomic<uint64_t> word_{0};
+  alignas(64) std::atomic<int64_t> done_{0};
+  alignas(64) std::atomic<uint32_t> wake_{0};
+  std::atomic<int> sleepers_{0};
+  alignas(64) std::atomic<void (*)(const void*, int64_t, int64_t)> job_call_{nullptr};
+  std::atomic<const void*> job_body_{nullptr};
+  std::atomic<int64_t> job_begin_{0}, job_count_{0}, job_grain_{1}, job_threads_{1};
+  std::atomic<bool> failed_{false};
+  std::exception_ptr error_;
+};
+
+// body(first, last) over [begin, end) on the pool: a plain loop where one thread is set, the
+// range is at most `grain` long, or this thread is already inside a region (or an OpenMP one).
+// Returns the nanoseconds this thread waited for other threads' chunks (on `clock`, if given).
+template <typename F>
+int64_t pool_for(int64_t begin, int64_t end, int64_t grain, const F& body, int64_t (*clock)() = nullptr) {
+  if (begin >= end) return 0;
+  const int threads = at::get_num_threads();
+  if (threads <= 1 || end - begin <= grain || in_pool_region() || at::in_parallel_region()) {
+    body(begin, end);
+    return 0;
+  }
+  return WorkerPool::instance().run(begin, end, grain, threads, body, clock);
+}
+
+}  // namespace eyas
