@@ -9,6 +9,10 @@
 // each row (attention.h's Visibility) are gathered once per pass, not once per layer. The
 // floor it chases: the int4 weights read once per pass (memory bandwidth) for one token, their
 // multiply-adds at the integer peak for many.
+// Parallel work runs on worker_pool.h's threads, which never wait for one another to start; the
+// small per-row phases run inside the matmuls' regions (the norms and SiLU where the matmul
+// rounds its input, the residuals as its columns finish: int4_gemm.h GemmHooks), so a layer has
+// 5-7 regions (2-4 at one row), not 15.
 // The matmuls run in eyas's int4 x int8 kernel (int4_gemm.cpp, AVX512-VNNI or AVX2) where the
 // weights are in its layout, else in PyTorch's int4 kernel on activations rounded to bf16.
 //
@@ -84,42 +88,44 @@ float* sized(std::vector<float>& buffer, int64_t count) {
   return buffer.data();
 }
 
-// x [rows, I] float32 -> y [rows, O] float32 (into `y`, grown to fit) through one of the two int4
-// weight layouts: eyas's int8dot kernel's (uint8 [O/16, I/32, 320], int4_gemm.cpp; `scales`
-// unused) on float32 activations, or PyTorch's packed int4 on activations rounded to bf16, its
-// output widened back. Returns O.
-int64_t linear(eyas::Phase phase, const float* x, int64_t rows, int64_t in, const Tensor& packed, int64_t group,
-               const Tensor& scales, std::vector<float>& y) {
-  const eyas::PhaseScope timed(phase);
-  if (packed.scalar_type() == at::kByte && packed.dim() == 3) {
-    const int64_t out = packed.size(0) * 16;  // 16 columns per block (int4_gemm.h)
-    eyas::int4_gemm(x, rows, in, packed, sized(y, rows * out));
-    return out;
-  }
-  const Tensor input = at::from_blob(const_cast<float*>(x), {rows, in}, at::kFloat);
-  const Tensor result = int4_mm(input.to(at::kBFloat16), packed, group, scales).to(at::kFloat).contiguous();
-  std::memcpy(sized(y, result.numel()), result.data_ptr<float>(), result.numel() * sizeof(float));
-  return result.size(1);
-}
-
 // Rows of a per-row loop given to each thread at least: fewer rows run on the calling thread
 // alone (a parallel region costs more than their work). Which thread runs a row changes none
 // of its values.
 constexpr int64_t kRowsPerThread = 8;
 
-// out[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * w for rows of width h; out's rows are
-// out_stride apart (h, or 2h for one half of a concatenation).
-void rms_norm_rows(const float* x, const float* w, int64_t rows, int64_t h, double eps, float* out,
+// x [rows, I] float32 -> y [rows, O] float32 (into `y`, grown to fit) through one of the two int4
+// weight layouts: eyas's int8dot kernel's (uint8 [O/16, I/32, 320], int4_gemm.cpp; `scales`
+// unused) on float32 activations, or PyTorch's packed int4 on activations rounded to bf16, its
+// output widened back. Returns O. `hooks` (int4_gemm.h) write x's rows first and finish y's
+// columns: inside the kernel's own regions, or around PyTorch's.
+int64_t linear(eyas::Phase phase, const float* x, int64_t rows, int64_t in, const Tensor& packed, int64_t group,
+               const Tensor& scales, std::vector<float>& y, const eyas::GemmHooks& hooks = {}) {
+  const eyas::PhaseScope timed(phase);
+  if (packed.scalar_type() == at::kByte && packed.dim() == 3) {
+    const int64_t out = packed.size(0) * 16;  // 16 columns per block (int4_gemm.h)
+    eyas::int4_gemm(x, rows, in, packed, sized(y, rows * out), hooks);
+    return out;
+  }
+  if (hooks.prepare) eyas::parallel_for(0, rows, kRowsPerThread, hooks.prepare);
+  const Tensor input = at::from_blob(const_cast<float*>(x), {rows, in}, at::kFloat);
+  const Tensor result = int4_mm(input.to(at::kBFloat16), packed, group, scales).to(at::kFloat).contiguous();
+  std::memcpy(sized(y, result.numel()), result.data_ptr<float>(), result.numel() * sizeof(float));
+  if (hooks.finish) hooks.finish(0, result.size(1));
+  return result.size(1);
+}
+
+// out[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * w for rows begin..end-1 of width h; out's rows
+// are out_stride apart (h, or 2h for one half of a concatenation). Run inside the region of
+// the matmul that reads them (GemmHooks::prepare).
+void rms_norm_rows(const float* x, const float* w, int64_t begin, int64_t end, int64_t h, double eps, float* out,
                    int64_t out_stride) {
-  eyas::parallel_for(0, rows, kRowsPerThread, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const float* xr = x + r * h;
-      double squares = 0;
-      for (int64_t i = 0; i < h; ++i) squares += double(xr[i]) * xr[i];
-      const float scale = float(1.0 / std::sqrt(squares / h + eps));
-      for (int64_t i = 0; i < h; ++i) out[r * out_stride + i] = xr[i] * scale * w[i];
-    }
-  });
+  for (int64_t r = begin; r < end; ++r) {
+    const float* xr = x + r * h;
+    double squares = 0;
+    for (int64_t i = 0; i < h; ++i) squares += double(xr[i]) * xr[i];
+    const float scale = float(1.0 / std::sqrt(squares / h + eps));
+    for (int64_t i = 0; i < h; ++i) out[r * out_stride + i] = xr[i] * scale * w[i];
+  }
 }
 
 
@@ -205,31 +211,30 @@ void check_cache(const Tensor& cache_k, const Tensor& cache_v, int64_t batch, in
                     cache_k.size(2));
 }
 
-// SiLU(gate) * up for rows of gate_up [N, 2I] -> act [N, I].
-void silu_mul_rows(const float* gate_up, int64_t rows, int64_t inner, float* act) {
-  eyas::parallel_for(0, rows, kRowsPerThread, [&](int64_t begin, int64_t end) {
-    for (int64_t n = begin; n < end; ++n) {
-      const float* gate = gate_up + n * 2 * inner;
-      const float* up = gate + inner;
-      float* an = act + n * inner;
-      int64_t i = 0;
+// SiLU(gate) * up for rows begin..end-1 of gate_up [N, 2I] -> act [N, I] (inside the down
+// matmul's region: GemmHooks::prepare).
+void silu_mul_rows(const float* gate_up, int64_t begin, int64_t end, int64_t inner, float* act) {
+  for (int64_t n = begin; n < end; ++n) {
+    const float* gate = gate_up + n * 2 * inner;
+    const float* up = gate + inner;
+    float* an = act + n * inner;
+    int64_t i = 0;
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-      for (; i + 16 <= inner; i += 16) {  // exp16: the same operations as exp_approx, 16 lanes
-        const eyas::Floats16 gv = eyas::Floats16::load(gate + i);
-        const eyas::Floats16 e = eyas::exp16(eyas::Floats16::zero() - gv);
-        (gv / (eyas::Floats16::fill(1.0f) + e) * eyas::Floats16::load(up + i)).store(an + i);
-      }
-#endif
-      for (; i < inner; ++i) an[i] = gate[i] / (1.0f + eyas::exp_approx(-gate[i])) * up[i];
+    for (; i + 16 <= inner; i += 16) {  // exp16: the same operations as exp_approx, 16 lanes
+      const eyas::Floats16 gv = eyas::Floats16::load(gate + i);
+      const eyas::Floats16 e = eyas::exp16(eyas::Floats16::zero() - gv);
+      (gv / (eyas::Floats16::fill(1.0f) + e) * eyas::Floats16::load(up + i)).store(an + i);
     }
-  });
+#endif
+    for (; i < inner; ++i) an[i] = gate[i] / (1.0f + eyas::exp_approx(-gate[i])) * up[i];
+  }
 }
 
-// out = x + y (or out += y with x == out) over rows of width h.
-void add_rows(const float* x, const float* y, int64_t rows, int64_t h, float* out) {
-  eyas::parallel_for(0, rows, kRowsPerThread, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin * h; i < end * h; ++i) out[i] = x[i] + y[i];
-  });
+// out = x + y (or out += y with x == out) over columns begin..end-1 of `rows` rows of width h
+// (inside the region of the matmul that produced y: GemmHooks::finish).
+void add_columns(const float* x, const float* y, int64_t rows, int64_t h, int64_t begin, int64_t end, float* out) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = r * h + begin; i < r * h + end; ++i) out[i] = x[i] + y[i];
 }
 
 // x [N, H] float32 (N = B * T rows, row n = b * T + t) -> the layer's output, written to `out`
@@ -245,24 +250,28 @@ void decoder_layer(const float* x, int64_t rows, int64_t hidden, const LayerWeig
   const int64_t qkv_width = (heads + 2 * kv_heads) * head_dim;
   check_cache(cache_k, cache_v, batch, kv_heads, head_dim, pass.kv_len);
   Buffers& buf = buffers();
-  // 1. Attention input: RMSNorm (of the token embeddings too, for a head) -> q/k/v projection.
+  // 1. Attention input: RMSNorm (of the token embeddings too, for a head) -> q/k/v projection,
+  // the norms in the region that rounds the projection's input (GemmHooks).
   float* normed = sized(buf.normed, rows * hidden);
   int64_t width;
   if (embeds != nullptr) {
     float* both = sized(buf.both, rows * 2 * hidden);  // [N, 2H] = cat(norm(e), norm(x))
-    {
+    const float* e = embeds->data_ptr<float>();
+    const float* e_weight = norm_embeds->data_ptr<float>();
+    const float* x_weight = w.norm_in.data_ptr<float>();
+    const auto norms = [&](int64_t begin, int64_t end) {
       const eyas::PhaseScope timed(eyas::kNorms);
-      rms_norm_rows(embeds->data_ptr<float>(), norm_embeds->data_ptr<float>(), rows, hidden, w.eps, both,
-                    2 * hidden);
-      rms_norm_rows(x, w.norm_in.data_ptr<float>(), rows, hidden, w.eps, both + hidden, 2 * hidden);
-    }
-    width = linear(eyas::kQkv, both, rows, 2 * hidden, w.qkv_packed, w.group, w.qkv_scales, buf.qkv);
+      rms_norm_rows(e, e_weight, begin, end, hidden, w.eps, both, 2 * hidden);
+      rms_norm_rows(x, x_weight, begin, end, hidden, w.eps, both + hidden, 2 * hidden);
+    };
+    width = linear(eyas::kQkv, both, rows, 2 * hidden, w.qkv_packed, w.group, w.qkv_scales, buf.qkv, {norms, {}});
   } else {
-    {
+    const float* weight = w.norm_in.data_ptr<float>();
+    const auto norm = [&](int64_t begin, int64_t end) {
       const eyas::PhaseScope timed(eyas::kNorms);
-      rms_norm_rows(x, w.norm_in.data_ptr<float>(), rows, hidden, w.eps, normed, hidden);
-    }
-    width = linear(eyas::kQkv, normed, rows, hidden, w.qkv_packed, w.group, w.qkv_scales, buf.qkv);
+      rms_norm_rows(x, weight, begin, end, hidden, w.eps, normed, hidden);
+    };
+    width = linear(eyas::kQkv, normed, rows, hidden, w.qkv_packed, w.group, w.qkv_scales, buf.qkv, {norm, {}});
   }
   TORCH_CHECK(width == qkv_width, "qkv projection width does not match the heads");
 
@@ -301,30 +310,34 @@ void decoder_layer(const float* x, int64_t rows, int64_t hidden, const LayerWeig
       run(cache_k.data_ptr<float>(), cache_v.data_ptr<float>());
     }
   }
-  // 4. Output projection and residual.
-  linear(eyas::kO, attended, rows, heads * head_dim, w.o_packed, w.group, w.o_scales, buf.projected);  // [N, H]
-  {
+  // 4. Output projection, the residual added in its region as each chunk of columns is done.
+  const auto residual = [&](int64_t begin, int64_t end) {
     const eyas::PhaseScope timed(eyas::kResiduals);
-    add_rows(x, buf.projected.data(), rows, hidden, out);
-  }
+    add_columns(x, buf.projected.data(), rows, hidden, begin, end, out);
+  };
+  linear(eyas::kO, attended, rows, heads * head_dim, w.o_packed, w.group, w.o_scales, buf.projected,
+         {{}, residual});  // [N, H]
 
-  // 5. MLP: RMSNorm -> gate/up -> silu(gate) * up -> down; 6. residual.
-  {
+  // 5. MLP: RMSNorm -> gate/up -> silu(gate) * up -> down; 6. residual. The norm and SiLU run in
+  // the regions that round the next matmul's input, the residual in the down matmul's.
+  const float* post_weight = w.norm_post.data_ptr<float>();
+  const auto post_norm = [&](int64_t begin, int64_t end) {
     const eyas::PhaseScope timed(eyas::kNorms);
-    rms_norm_rows(out, w.norm_post.data_ptr<float>(), rows, hidden, w.eps, normed, hidden);
-  }
+    rms_norm_rows(out, post_weight, begin, end, hidden, w.eps, normed, hidden);
+  };
   const int64_t inner = linear(eyas::kGateUp, normed, rows, hidden, w.gate_up_packed, w.group, w.gate_up_scales,
-                               buf.gate_up) / 2;  // [N, 2I]
+                               buf.gate_up, {post_norm, {}}) / 2;  // [N, 2I]
   float* act = sized(buf.act, rows * inner);
-  {
+  const auto silu_mul = [&](int64_t begin, int64_t end) {
     const eyas::PhaseScope timed(eyas::kSiluMul);
-    silu_mul_rows(buf.gate_up.data(), rows, inner, act);
-  }
-  linear(eyas::kDown, act, rows, inner, w.down_packed, w.group, w.down_scales, buf.down);  // [N, H]
-  {
+    silu_mul_rows(buf.gate_up.data(), begin, end, inner, act);
+  };
+  const auto down_residual = [&](int64_t begin, int64_t end) {
     const eyas::PhaseScope timed(eyas::kResiduals);
-    add_rows(out, buf.down.data(), rows, hidden, out);
-  }
+    add_columns(out, buf.down.data(), rows, hidden, begin, end, out);
+  };
+  linear(eyas::kDown, act, rows, inner, w.down_packed, w.group, w.down_scales, buf.down,
+         {silu_mul, down_residual});  // [N, H]
 }
 
 // The mask [B, T, kv_len] bool (or none: every slot visible), checked.

@@ -321,8 +321,10 @@ void grow(std::vector<T>& buffer, int64_t count) {
 }
 
 // Rows of x [rows, in] in the form the kernel multiplies (`parts` int8 parts per input), in
-// buffers of the calling thread that the next product reuses (no allocation per product).
-const Quantized& quantize_rows(GroupFn group, int parts, const float* x, int64_t rows, int64_t in) {
+// buffers of the calling thread that the next product reuses (no allocation per product); each
+// chunk of rows written first by `prepare` where given (GemmHooks).
+const Quantized& quantize_rows(GroupFn group, int parts, const float* x, int64_t rows, int64_t in,
+                               const std::function<void(int64_t, int64_t)>& prepare) {
   const PhaseScope timed(kQuantize);
   const int64_t groups = in / kGroup;
   static thread_local Quantized kept;
@@ -331,6 +333,7 @@ const Quantized& quantize_rows(GroupFn group, int parts, const float* x, int64_t
   grow(xq.scales, rows * groups);
   grow(xq.sums, rows * groups);
   eyas::parallel_for(0, rows, rows >= 16 ? 8 : rows, [&](int64_t begin, int64_t end) {  // >= 8 rows a thread
+    if (prepare) prepare(begin, end);
     for (int64_t r = begin; r < end; ++r)
       for (int64_t g = 0; g < groups; ++g)
         group(x + r * in + g * kGroup, xq.codes.data() + (r * in + g * kGroup) * parts, &xq.scales[r * groups + g],
@@ -412,13 +415,13 @@ at::Tensor int4_pack(const at::Tensor& codes_in, const at::Tensor& scale_in, con
   return packed;
 }
 
-void int4_gemm(const float* x, int64_t rows, int64_t in, const at::Tensor& packed, float* y) {
+void int4_gemm(const float* x, int64_t rows, int64_t in, const at::Tensor& packed, float* y, const GemmHooks& hooks) {
   check_packed(packed);
   const Implementation kernel = implementation();
   TORCH_CHECK(kernel.block_columns != nullptr, "this build of the eyas extension has no int8 dot-product kernel (no AVX2)");
   const int64_t blocks = packed.size(0), groups = packed.size(1), out = blocks * kColumns;
   TORCH_CHECK(groups * kGroup == in, "input width ", in, " does not match the packed weights' ", groups * kGroup);
-  const Quantized& xq = quantize_rows(kernel.quantize_group, kernel.parts, x, rows, in);
+  const Quantized& xq = quantize_rows(kernel.quantize_group, kernel.parts, x, rows, in, hooks.prepare);
   const uint8_t* weights = packed.data_ptr<uint8_t>();
   // Threads claim chunks of columns (worker_pool.h); each streams its blocks' weights once per
   // tile of rows (a block of 16 columns is 320 bytes per 32 inputs: it stays in L1/L2 between
@@ -433,6 +436,7 @@ void int4_gemm(const float* x, int64_t rows, int64_t in, const at::Tensor& packe
       }
       kernel.block_columns(block, groups, xq, rows, in, y + cb * kColumns, out);
     }
+    if (hooks.finish) hooks.finish(begin * kColumns, end * kColumns);  // while the columns are in cache
   });
 }
 

@@ -4,6 +4,8 @@
 
 #include <torch/extension.h>
 
+#include <functional>
+
 namespace eyas {
 
 // codes [O, I] int32 in 0..15, scale and minimum [O, I/32] float32 (weight = code * scale +
@@ -15,7 +17,17 @@ at::Tensor int4_pack(const at::Tensor& codes, const at::Tensor& scale, const at:
 // with one scale per 32 (int4_gemm.cpp says exactly how).
 at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed);
 
+// Per-row and per-column work run inside the product's parallel regions (worker_pool.h), so that
+// a layer's small phases add no region of their own (int4_decoder_layer.cpp): prepare(first,
+// last) writes rows first..last-1 of x just before they are rounded (an RMSNorm, SiLU * up);
+// finish(first, last) runs once columns first..last-1 of y are final for every row (a residual
+// add). Neither may depend on other rows or columns than its own. Either may be empty.
+struct GemmHooks {
+  std::function<void(int64_t, int64_t)> prepare, finish;
+};
+
 // The same into a caller's buffer: x [rows, in], y [rows, out] row-major.
-void int4_gemm(const float* x, int64_t rows, int64_t in, const at::Tensor& packed, float* y);
+void int4_gemm(const float* x, int64_t rows, int64_t in, const at::Tensor& packed, float* y,
+               const GemmHooks& hooks = {});
 
 }  // namespace eyas

@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "int8dot.h"
+#include "worker_pool.h"
 
 namespace eyas {
 namespace {
@@ -56,7 +57,7 @@ Activations quantize_rows(const float* x, int64_t rows, int64_t in) {
   const int64_t groups = in / kGroup;
   Activations a{std::vector<int8_t>(rows * in * 2), std::vector<float>(rows * groups),
                 std::vector<int32_t>(rows * groups)};
-  at::parallel_for(0, rows, rows * in >= (1 << 16) ? 16 : rows, [&](int64_t begin, int64_t end) {
+  eyas::pool_for(0, rows, rows * in >= (1 << 16) ? 16 : rows, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       for (int64_t g = 0; g < groups; ++g) {
         const float* xg = x + r * in + g * kGroup;
@@ -254,10 +255,11 @@ at::Tensor int8_linear(const at::Tensor& x_in, const at::Tensor& packed) {
   const Activations a = quantize_rows(x.data_ptr<float>(), rows, in);
   const uint8_t* weights = packed.data_ptr<uint8_t>();
   float* yp = y.data_ptr<float>();
-  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {  // threads split the columns
+  // threads claim chunks of columns (worker_pool.h); prefetching runs past a chunk's end
+  eyas::pool_for(0, blocks, 2, [&](int64_t begin, int64_t end) {
     for (int64_t cb = begin; cb < end; ++cb) {
       const uint8_t* block = weights + cb * groups * kBlockBytes;
-      if (cb + kAhead < end) {
+      if (cb + kAhead < blocks) {
         const char* next = reinterpret_cast<const char*>(block + kAhead * groups * kBlockBytes);
         for (int64_t byte = 0; byte < groups * kBlockBytes; byte += 64) __builtin_prefetch(next + byte, 0, 3);
       }

@@ -41,6 +41,9 @@
 //   in all, whatever H: (1 + u)^3 / (1 - u)^3 - 1 < 8 u.
 // The sum is scaled by 1.01 (the bound's own rounding) plus 1e-6, as in output_layer.py.
 //
+// Threads: the screen's regions run on worker_pool.h's workers (no thread waits for another to
+// start), like the decoder stack's.
+//
 // Layout (int8_screen_pack): int8 [V/16, H/4, 64]; in a block of 16 vocabulary rows, the 64
 // bytes for inputs 4k..4k+3 hold row c's 4 codes at bytes 4c..4c+3.
 
@@ -57,6 +60,7 @@
 
 #include "int8_screen_tiles.h"
 #include "int8dot.h"
+#include "worker_pool.h"
 
 namespace eyas {
 namespace {
@@ -332,7 +336,7 @@ void screen_into(const at::Tensor& x, const at::Tensor& packed, const at::Tensor
     const TileChoice choice = eight_bit_tiles();
     const int64_t wide = rows == 1 ? choice.shape.blocks_one_row : choice.shape.blocks_many_rows;
     const int64_t wide_tiles = blocks / wide, tiles_total = wide_tiles + blocks % wide;
-    at::parallel_for(0, tiles_total, 4, [&](int64_t begin, int64_t end) {
+    eyas::pool_for(0, tiles_total, 4, [&](int64_t begin, int64_t end) {
       for (int64_t tile = begin; tile < end; ++tile) {
         const int64_t width = tile < wide_tiles ? wide : 1;
         const int64_t block = tile < wide_tiles ? tile * wide : wide_tiles * wide + (tile - wide_tiles);
@@ -351,7 +355,7 @@ void screen_into(const at::Tensor& x, const at::Tensor& packed, const at::Tensor
     });
     return;
   }
-  at::parallel_for(0, blocks, 16, [&](int64_t begin, int64_t end) {
+  eyas::pool_for(0, blocks, 16, [&](int64_t begin, int64_t end) {
     for (int64_t block = begin; block < end; ++block) {
       const int64_t j = block * kRows;
       for (int64_t r = 0; r < rows; r += kTile) {
@@ -438,7 +442,7 @@ at::Tensor screen_candidates(const Checked& c, const at::Tensor& packed, Visit v
   screen_into(c.x, packed, c.scale, c.sums, c.weight_error, c.approx_norm, approx, bound, block_max.data());
   float* ap = approx.data_ptr<float>();
   const float* bp = bound.data_ptr<float>();
-  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+  eyas::pool_for(0, rows, 1, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const float* lower = block_max.data() + r * blocks;
       const float* upper = block_max.data() + (rows + r) * blocks;

@@ -7,7 +7,10 @@
 // quantization is charged to "quantize", not to the matmul around it), so the phases of a call
 // add up to its wall time. In a parallel region (parallel_for below, on worker_pool.h) the
 // calling thread works through chunks like the workers, then waits for the chunks other threads
-// still run: that wait is moved from the phase to "sync". The workers' own time is not charged.
+// still run: that wait is moved from the phase to "sync". The workers' own time is not charged,
+// and no scope opens inside a region: work fused into a region (a norm in the matmul's rounding
+// of its input, a residual in its columns' end) is charged to the region's phase, to its own
+// only where it runs on the calling thread alone (one thread, or too few rows for a region).
 // The clock: wall time (steady_clock), or the calling thread's CPU time, which a loaded machine
 // does not inflate (with several threads the caller's wait is then its spinning: CPU time too).
 #pragma once

@@ -146,7 +146,9 @@ class WorkerPool {
         return;
       const int64_t offset = int64_t(word & kOffsetMask);
       if (offset >= count) return;
-      const int64_t take = std::min(count - offset, std::max(grain, (count - offset) / (2 * threads)));
+      // a quarter of a thread's share of what is left: a chunk held by a descheduled thread
+      // delays the region by little, and the claims stay few
+      const int64_t take = std::min(count - offset, std::max(grain, (count - offset) / (4 * threads)));
       if (!word_.compare_exchange_weak(word, word + uint64_t(take), std::memory_order_acq_rel,
                                        std::memory_order_relaxed))
         continue;
