@@ -150,3 +150,29 @@ def test_phase_timers_change_no_bit_and_cover_the_call(smollm_int4_target):
     # the matmuls are most of the work (waits aside: a loaded machine can leave a thread waiting long)
     assert timed["qkv"] + timed["o"] + timed["gate_up"] + timed["down"] > 0.3 * (wall - timed["sync"])
     assert 0.8 * wall < sum(timed.values()) <= wall
+
+
+def test_the_stack_gives_the_same_bits_on_one_thread_and_on_two(smollm_int4_target):
+    """The worker pool (csrc/worker_pool.h) cuts a region into chunks by whichever thread claims
+    them first: a pass over a tree must give the same hidden states and cache on 1 and 2 threads."""
+    model = smollm_int4_target.model
+    stack = model.fused_layers()
+    positions, mask = random_tree(33, CONTEXT.shape[1], seed=5)
+    ids = torch.randint(0, 49152, (1, 33), generator=torch.Generator().manual_seed(5))
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        with torch.inference_mode():
+            for count in (1, 2, 1, 2):
+                torch.set_num_threads(count)
+                cache = new_cache(smollm_int4_target)
+                model(CONTEXT, cache=cache, write_at=0, logits_at=None)
+                x = model.embed_tokens(ids).reshape(33, -1).contiguous()
+                cos_table, sin_table = model.rope_tables(int(positions.max()) + 1)
+                cos, sin = cos_table[positions].reshape(33, -1), sin_table[positions].reshape(33, -1)
+                out = stack.run(x, cos, sin, cache, list(range(30)), torch.arange(60, 93)[None], 93, mask)
+                results.append((out, cache.keys.clone(), cache.values.clone()))
+    finally:
+        torch.set_num_threads(threads)
+    for result in results[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(results[0], result))
