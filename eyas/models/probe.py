@@ -11,8 +11,9 @@ multiply-adds by the integer peak. Both are measured by a short probe in the C++
   short runs. torch's `_int_mm` says nothing about it (on AVX2 it runs reference loops).
 Each is the best of a few such calls (until the two best agree within 3%): on a shared machine
 a multi-thread run is slow whenever one thread waits for a core. A busy machine still measures
-low limits, and they stay cached: `machine_limits(refresh=True)` (`eyas bench costs
---probe-again`) measures again.
+low limits: figures where 2 threads read or multiply less than 1 thread did are used once and
+not cached (a warning says so); others stay cached, and `machine_limits(refresh=True)` (`eyas
+bench costs --probe-again`) measures again.
 
 The probe takes ~1-3 s and is cached per machine (CPU model and flags, PyTorch, the
 extension's sources, the kernel, the thread counts) as JSON in the eyas cache folder,
@@ -30,6 +31,7 @@ import hashlib
 import json
 import os
 import platform
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -43,6 +45,7 @@ from eyas.utils.io import cache_dir, write_json_atomic
 PROBE_VERSION = "1"  # part of the cache key: bumped when what the probe measures changes
 BANDWIDTH_RUNS, PEAK_RUNS = 3, 16
 MIN_BUFFER_MB, MAX_BUFFER_MB = 256, 1024
+BUSY_RATIO = 0.9  # more threads below this share of one thread's rate: measured while busy
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,18 @@ class MachineLimits:
     def peak(self, threads: int | None = None) -> float:
         """int8 multiply-adds/s with `threads` threads (default: the count in use)."""
         return _nearest(self.int8_multiply_adds_per_second, threads)
+
+    def busy_reason(self) -> str | None:
+        """Why these figures look measured on a busy machine (more threads reading or
+        multiplying less than one did: a worker waited for a core), or None."""
+        for name, table, unit in (("read", self.read_bytes_per_second, "GB/s"),
+                                  ("multiply-add", self.int8_multiply_adds_per_second, "G/s")):
+            one = table.get(1)
+            for threads, value in sorted(table.items()):
+                if one is not None and threads > 1 and value < BUSY_RATIO * one:
+                    return (f"{threads} threads measured a {name} rate of {value / 1e9:.1f} {unit} "
+                            f"against {one / 1e9:.1f} {unit} on 1")
+        return None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -176,5 +191,10 @@ def machine_limits(refresh: bool = False) -> MachineLimits | None:
         except (ValueError, KeyError, TypeError):
             pass  # a damaged file: measure again
     limits = measure_limits()
+    busy = limits.busy_reason()
+    if busy is not None:  # used this once, never cached: the next command probes again
+        print(f"eyas: the machine looked busy while probing its limits ({busy}); they are not "
+              "cached and the floors printed may be low", file=sys.stderr)
+        return limits
     write_json_atomic(path, limits.to_json())
     return limits

@@ -38,9 +38,10 @@ def test_the_limits_are_measured_once_and_cached(kernel, tmp_path, monkeypatch):
     calls = []
     real = probe.measure_limits
 
-    def counted(*args, **kwargs):
+    def counted(*args, **kwargs):  # the real probe's identity, figures of an idle machine
         calls.append(1)
-        return real(megabytes=16)
+        measured = real(threads=(1,), megabytes=16)
+        return MachineLimits(measured.cpu, measured.kernel, 16, {1: 10e9, 2: 18e9}, {1: 50e9, 2: 100e9})
 
     monkeypatch.setattr(probe, "measure_limits", counted)
     first = probe.machine_limits()
@@ -61,3 +62,16 @@ def test_limits_need_positive_values():
     assert limits.bandwidth(1) == 10e9 and limits.peak(2) == 100e9
     assert limits.bandwidth(8) == 18e9  # the nearest thread count measured
     assert MachineLimits.from_json(json.loads(json.dumps(limits.to_json()))) == limits
+
+
+def test_limits_measured_while_busy_are_used_once_and_not_cached(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(probe, "cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(extension, "int8dot_kernel", lambda: "avx2")
+    busy = MachineLimits("cpu", "avx2", 64, {1: 14e9, 2: 0.7e9}, {1: 128e9, 2: 226e9})
+    assert busy.busy_reason() == "2 threads measured a read rate of 0.7 GB/s against 14.0 GB/s on 1"
+    assert MachineLimits("cpu", "avx2", 64, {1: 14e9, 2: 26e9}, {1: 128e9, 2: 100e9}).busy_reason() \
+        == "2 threads measured a multiply-add rate of 100.0 G/s against 128.0 G/s on 1"
+    monkeypatch.setattr(probe, "measure_limits", lambda: busy)
+    assert probe.machine_limits() == busy
+    assert "looked busy while probing" in capsys.readouterr().err
+    assert not probe.limits_cache_path().exists()
