@@ -16,8 +16,8 @@
 // small E, the tokens with the largest noise, keep their resolution) and g = -log(E). Float32
 // noise spans [-2.8, 22.9]: a token whose noise would lie above 22.9 (probability e^-22.9 ~ 1e-10
 // per token) gets 22.9; below -2.8 cannot win. The logarithm is a polynomial the compiler
-// vectorises (log_positive: ~2 ulp), since std::log is a call per element: ~50 us for 49,152
-// tokens on one core of the 2-core machine instead of ~300 us for PyTorch's torch.rand alone.
+// vectorises (log_positive: ~2 ulp), since std::log is a call per element (the loop must stay
+// branch-free for the same reason: 16 tokens per instruction instead of one).
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -48,13 +48,12 @@ inline uint64_t mix64(uint64_t z) {
 inline float log_positive(float x) {
   uint32_t bits;
   std::memcpy(&bits, &x, 4);
-  int32_t exponent = int32_t(bits >> 23) - 127;
-  const uint32_t mantissa_bits = (bits & 0x7fffffu) | 0x3f800000u;
+  const uint32_t mantissa_bits = (bits & 0x7fffffu) | 0x3f800000u;  // m in [1, 2)
+  const uint32_t big = uint32_t(mantissa_bits > 0x3fb504f3u);  // m > sqrt(2): halve it (see fill_noise)
+  const uint32_t halved_bits = mantissa_bits - (big << 23);
+  const int32_t exponent = int32_t(bits >> 23) - 127 + int32_t(big);
   float m;
-  std::memcpy(&m, &mantissa_bits, 4);
-  const bool big = m > 1.41421356f;
-  m = big ? m * 0.5f : m;
-  exponent += big ? 1 : 0;
+  std::memcpy(&m, &halved_bits, 4);
   const float s = (m - 1.0f) / (m + 1.0f), s2 = s * s;
   const float series =
       s * (2.0f + s2 * (0.666666667f + s2 * (0.4f + s2 * (0.285714286f + s2 * (0.222222222f + s2 * 0.181818182f)))));
@@ -66,9 +65,21 @@ inline float log_positive(float x) {
 void fill_noise(uint64_t key, int64_t begin, int64_t end, float* out) {
   for (int64_t j = begin; j < end; ++j) {
     const uint64_t z = mix64(key + uint64_t(j + 1) * kGolden);
-    const float w = std::min((float(uint32_t(z >> 32)) + 0.5f) * 2.3283064e-10f, 0.99999994f);
+    // Selects are integer bit operations with both arms computed: GCC vectorises a loop with
+    // floating-point comparisons or selects only without -ftrapping-math.
+    const uint32_t high = uint32_t(z >> 32);
+    const uint32_t k = high - (high > 0xFFFFFF00u ? high - 0xFFFFFF00u : 0u);  // w <= 1 - 2^-24
+    const float w = (float(k) + 0.5f) * 2.3283064e-10f;
     const float y = 1.0f - w;  // E = -log1p(-w) = -log(y) w / (1 - y), or w where y rounds to 1
-    const float exponential = y == 1.0f ? w : -log_positive(y) * (w / (1.0f - y));
+    const float goldberg = -log_positive(y) * (w / (1.0f - y));
+    uint32_t y_bits, w_bits, goldberg_bits;
+    std::memcpy(&y_bits, &y, 4);
+    std::memcpy(&w_bits, &w, 4);
+    std::memcpy(&goldberg_bits, &goldberg, 4);
+    const uint32_t one = 0u - uint32_t(y_bits == 0x3f800000u);  // all ones where y rounds to 1
+    const uint32_t exponential_bits = (w_bits & one) | (goldberg_bits & ~one);
+    float exponential;
+    std::memcpy(&exponential, &exponential_bits, 4);
     out[j] = -log_positive(exponential);
   }
 }
