@@ -17,7 +17,9 @@
 // noise spans [-2.8, 22.9]: a token whose noise would lie above 22.9 (probability e^-22.9 ~ 1e-10
 // per token) gets 22.9; below -2.8 cannot win. The logarithm is a polynomial the compiler
 // vectorises (log_positive: ~2 ulp), since std::log is a call per element (the loop must stay
-// branch-free for the same reason: 16 tokens per instruction instead of one).
+// free of floating-point compares and selects, which GCC vectorises only without
+// -ftrapping-math): 0.26 ms for 49,152 tokens on one loaded core of the 2-core Xeon, 14x less
+// than the scalar loop. "Below -2.8 cannot win": k is capped at 2^32 - 256 (w <= 1 - 2^-24).
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
