@@ -15,7 +15,9 @@ found exactly without computing every logit exactly:
 The returned row holds the float32 logit at every candidate and the approximate value
 elsewhere, which is strictly below the exact maximum: its argmax (first index among equal
 maxima included) is the argmax of the float32 logits. Nothing else may be read from it, so
-sampling, which needs every logit, uses the plain float32 product (`forward`). A candidate's
+sampling from full probabilities (top-k, top-p, processors) uses the plain float32 product
+(`forward`); plain-temperature sampling draws through the same screen (`sample_tokens`, the
+Gumbel-max trick: engine/gumbel.py). A candidate's
 float32 logit is its own dot product; a matmul over all rows may round it differently in the
 last bit (as matmuls over different row counts already do), which can only matter at a tie
 within ~1e-6.
@@ -42,6 +44,7 @@ Usage:
     layer = ScreenedOutputLayer(model.lm_head, rows=model.embed_tokens.weight)
     logits = layer(hidden)                  # [..., V] exact float32 (sampling)
     argmax_ok = layer.greedy_logits(hidden)  # [..., V] whose argmax is exact (greedy)
+    tokens = layer.sample_tokens(hidden, inverse_temperatures, keys)  # [R] exact samples
 """
 
 from __future__ import annotations
@@ -150,6 +153,21 @@ class ScreenedOutputLayer(nn.Module):
         exact = (flat[rows] * candidates).sum(dim=1)  # [P], row by row
         approx[rows, columns] = exact
         return approx.reshape(*shape[:-1], self.out_features)
+
+    def sample_tokens(self, x: Tensor, inverse_temperatures: Tensor, keys: Tensor) -> Tensor:
+        """One exact sample of softmax(logits / T) per row of x [R, H] -> [R] int64, by the
+        Gumbel-max trick over the screen (engine/gumbel.py, csrc/gumbel_screen.cpp):
+        inverse_temperatures [R] float32 (1/T), keys [R] int64 (each row's noise)."""
+        flat = x.reshape(-1, x.shape[-1]).float()  # [R, H]
+        lean = self.row_source is not None and not self.row_source.has_table
+        if not self.int8dot or lean:  # PyTorch's screen or a lean row source: the full product
+            from eyas.engine.gumbel import gumbel_argmax
+
+            return gumbel_argmax(self(flat), inverse_temperatures, keys)
+        tokens, _ = torch.ops.eyas.int8_screen_gumbel(flat, self.packed, self.scale_float, self.code_sums,
+                                                      self.weight_error, self.approx_norm, self.full_weight(),
+                                                      inverse_temperatures.float(), keys)
+        return tokens
 
     def screen(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """x [R, H] float32 -> (approximate logits, bound on their error) [R, V] each."""

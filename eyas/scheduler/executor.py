@@ -32,10 +32,11 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from eyas.engine.gumbel import draws_by_screen, inverse_temperature, new_noise_base, noise_key, sample_rows
 from eyas.engine.logits_process import NEAR_TIE, process_tree_rows
 from eyas.engine.logprobs import token_logprobs
 from eyas.engine.sampling import next_tokens, target_probs
-from eyas.engine.speculative.acceptance import accept_greedy, accept_sampling
+from eyas.engine.speculative.acceptance import accept_drawn, accept_greedy, accept_sampling
 from eyas.engine.speculative.draft import DraftTree
 from eyas.engine.speculative.prune import prune_draft
 from eyas.engine.speculative.tree import node_depths
@@ -223,9 +224,15 @@ class StepExecutor:
         # A screening output layer gives each row's argmax exactly, whichever rows share the
         # pass (models/output_layer.py); otherwise near-ties of greedy rows are settled alone.
         # Rows whose every logit is read (processors, logprobs) get the full product.
-        screened = all(r.params.greedy for r in decode) and hasattr(model.lm_head, "greedy_logits")
-        logits = model.output_logits(hidden, greedy=screened)  # [N, V]
-        full = [r for r in decode if r.needs_full_logits] if screened else decode
+        # Plain-temperature rows draw their tokens through the screen too (engine/gumbel.py);
+        # their logits are not read.
+        drawn = [r for r in decode if r.noise_base is not None and trees[r.row].draft_probs is None]
+        others = [r for r in decode if all(r is not d for d in drawn)]
+        screened = all(r.params.greedy for r in others) and hasattr(model.lm_head, "greedy_logits")
+        logits = (model.output_logits(hidden, greedy=screened) if others
+                  else hidden.new_empty(hidden.shape[0], 0))  # [N, V]
+        draws = self._draw(drawn, trees, batch.offsets, hidden, start)
+        full = [r for r in others if r.needs_full_logits] if screened else others
         if screened and full:
             index = torch.cat([torch.arange(batch.offsets[r.row - start],
                                             batch.offsets[r.row - start] + inputs[r.row - start].size)
@@ -249,12 +256,34 @@ class StepExecutor:
             taps = output.taps[local : local + 1, :size] if output.taps is not None else None
             row_output = ForwardOutput(logits=row_logits[None], hidden=output.hidden[local : local + 1, :size],
                                        taps=taps)
-            self._accept(request, trees[row], row_output, row in asked, result)
+            self._accept(request, trees[row], row_output, row in asked, result, draws.get(row))
+
+    def _draw(self, drawn: list[Request], trees: dict[int, DraftTree], offsets: list[int], hidden: Tensor,
+              first_row: int) -> dict[int, list[int]]:
+        """The Gumbel draws of `drawn`'s rows (engine/gumbel.py) in one call: for each request
+        (by KV row), one token per tree position, each with its output position's noise."""
+        if not drawn:
+            return {}
+        index, scales, keys = [], [], []
+        for request in drawn:
+            start = offsets[request.row - first_row]
+            depths = [0] + node_depths(trees[request.row])  # the root row, then each node
+            index += range(start, start + len(depths))
+            scales += [inverse_temperature(request.params.temperature)] * len(depths)
+            keys += [noise_key(request.noise_base, request.num_output + depth) for depth in depths]
+        tokens = sample_rows(self.target.model.lm_head, hidden[torch.tensor(index)],
+                             torch.tensor(scales, dtype=torch.float32), torch.tensor(keys)).tolist()
+        draws, at = {}, 0
+        for request in drawn:
+            size = trees[request.row].size + 1
+            draws[request.row], at = tokens[at : at + size], at + size
+        return draws
 
     def _accept(self, request: Request, tree: DraftTree, row_output: ForwardOutput, asked: bool,
-                result: StepResult) -> None:
+                result: StepResult, draws: list[int] | None = None) -> None:
         """One row after the pass: verify its draft, draw its next token, compact its KV row,
-        append at token level, let its proposer read the pass."""
+        append at token level, let its proposer read the pass. `draws`: the row's Gumbel draws
+        (plain-temperature rows: their logits are not read)."""
         row_logits = row_output.logits[0]  # [N_row, V]
         stage = "verify"
         try:
@@ -266,10 +295,13 @@ class StepExecutor:
                              if request.params.greedy else None)
                 row_logits = process_tree_rows(row_logits, request.logits_processors,
                                                request.output_ids, tree, recompute)
-            probs = None if request.params.greedy else target_probs(row_logits, request.params)
+            sampled = not request.params.greedy and draws is None  # from full probabilities
+            probs = target_probs(row_logits, request.params) if sampled else None
             stage = "sample"
             self.faults.check(request, "sample")
-            if probs is None:
+            if draws is not None:
+                verdict = accept_drawn(tree, draws)
+            elif probs is None:
                 verdict = accept_greedy(tree, row_logits)
             else:
                 verdict = accept_sampling(tree, probs, request.generator)
@@ -423,6 +455,8 @@ class StepExecutor:
         the target's taps gets those of the reused prefix (slots [0, context_length))."""
         request.prefill_started = True
         request.generator = request.params.generator(self.target.device)
+        if draws_by_screen(request.params, request.needs_full_logits):
+            request.noise_base = new_noise_base(request.generator)
         if self.prefix_caching:
             stats.prefix_cache_queries += request.prompt_len
             stats.prefix_cache_hits += request.context_length

@@ -90,6 +90,7 @@ class Request:
     prefill_started: bool = False  # its first prefill chunk ran (sampler and proposer set up)
     prefix_hit: int = 0  # prompt tokens whose keys and values were reused (prefix cache)
     generator: torch.Generator | None = None
+    noise_base: int | None = None  # Gumbel draws through the screen: their noise (engine/gumbel.py)
     acceptance: AcceptanceEstimate = field(default_factory=AcceptanceEstimate)
     shadow: ShadowDraft = field(default_factory=ShadowDraft)  # unverified draft (plain steps)
     proposed_through: int = 0  # len(token_ids) when the proposer was last asked

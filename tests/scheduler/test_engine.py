@@ -67,6 +67,9 @@ def test_per_request_parameters_in_one_batch(tiny_target, plain):
         (base[1], SamplingParams(max_tokens=24, stop=[stop_text], ignore_eos=True)),
         (base[2], SamplingParams(max_tokens=12, temperature=0.8, top_p=0.9, seed=7, ignore_eos=True)),
         (base[8], SamplingParams(max_tokens=24, ignore_eos=True)),
+        # plain temperature: Gumbel draws through the screen, one noise per output position,
+        # so its tokens equal decoding alone with or without drafts (engine/gumbel.py)
+        (base[3], SamplingParams(max_tokens=16, temperature=1.0, seed=3, ignore_eos=True)),
     ]
     served = engine(tiny_target, "ngram")
     try:
@@ -75,7 +78,8 @@ def test_per_request_parameters_in_one_batch(tiny_target, plain):
         served.shutdown()
     for (prompt, params), (tokens, text, final) in zip(jobs, results):
         alone = generate(tiny_target, prompt, params)  # sampling: same seed, same draws
-        if params.greedy or final.speculative["draft_tokens"] == 0:
+        drawn = params.temperature > 0 and params.top_p == 1.0
+        if params.greedy or drawn or final.speculative["draft_tokens"] == 0:
             assert tokens == alone.token_ids and text == alone.text
         assert final.finish_reason == alone.finish_reason
     assert results[1][2].finish_reason == "stop" and stop_text not in results[1][1]

@@ -75,3 +75,30 @@ def test_the_goodness_of_fit_check_rejects_a_wrong_distribution():
     for index in right.tolist():
         counts[seqs[index]] = counts.get(seqs[index], 0) + 1
     assert goodness_of_fit(counts, dict(zip(seqs, true.tolist())))[0] > P_VALUE
+
+
+@pytest.mark.slow  # 8 sampled answers plain and speculative on the real model: ~1 minute on 2 cores
+@pytest.mark.parametrize("temperature", [0.7, 1.0])
+def test_seeded_plain_temperature_answers_are_the_same_with_the_shipped_head(smollm_int4_target,
+                                                                             mtbench_prompt_ids, temperature):
+    """Plain-temperature rows draw each position's token through the screen with that position's
+    noise (engine/gumbel.py), in plain steps and at tree nodes alike; the int4 target's fused
+    layers give every position the same logits in any pass, so a seeded answer is the same
+    token for token with the EAGLE-3 head (+ the n-gram graft) drafting."""
+    from eyas.engine import gumbel
+    from eyas.engine.generate import generate
+    from eyas.engine.speculative.decode import speculative_generate
+    from eyas.engine.speculative.methods import build_proposer
+    from eyas.engine.speculative.policy import PolicyConfig
+
+    target = smollm_int4_target
+    assert gumbel.available() and hasattr(target.model.lm_head, "sample_tokens")
+    accepted = 0
+    for seed, prompt in enumerate(mtbench_prompt_ids[:4]):
+        params = SamplingParams(max_tokens=32, temperature=temperature, seed=seed, ignore_eos=True)
+        plain = generate(target, prompt, params).token_ids
+        proposer = build_proposer("eagle3:smollm2-135m+ngram", target, tree="3,2,4")
+        spec = speculative_generate(target, prompt, params, proposer, 8, policy=PolicyConfig(enabled=False))
+        assert spec.token_ids == plain
+        accepted += spec.stats["speculative"]["accepted_tokens"]
+    assert accepted > 4 * 32 // 4  # a trained head's drafts are accepted at these temperatures

@@ -7,6 +7,11 @@
 - Deterministic drafts (n-gram, argmax, top-k tree children) are point masses: at each node,
   visit children in order, accept child c with probability p(c) under the current p; on
   rejection set p(c) = 0 and renormalise; if no child is accepted, sample from what is left.
+- Deterministic drafts with a draw per node (plain-temperature rows, engine/gumbel.py): draw
+  x ~ p at the node; accept the child whose token is x, else x is the recovered (or, at a leaf,
+  the bonus) token. Child c is accepted with probability p(c), as above, and the token emitted
+  after rejecting every child follows p restricted to the other tokens: the same output
+  distribution, with one draw per position.
 """
 
 from __future__ import annotations
@@ -21,7 +26,19 @@ from eyas.engine.speculative.tree import children_of
 
 def accept_greedy(tree: DraftTree, target_logits: Tensor) -> VerifyResult:
     """target_logits [N+1, V]: row 0 predicts the root's child, row i node i's child."""
-    choices = argmax_rows(target_logits).tolist()  # [N+1]
+    return _follow(tree, argmax_rows(target_logits).tolist())
+
+
+def accept_drawn(tree: DraftTree, draws: list[int]) -> VerifyResult:
+    """draws [N+1]: a sample of the target's distribution at row 0 (the root) and at each node,
+    each drawn with the noise of the output position it would fill (engine/gumbel.py)."""
+    assert tree.draft_probs is None, "drafts with draft probabilities take the p/q rule"
+    return _follow(tree, draws)
+
+
+def _follow(tree: DraftTree, choices: list[int]) -> VerifyResult:
+    """From the root, accept the child whose token is the node's choice; the first node
+    without one emits its choice (a bonus token at a leaf, a recovered one otherwise)."""
     children = children_of(tree)
     tokens = tree.tokens.tolist()
     node, path = 0, []

@@ -399,6 +399,8 @@ Checked check(const at::Tensor& x_in, const at::Tensor& packed, const at::Tensor
   return c;
 }
 
+}  // namespace
+
 // A candidate's logit x . w in float64, rounded once to float32: the float32 logit up to its last
 // bit. 32 partial sums (lanes i mod 32: four 512-bit or eight 256-bit registers of float64 once
 // the compiler vectorises them), then one fixed order of additions: the same bits whatever the
@@ -414,8 +416,6 @@ float exact_logit(const float* x, const float* w, int64_t hidden) {
     for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
   return float(lanes[0]);
 }
-
-}  // namespace
 
 std::tuple<at::Tensor, at::Tensor> int8_screen(const at::Tensor& x_in, const at::Tensor& packed,
                                                const at::Tensor& scale_in, const at::Tensor& sums_in,

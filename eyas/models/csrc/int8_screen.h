@@ -37,6 +37,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_screen_candidates(
     const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, const at::Tensor& sums,
     const at::Tensor& weight_error, const at::Tensor& approx_norm);
 
+// A candidate's float32 logit x . w (x, w: `hidden` floats), accumulated in float64 in a fixed order
+// and rounded once: what int8_screen_greedy and the Gumbel sampler (gumbel_screen.cpp) re-check.
+float exact_logit(const float* x, const float* w, int64_t hidden);
+
 // The screen's activation arithmetic: 8 bits (one integer pass, the default) or 14 bits (two
 // passes, a tighter bound: fewer candidates). The argmax is exact with either.
 int screen_activation_bits();
