@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "int8_screen.h"
+#include "worker_pool.h"
 
 namespace eyas {
 namespace {
@@ -101,7 +102,7 @@ at::Tensor gumbel_noise(const at::Tensor& keys_in, int64_t vocab) {
   at::Tensor noise = at::empty({rows, vocab}, at::kFloat);
   const int64_t* kp = keys.data_ptr<int64_t>();
   float* np = noise.data_ptr<float>();
-  at::parallel_for(0, rows * chunks, 1, [&](int64_t begin, int64_t end) {
+  eyas::pool_for(0, rows * chunks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t task = begin; task < end; ++task) {
       const int64_t r = task / chunks, c = task % chunks;
       fill_noise(mix64(uint64_t(kp[r])), c * kChunk, std::min(vocab, (c + 1) * kChunk), np + r * vocab);
@@ -133,7 +134,7 @@ std::tuple<at::Tensor, at::Tensor> int8_screen_gumbel(
   const float* bp = bound.data_ptr<float>();
   const float* tp = inverse_temperature.data_ptr<float>();
   const int64_t* kp = keys.data_ptr<int64_t>();
-  at::parallel_for(0, rows * chunks, 1, [&](int64_t begin, int64_t end) {
+  eyas::pool_for(0, rows * chunks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t task = begin; task < end; ++task) {
       const int64_t r = task / chunks, c = task % chunks;
       const int64_t lo = c * kChunk, hi = std::min(vocab, lo + kChunk);
@@ -152,7 +153,7 @@ std::tuple<at::Tensor, at::Tensor> int8_screen_gumbel(
   const float* wp = weight.data_ptr<float>();
   int64_t* out = tokens.data_ptr<int64_t>();
   int64_t* counted = candidates.data_ptr<int64_t>();
-  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+  eyas::pool_for(0, rows, 1, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const float* lower = chunk_lower.data() + r * chunks;
       const float best_lower = *std::max_element(lower, lower + chunks);
