@@ -54,9 +54,10 @@ log = logging.getLogger("eyas.engine")
 @dataclass
 class StepStats:
     decode_rows: int = 0  # requests decoded in the step's passes
-    passes: int = 0  # target passes over decoding rows (runs of rows, draft_plan.py)
-    span: int = 0  # rows up to the last one decoded (idle rows included)
-    tokens_per_row: int = 0  # T of the longest pass
+    passes: int = 0  # target passes over decoding rows (one; more where a failed pass is redone)
+    queries: int = 0  # rows of the decode pass: every request's root and draft tokens, no padding
+    span: int = 0  # KV rows up to the last one decoded
+    tokens_per_row: int = 0  # the most queries of one request (1 + its draft tokens)
     planned_draft_tokens: int = 0  # the most draft tokens the scheduler gave a request
     drafts: int = 0  # rows that verified a non-empty draft
     draft_tokens: int = 0  # draft tokens verified
@@ -230,6 +231,7 @@ class StepExecutor:
         stats.forward_seconds += forward_seconds
         stats.decode_rows += len(decode)
         stats.passes += 1
+        stats.queries += queries
         stats.span = max(stats.span, max(r.row for r in decode) + 1)
         stats.tokens_per_row = max(stats.tokens_per_row, max(item.size for item in inputs))
         if self.costs is not None:
