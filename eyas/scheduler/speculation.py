@@ -270,17 +270,6 @@ class StepCostModel:
             for tokens in range(1, self.max_tokens_per_row + 1):
                 self.table[(grid_batch, tokens)] *= ratio
 
-    def observe(self, batch: int, tokens_per_row: int, seconds: float) -> None:
-        """Pull the cells around (B, T) toward a measured step time."""
-        tokens = min(max(tokens_per_row, 1), self.max_tokens_per_row)
-        predicted = self.cost(batch, tokens)
-        if predicted <= 0 or seconds <= 0:
-            return
-        ratio = 1.0 + self.smoothing * (seconds / predicted - 1.0)
-        lower, upper, _ = self._neighbours(batch)
-        for grid_batch in {lower, upper}:
-            self.table[(grid_batch, tokens)] *= ratio
-
     @classmethod
     def measure(cls, target: Target, batch_sizes: Sequence[int], max_tokens_per_row: int,
                 context: int = 64, rounds: int = 3) -> StepCostModel:

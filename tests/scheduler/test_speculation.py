@@ -69,8 +69,8 @@ def test_cost_model_interpolates_and_follows_measurements():
     assert costs.cost(3, 2) == pytest.approx((costs.cost(2, 2) + costs.cost(4, 2)) / 2)
     assert costs.cost(32, 1) == pytest.approx(costs.cost(16, 1) * 2)  # beyond the grid
     before = costs.cost(4, 3)
-    for _ in range(50):
-        costs.observe(4, 3, 2 * before)
+    for _ in range(50):  # ragged passes of 4 requests, 12 queries: what c(4, 3) prices
+        costs.observe_ragged(4, 12, 2 * before)
     assert costs.cost(4, 3) == pytest.approx(2 * before, rel=0.05)
 
 
