@@ -3,19 +3,23 @@
     python scripts/ab-ragged-pass.py [SEQUENCES] [DRAFTING] [DRAFT_TOKENS] [CONTEXT]
     # default: 16 sequences, 3 of them drafting a chain of 8 tokens, ~200 cached tokens each
 
-The step: SEQUENCES requests decoding, DRAFTING of them verifying DRAFT_TOKENS draft tokens,
-the others plain. Padded, the pass is SEQUENCES x (1 + DRAFT_TOKENS) rows (batch.py
-build_decode_batch); ragged, SEQUENCES + DRAFTING x DRAFT_TOKENS rows (build_ragged_batch).
-The plain step (SEQUENCES rows of one token) runs too, as the reference. The three alternate,
+The step: SEQUENCES requests decoding, DRAFTING of them (spread over the rows) verifying
+DRAFT_TOKENS draft tokens, the others plain. Padded, the pass is SEQUENCES x (1 + DRAFT_TOKENS)
+rows (batch.py build_decode_batch); split, one dense pass per run of neighbouring rows of one
+length (no padding, several passes); ragged, one pass of SEQUENCES + DRAFTING x DRAFT_TOKENS
+rows (build_ragged_batch). The plain step (SEQUENCES rows of one token) runs too, as the
+reference. They alternate,
 each timed on the process's CPU clock and on the wall clock (the output layer included, as
 the serving step runs it); prints the medians in milliseconds.
 """
 
 from __future__ import annotations
 
+import copy
 import statistics
 import sys
 import time
+from dataclasses import replace
 
 import torch
 
@@ -43,29 +47,42 @@ def main(sequences: int = 16, drafting: int = 3, draft_tokens: int = 8, context:
             tree = (DraftTree.chain(torch.randint(0, vocab, (draft_tokens,), generator=generator).tolist())
                     if row in drafted else DraftTree.empty())
             inputs.append(RowInput(row, length, int(torch.randint(0, vocab, (1,), generator=generator)), tree))
+    runs: list[list[RowInput]] = []  # neighbouring rows of one length
+    for item in inputs:
+        if runs and runs[-1][-1].size == item.size:
+            runs[-1].append(item)
+        else:
+            runs.append([item])
+    split = [(run[0].row, build_decode_batch([replace(i, row=i.row - run[0].row) for i in run])) for run in runs]
     shapes = {
-        "plain": build_decode_batch([RowInput(i.row, i.context_length, i.root) for i in inputs]),
-        "padded": build_decode_batch(inputs),
-        "ragged": build_ragged_batch(inputs),
+        "plain": [(0, build_decode_batch([RowInput(i.row, i.context_length, i.root) for i in inputs]))],
+        "padded": [(0, build_decode_batch(inputs))],
+        "split": split,
+        "ragged": [(0, build_ragged_batch(inputs))],
     }
-    rows = {name: batch.input_ids.numel() for name, batch in shapes.items()}
+    rows = {name: sum(batch.input_ids.numel() for _, batch in passes) for name, passes in shapes.items()}
     cpu: dict[str, list[float]] = {name: [] for name in shapes}
     wall: dict[str, list[float]] = {name: [] for name in shapes}
     with torch.inference_mode():
         for round_index in range(repeats + 1):  # round 0 warms up
-            for name, batch in shapes.items():
+            for name, passes in shapes.items():
                 cpu_started, wall_started = time.process_time(), time.perf_counter()
-                out = model(batch.input_ids, batch.positions, cache=cache, kv_len=batch.kv_len,
-                            **batch.pass_arguments(), logits_at=None)
-                model.output_logits(out.hidden.reshape(-1, out.hidden.shape[-1]), greedy=True)
+                for first, batch in passes:
+                    view = copy.copy(cache)  # rows first.. (a pool's view)
+                    view.keys, view.values = cache.keys[:, first:], cache.values[:, first:]
+                    out = model(batch.input_ids, batch.positions, cache=view, kv_len=batch.kv_len,
+                                **batch.pass_arguments(), logits_at=None)
+                    model.output_logits(out.hidden.reshape(-1, out.hidden.shape[-1]), greedy=True)
                 if round_index:
                     cpu[name].append(time.process_time() - cpu_started)
                     wall[name].append(time.perf_counter() - wall_started)
     print(f"{sequences} sequences, {drafting} drafting {draft_tokens} tokens, contexts {min(contexts)}-{max(contexts)},"
           f" {torch.get_num_threads()} threads, {repeats} rounds alternating")
     for name in shapes:
-        print(f"{name:7s} {rows[name]:4d} rows  CPU {1000 * statistics.median(cpu[name]):7.2f} ms"
+        print(f"{name:7s} {len(shapes[name]):2d} passes {rows[name]:4d} rows  CPU {1000 * statistics.median(cpu[name]):7.2f} ms"
               f"  wall {1000 * statistics.median(wall[name]):7.2f} ms")
+    print(f"split / ragged: CPU {statistics.median(cpu['split']) / statistics.median(cpu['ragged']):.2f}x,"
+          f" wall {statistics.median(wall['split']) / statistics.median(wall['ragged']):.2f}x")
     print(f"padded / ragged: CPU {statistics.median(cpu['padded']) / statistics.median(cpu['ragged']):.2f}x,"
           f" wall {statistics.median(wall['padded']) / statistics.median(wall['ragged']):.2f}x")
 

@@ -9,7 +9,7 @@ drafts are accepted (a regenerated answer, a re-sent transcript) with requests w
 are not (a new question) lets the first draft while the others stay plain:
 
     rows 0-5: 4 draft tokens each (accepted)    rows 6-15: none
-    cost c(16, 1) + 24 queries                  instead of c(16, 1) + 64 padded ones
+    one pass of 16 + 24 queries                 instead of 16 x 5, padded
 
 The plan. Row i drafting n_i tokens emits E_i(n_i) tokens on average and costs D_i(n_i) of
 drafting (speculation.AcceptanceEstimate.price; E_i(0) = 1, D_i(0) = 0). With B decoding rows,
