@@ -211,11 +211,11 @@ def profile_pass(target, rows: int, context: int, repeats: int, clock: str = "wa
     """Median seconds of each part of a greedy pass over `rows` tokens after `context` cached,
     on `clock` ("wall", or "cpu": this thread's CPU time)."""
     from eyas.engine.generate import new_cache
-    from eyas.engine.speculative.sizing import verify_pass
+    from eyas.engine.speculative.sizing import prefill_context, verify_pass
 
     model = target.model
     cache = new_cache(target, 1, context + rows + 1)
-    model(torch.zeros(1, context, dtype=torch.long), cache=cache, write_at=0, logits_at=None)
+    prefill_context(target, cache, context)
     step = verify_pass(target, cache, context, rows)
     fused = model.fused_layers() is not None
     # 1. The whole pass, as `bench costs` times it: no timer anywhere.

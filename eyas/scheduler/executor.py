@@ -420,7 +420,8 @@ class StepExecutor:
         if request.proposer is None:
             return
         if self.single_stream and hasattr(request.proposer, "single_stream"):
-            request.proposer.single_stream(self.target)  # priced n-grams, EAGLE-3 probes
+            fallback = request.timing is None or request.timing.config.enabled
+            request.proposer.single_stream(self.target, fallback)  # priced n-grams and chains, EAGLE-3 probes
         request.proposer.begin(self.target, request.prompt_ids, request.params)
         reused = request.context_length
         if reused and self.tap_layers:

@@ -145,3 +145,38 @@ def test_a_draft_priced_out_by_a_busy_moment_is_probed_again():
     pricing.measured("draft", 1.5, 0.3)  # one draft pass measured at 1.5 target passes
     assert not pricing.could_pay(4)
     assert [pricing.length(4) for _ in range(17)] == [0] * 16 + [4]
+
+
+def test_the_target_as_its_own_draft_is_priced_out_only_with_the_fallback_on(tiny_target):
+    """`self` (and `layerskip`) are priced like a draft model: a draft pass as dear as a
+    target pass never pays, so with the never-slower fallback on nothing is drafted; with it
+    off (`eyas eval`'s default) every step drafts, so the method itself is measured."""
+    from eyas.engine.speculative.methods import build_proposer
+    from eyas.engine.speculative.policy import PolicyConfig
+
+    params = SamplingParams(max_tokens=16, ignore_eos=True)
+    plain = generate(tiny_target, PROMPT, params).token_ids
+    proposer = build_proposer("self", tiny_target)
+    assert proposer.priced
+    proposer.pricing = FrozenPricing(TARGET, draft_pass=1.0)  # its measured price, without the noise
+    priced = speculative_generate(tiny_target, PROMPT, params, proposer, 4)
+    assert priced.token_ids == plain
+    assert priced.stats["speculative"]["verification_steps"] == 0
+    always = speculative_generate(tiny_target, PROMPT, params, proposer, 4, policy=PolicyConfig(enabled=False))
+    assert proposer.pricing is None
+    assert always.token_ids == plain
+    assert always.stats["speculative"]["accepted_tokens"] == always.stats["speculative"]["draft_tokens"] > 0
+
+
+def test_a_skipping_draft_is_first_priced_by_the_layers_it_runs(tmp_path, smollm_tokenizer):
+    from eyas.engine.speculative.methods import build_proposer
+    from eyas.engine.speculative.sizing import load_or_measure
+    from eyas.engine.target import load_target
+
+    target = load_target(str(build_tiny_model(tmp_path, smollm_tokenizer, num_hidden_layers=4)), dtype="float32")
+    proposer = build_proposer("layerskip:1", target)
+    proposer.single_stream(target)
+    full = load_or_measure(target, sizes=(1, 2)).verify(1)
+    assert proposer.pricing.draft_pass == pytest.approx(full * 3 / 4)
+    proposer.single_stream(target, fallback=False)
+    assert proposer.pricing is None

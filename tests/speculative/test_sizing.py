@@ -61,3 +61,25 @@ def test_rank_stats_move_from_the_prior_towards_the_data():
     probability = stats.probabilities[0]
     assert 0.8 < probability < 0.9  # (5.5 + 90) / 110
     assert probability == pytest.approx((0.55 * 10 + 90) / 110)
+
+
+def test_timed_passes_read_text_so_the_screen_leaves_decodings_few_candidates(smollm_int4_target):
+    """The cost curve times passes over sample text: the output screen then re-checks about one
+    candidate a row, as in decoding; over one repeated id it re-checked ~180 a row (SmolLM2)."""
+    import torch
+
+    from eyas.engine.generate import new_cache
+    from eyas.engine.speculative.sizing import prefill_context, sample_tokens
+
+    target = smollm_int4_target
+    ids = sample_tokens(target, 300)
+    assert ids.shape == (1, 300) and len(set(ids[0].tolist())) > 50  # text, not one id
+    assert target.tokenizer.decode(ids[0, :6].tolist()).startswith("The river rose")
+    lm = target.model.lm_head
+    cache = new_cache(target, 1, 300)
+    with torch.inference_mode():
+        prefill_context(target, cache, 256)
+        hidden = target.model(ids[:, 256:288], cache=cache, write_at=256, logits_at=None).hidden[0]
+        approx, bound = lm.screen(hidden.float().contiguous())  # [32, V] each
+    candidates = ((approx + bound) >= (approx - bound).amax(dim=1, keepdim=True)).sum(dim=1)
+    assert int(candidates.median()) <= 2 and int(candidates.max()) <= 16

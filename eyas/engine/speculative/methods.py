@@ -69,7 +69,7 @@ def _model(target: Target, option: str, tree: str | None) -> Proposer:
 def _self(target: Target, option: str, tree: str | None) -> Proposer:
     from eyas.engine.speculative.proposers.draft_model import DraftModelProposer
 
-    return DraftModelProposer(target, name="self")
+    return DraftModelProposer(target, name="self", priced=True)  # never pays: plain, with the fallback on
 
 
 def _eagle3(target: Target, option: str, tree: str | None) -> Proposer:

@@ -6,8 +6,8 @@ The draft model keeps its own KV cache. It drafts a chain of k tokens autoregres
 and top-p, with those probabilities handed to the verifier). After verification its cache is
 rolled back to the longest prefix that is still valid: nothing is recomputed.
 
-Priced (`priced=True`, what `--draft model:` builds): in single-stream decoding
-(`single_stream`) the chain's length is chosen each step from measured costs and observed
+Priced (`priced=True`, what `--draft model:`, `layerskip` and `self` build): in single-stream
+decoding with the never-slower fallback on (`single_stream`) the chain's length is chosen each step from measured costs and observed
 acceptance (chain_pricing.py), 0 (a plain step, no draft pass) where no chain pays, so that a
 pair that cannot pay decodes at plain speed; the draft reads the prompt while the target
 prefills it (`begin`), so that the first speculative step is not charged for it.
@@ -80,14 +80,21 @@ class DraftModelProposer:
         self.after_prefill = False  # the next step follows the prefill: not a price
         self.vocabulary = DraftVocabulary.build(draft, vocabulary_size) if vocabulary_size > 0 else None
 
-    def single_stream(self, target: Target) -> None:
+    def single_stream(self, target: Target, fallback: bool = True) -> None:
         """Decoding one request (speculative_generate): a priced proposer gets the measured
         costs of the target's passes and of the draft's (cached per machine; the serving
-        engine never calls this)."""
-        if self.priced and self.pricing is None:
+        engine never calls this). Pricing is part of the never-slower rule: with `fallback`
+        off (`eyas eval` by default, PolicyConfig(enabled=False)) every step drafts the budget,
+        so that the method itself is measured."""
+        if not fallback:
+            self.pricing = None
+        elif self.priced and self.pricing is None:
             from eyas.engine.speculative.sizing import load_or_measure
 
             draft_pass = load_or_measure(self.draft, sizes=(1, 2)).verify(1)
+            if self.skip_layers:  # the layers that run, a first price that measured passes correct
+                layers = self.draft.config.num_hidden_layers
+                draft_pass *= (layers - len(self.skip_layers)) / layers
             self.pricing = ChainPricing(load_or_measure(target), draft_pass)
 
     def step_seconds(self, size: int, seconds: float) -> None:

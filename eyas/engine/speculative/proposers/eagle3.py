@@ -128,9 +128,10 @@ class Eagle3Proposer:
             self._measured_cost(target)
             self._resize()
 
-    def single_stream(self, target) -> None:
+    def single_stream(self, target, fallback: bool = True) -> None:
         """Decoding one request (speculative_generate): where no tree shape pays, draft a
-        one-token probe every 16th step only (the serving engine decides budgets itself)."""
+        one-token probe every 16th step only (the serving engine decides budgets itself;
+        sizing the tree is the method itself: `fallback` changes nothing here)."""
         if self.step_ratios is None:
             self.step_ratios = {}
 

@@ -30,11 +30,11 @@ class GraftedTree:
         self.grafted = 0  # nodes added to the main trees (statistics)
 
     # -- delegated to the main proposer -------------------------------------------------------
-    def single_stream(self, target) -> None:
+    def single_stream(self, target, fallback: bool = True) -> None:
         """Decoding one request: where the main proposer drafts nothing, the grafted nodes
         alone may also lose to a plain step (the serving engine decides budgets itself)."""
         if hasattr(self.main, "single_stream"):
-            self.main.single_stream(target)
+            self.main.single_stream(target, fallback)
         self.plain_allowed = True
 
     def step_seconds(self, size: int, seconds: float) -> None:

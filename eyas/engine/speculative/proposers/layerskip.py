@@ -17,6 +17,9 @@ token at a time, with a KV cache of its own that holds only the layers that run.
 rejection, the next step finds the longest prefix of that cache that is still valid (by token
 ids) and writes from there: the keys of rejected drafts are overwritten before anything reads
 them. Verification is the target's usual full pass, so the output is exactly the target's.
+In single-stream decoding with the fallback on, the chain is priced like a draft model's
+(chain_pricing.py: the skipping draft's measured pass against the target's): a skip set whose
+draft costs nearly a target pass decodes at plain speed instead of losing to it.
 """
 
 from __future__ import annotations
@@ -96,7 +99,7 @@ class LayerSkipProposer(DraftModelProposer):
                  calibration: dict | None = None) -> None:
         super().__init__(target, name="layerskip", slots=slots, skip_layers=config.skip_layers,
                          min_confidence=config.min_confidence,
-                         max_draft_tokens=config.max_draft_tokens)
+                         max_draft_tokens=config.max_draft_tokens, priced=True)
         self.config = config
         self.calibration = calibration  # what `auto` measured (reported in the stats)
 

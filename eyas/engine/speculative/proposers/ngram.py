@@ -129,9 +129,10 @@ class NgramProposer:
         """Measured verification costs (eyas.engine.speculative.sizing.CostModel)."""
         self.cost = cost
 
-    def single_stream(self, target) -> None:
+    def single_stream(self, target, fallback: bool = True) -> None:
         """Decoding one request (speculative_generate): a priced proposer not yet given costs
-        gets the target's measured ones (the serving engine never calls this)."""
+        gets the target's measured ones (the serving engine never calls this; cutting a match
+        is the method itself: `fallback` changes nothing here)."""
         if self.config.priced and self.cost is None:
             self.use_costs(load_or_measure(target))
 

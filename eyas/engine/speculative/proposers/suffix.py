@@ -115,8 +115,9 @@ class SuffixProposer:
     def use_costs(self, cost) -> None:
         self.cost = cost
 
-    def single_stream(self, target) -> None:
-        """Decoding one request: size trees from the target's measured verification costs."""
+    def single_stream(self, target, fallback: bool = True) -> None:
+        """Decoding one request: size trees from the target's measured verification costs
+        (sizing the tree is the method itself: `fallback` changes nothing here)."""
         if self.config.priced and self.cost is None:
             self.use_costs(load_or_measure(target))
 
