@@ -104,15 +104,17 @@ class FusedStack:
         return self.layers[index]
 
     def run(self, x: Tensor, cos: Tensor, sin: Tensor, cache, layers: list[int], slots: Tensor,
-            kv_len: int, mask: Tensor | None) -> Tensor:
+            kv_len: int, mask: Tensor | None, sequences: Tensor | None = None) -> Tensor:
         """x [N, H] float32 through `layers` (in order) -> [N, H]; cache a KVCache (float32,
-        float64 or float16), slots [B, T] int64 (N = B * T), cos/sin [N, D], mask
-        [B, T, kv_len] bool or None."""
+        float64 or float16), cos/sin [N, D]. Dense: slots [B, T] int64 (N = B * T, row
+        n = b * T + t in cache row b), mask [B, T, kv_len] bool or None. Ragged: `sequences`
+        [N] int64 (each row's cache row), slots [N], mask [N, kv_len]."""
         if not layers:
             return x
         storage = getattr(cache, "storage_index", None)
         where = layers if storage is None else [storage[index] for index in layers]
-        return self.native.run(x, cos, sin, cache.keys, cache.values, layers, where, slots, kv_len, mask)
+        return self.native.run(x, cos, sin, cache.keys, cache.values, layers, where, slots, kv_len, mask,
+                               sequences)
 
 
 def fused_layers(model: nn.Module) -> FusedStack | None:

@@ -82,6 +82,32 @@ class KVCache:
         self.values[:, target_row, :, :length] = self.values[:, source_row, :, :length]
 
 
+class RowsView:
+    """The rows of a `KVCache` named per batch element: element n of a pass reads and writes KV
+    row rows[n] (how the Python layers run a ragged pass: one query per element, each over its
+    own sequence's cache row). Reads gather copies; writes go to the cache's storage."""
+
+    def __init__(self, cache: KVCache, rows: Tensor) -> None:
+        self.cache = cache
+        self.rows = rows.long()  # [N]
+        self.keys = cache.keys  # [L, B, KV, S, D] (its dtype decides the model's path)
+        self.max_slots = cache.max_slots
+
+    def write(self, layer: int, slots: Tensor, k: Tensor, v: Tensor) -> None:
+        """Store k, v [N, KV, 1, D] at slots [N, 1] of each element's own row."""
+        keys, values = self.cache.layer_tensors(layer)  # [B, KV, S, D]
+        at = slots.reshape(-1)
+        if int(at.max()) >= self.max_slots:
+            raise IndexError(f"KV cache overflow: slot {int(at.max())} >= {self.max_slots} slots")
+        keys.transpose(1, 2)[self.rows, at] = k[:, :, 0].to(keys.dtype)
+        values.transpose(1, 2)[self.rows, at] = v[:, :, 0].to(values.dtype)
+
+    def read(self, layer: int, length: int) -> tuple[Tensor, Tensor]:
+        """Each element's row, slots [0, length): [N, KV, length, D] each (copies)."""
+        keys, values = self.cache.layer_tensors(layer)
+        return keys[self.rows, :, :length], values[self.rows, :, :length]
+
+
 class LayerSubsetKVCache(KVCache):
     """A `KVCache` that holds only some decoder layers (a layer-skip draft runs only those).
 

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from eyas.models import fused_cpu
 from eyas.models.config import ModelConfig
-from eyas.models.kv_cache import KVCache
+from eyas.models.kv_cache import KVCache, RowsView
 
 
 @dataclass
@@ -212,9 +212,23 @@ class Transformer(nn.Module):
         input_embeds: Tensor | None = None,  # [B, T, H] instead of input_ids
         skip_layers: Collection[int] = (),  # decoder layers (0-based) to leave out: layer-skip drafts
         greedy: bool = False,  # only each row's argmax will be read (see output_logits)
+        sequences: Tensor | None = None,  # [N]: a ragged pass (see below)
     ) -> ForwardOutput:
+        """A ragged pass gives `sequences` [N], the KV cache row of each query, with
+        input_ids, positions and write_at [1, N] and attn_mask [1, N, kv_len] (each query's
+        visible slots in its own cache row): queries of any number of sequences, each with its
+        own count, no padding. Its outputs are [1, N, ...] like a pass of one row."""
         x = self.embed_tokens(input_ids) if input_embeds is None else input_embeds  # [B, T, H]
         batch, length = x.shape[:2]
+        plan = self._fused(cache, x)
+        if sequences is not None:
+            if cache is None or positions is None or attn_mask is None or isinstance(write_at, int) \
+                    or kv_len is None or batch != 1:
+                raise ValueError("a ragged pass takes input_ids, positions and write_at [1, N], "
+                                 "attn_mask [1, N, kv_len], kv_len and a cache")
+            if not plan:  # the Python layers: one query per batch element
+                return self._ragged_python(x, positions, cache, write_at, attn_mask, kv_len, tap_layers,
+                                           logits_at, skip_layers, greedy, sequences)
         # 1. Positions, visible slots and the attention mask.
         if positions is None:
             start = write_at if isinstance(write_at, int) and cache is not None else 0
@@ -235,7 +249,6 @@ class Transformer(nn.Module):
         # 2. The decoder stack, collecting the taps on the way.
         taps: list[Tensor] = []
         wanted = set(tap_layers)
-        plan = self._fused(cache, x)
         if plan:  # int4 on a CPU: the fused stack (models/fused_cpu.py), rows flattened
             x = x.reshape(batch * length, -1).contiguous()
             cos, sin = cos.reshape(batch * length, -1), sin.reshape(batch * length, -1)
@@ -247,12 +260,12 @@ class Transformer(nn.Module):
             run: list[int] = []
             for index in range(len(self.layers)):
                 if index in wanted:
-                    x = plan.run(x, cos, sin, cache, run, slots, kv_len, attn_mask)
+                    x = plan.run(x, cos, sin, cache, run, slots, kv_len, attn_mask, sequences)
                     run = []
                     taps.append(x.view(batch, length, -1))
                 if index not in skip_layers:
                     run.append(index)
-            x = plan.run(x, cos, sin, cache, run, slots, kv_len, attn_mask).view(batch, length, -1)
+            x = plan.run(x, cos, sin, cache, run, slots, kv_len, attn_mask, sequences).view(batch, length, -1)
         else:
             for index, layer in enumerate(self.layers):
                 if index in wanted:
@@ -262,23 +275,39 @@ class Transformer(nn.Module):
         if len(self.layers) in wanted:
             taps.append(x)
         hidden = self.norm(x)
-        # 3. Output layer, only where asked (it is the widest matmul of a small model).
-        logits = None
-        if isinstance(logits_at, str):
-            if logits_at == "all":
-                logits = self.output_logits(hidden, greedy)
-            elif logits_at == "last":
-                logits = self.output_logits(hidden[:, -1:], greedy)
-            else:
-                raise ValueError(f"logits_at must be 'all', 'last', None or a tensor, not {logits_at!r}")
-        elif logits_at is not None:
-            logits = self.output_logits(hidden[:, logits_at], greedy)
         tap_tensor = None
         if tap_layers:
             order = sorted(wanted)
             by_layer = dict(zip(order, taps))
             tap_tensor = torch.cat([by_layer[k] for k in tap_layers], dim=-1)
-        return ForwardOutput(logits=logits, hidden=hidden, taps=tap_tensor)
+        return ForwardOutput(logits=self._logits_at(hidden, logits_at, greedy), hidden=hidden, taps=tap_tensor)
+
+    def _logits_at(self, hidden: Tensor, logits_at: Tensor | str | None, greedy: bool) -> Tensor | None:
+        """3. The output layer, only where asked (it is the widest matmul of a small model)."""
+        if isinstance(logits_at, str):
+            if logits_at == "all":
+                return self.output_logits(hidden, greedy)
+            if logits_at == "last":
+                return self.output_logits(hidden[:, -1:], greedy)
+            raise ValueError(f"logits_at must be 'all', 'last', None or a tensor, not {logits_at!r}")
+        if logits_at is not None:
+            return self.output_logits(hidden[:, logits_at], greedy)
+        return None
+
+    def _ragged_python(self, x: Tensor, positions: Tensor, cache: KVCache, write_at: Tensor,
+                       attn_mask: Tensor, kv_len: int, tap_layers: Sequence[int],
+                       logits_at: Tensor | str | None, skip_layers: Collection[int], greedy: bool,
+                       sequences: Tensor) -> ForwardOutput:
+        """A ragged pass (x [1, N, H]) through the Python layers: a dense pass of N elements of
+        one query each, element n reading and writing KV row sequences[n] (kv_cache.RowsView)."""
+        count = x.shape[1]
+        out = self.forward(None, positions.reshape(count, 1), cache=RowsView(cache, sequences),
+                           write_at=write_at.reshape(count, 1), attn_mask=attn_mask.reshape(count, 1, kv_len),
+                           kv_len=kv_len, tap_layers=tap_layers, logits_at=None,
+                           input_embeds=x.reshape(count, 1, -1), skip_layers=skip_layers)
+        hidden = out.hidden.reshape(1, count, -1)  # [1, N, H]
+        taps = out.taps.reshape(1, count, -1) if out.taps is not None else None
+        return ForwardOutput(logits=self._logits_at(hidden, logits_at, greedy), hidden=hidden, taps=taps)
 
     def fused_layers(self) -> fused_cpu.FusedStack | None:
         """The fused C++ layers of an int4 model on a CPU (models/fused_cpu.py), or None."""

@@ -1,6 +1,18 @@
-"""One target pass over every running request: [root + draft tree] per row, one row each.
+"""One target pass over every decoding request: [root + draft tree] of each.
 
-Row b of the pass is KV cache row b. Its queries are the root (the last emitted token) and the
+The serving step's pass is ragged (`build_ragged_batch`): the queries of every decoding request
+one after another, N = sum of (1 + draft nodes), no padding and no idle rows. Each query names
+its sequence (KV cache row), its slot there and its position; its mask row covers that
+sequence's cache only: the context slots [0, context) plus the tree mask over its own root and
+nodes, written at slots context, context + 1, ...
+
+    requests:  row 3  context 7, chain of 2      row 0  context 4, no draft (plain)
+    N = 4      sequences 3 3 3 0   positions 7 8 9 4   write slots 7 8 9 4
+
+The dense form (`build_decode_batch`, [B, T] padded to the longest tree) is what a pass of
+one request runs (single-stream decoding), and what the model tests compare against.
+
+Dense: row b of the pass is KV cache row b. Its queries are the root (the last emitted token) and the
 draft nodes, padded to the pass length T; they are written at slots context_b, context_b + 1,
 ... of that row. Each row's mask is its own block: columns [0, context_b) (the committed
 context) plus the tree mask over its own root and nodes; rows never see each other, since each
@@ -107,6 +119,54 @@ def build_decode_batch(inputs: list[RowInput], device: torch.device | str = "cpu
         query_rows=torch.tensor(query_rows, dtype=torch.long, device=device),
         query_cols=torch.tensor(query_cols, dtype=torch.long, device=device), offsets=offsets,
     )
+
+
+@dataclass
+class RaggedBatch:
+    input_ids: Tensor  # [1, N] long: every request's root, then its draft nodes
+    positions: Tensor  # [1, N] long
+    write_slots: Tensor  # [1, N] long: each query's slot in its own KV row
+    sequences: Tensor  # [N] long: each query's KV row
+    attn_mask: Tensor  # [1, N, S] bool, S = kv_len: the slots of its own KV row it may see
+    kv_len: int
+    offsets: list[int]  # per RowInput: where its queries start among the N
+
+    def pass_arguments(self) -> dict:
+        """write_at, attn_mask and sequences for the target's forward (a ragged pass)."""
+        return {"write_at": self.write_slots, "attn_mask": self.attn_mask, "sequences": self.sequences}
+
+
+def build_ragged_batch(inputs: list[RowInput], device: torch.device | str = "cpu") -> RaggedBatch:
+    """The ragged pass over `inputs` (decoding requests: root set, each KV row at most once, in
+    any order): their queries in that order."""
+    assert all(item.root is not None for item in inputs), "a ragged pass holds decoding rows only"
+    sizes = [item.size for item in inputs]
+    kv_len = max(item.context_length + size for item, size in zip(inputs, sizes))
+    count = sum(sizes)
+    input_ids = torch.empty(count, dtype=torch.long)
+    positions = torch.empty(count, dtype=torch.long)
+    write_slots = torch.empty(count, dtype=torch.long)
+    sequences = torch.empty(count, dtype=torch.long)
+    mask = torch.zeros(count, kv_len, dtype=torch.bool)  # [N, S]
+    offsets: list[int] = []
+    start = 0
+    for item, size in zip(inputs, sizes):
+        offsets.append(start)
+        end, context = start + size, item.context_length
+        tree = item.tree if item.tree is not None else DraftTree.empty()
+        input_ids[start] = item.root
+        positions[start] = context
+        if tree.size:
+            input_ids[start + 1 : end] = tree.tokens
+            positions[start + 1 : end] = context + torch.tensor(node_depths(tree))
+        write_slots[start:end] = torch.arange(context, context + size)
+        sequences[start:end] = item.row
+        mask[start:end, :context] = True
+        mask[start:end, context : context + size] = tree_mask(tree)
+        start = end
+    return RaggedBatch(input_ids=input_ids[None].to(device), positions=positions[None].to(device),
+                       write_slots=write_slots[None].to(device), sequences=sequences.to(device),
+                       attn_mask=mask[None].to(device), kv_len=kv_len, offsets=offsets)
 
 
 def one_plain_row(item: RowInput, device: torch.device | str) -> DecodeBatch:

@@ -4,10 +4,9 @@ mode). It owns the token-level state of the requests it runs (see request.py).
 A step:
 1. Drafts: each decoding request's proposer drafts up to its budget under its root (on a
    plain step, a cheap proposer drafts in the shadow: see speculation.py).
-2. Target passes over the decoding rows: every request's root + drafts (batch.py), the rows
-   split into runs of neighbouring rows where one pass per run costs less than one pass padded
-   to the longest row (draft_plan.split_rows); logits only where a real query sits (greedy
-   near-ties recomputed one row at a time).
+2. One target pass over the decoding requests: every request's root + drafts, one after
+   another with no padding (a ragged pass, batch.py; a lone request runs the dense pass of its
+   own KV row); logits of every query (greedy near-ties recomputed one row at a time).
 3. Per row: lossless acceptance (greedy or sampling, eyas.engine.speculative.acceptance),
    compaction of the accepted path in that row's KV, token-level append, proposer.observe.
 4. Prefill chunks, one single-row pass each; a prompt's last chunk yields its first token. A
@@ -43,8 +42,7 @@ from eyas.engine.speculative.tree import node_depths
 from eyas.engine.target import Target
 from eyas.errors import EyasError
 from eyas.models.llama import ForwardOutput
-from eyas.scheduler.batch import RowInput, build_decode_batch
-from eyas.scheduler.draft_plan import split_rows
+from eyas.scheduler.batch import RowInput, build_decode_batch, build_ragged_batch
 from eyas.scheduler.faults import FaultInjector, InjectedFault, describe
 from eyas.scheduler.kv_pool import KVPool
 from eyas.scheduler.request import Request, RequestStatus
@@ -57,9 +55,10 @@ log = logging.getLogger("eyas.engine")
 @dataclass
 class StepStats:
     decode_rows: int = 0  # requests decoded in the step's passes
-    passes: int = 0  # target passes over decoding rows (runs of rows, draft_plan.py)
-    span: int = 0  # rows up to the last one decoded (idle rows included)
-    tokens_per_row: int = 0  # T of the longest pass
+    passes: int = 0  # target passes over decoding rows (one; more where a failed pass is redone)
+    queries: int = 0  # rows of the decode pass: every request's root and draft tokens, no padding
+    span: int = 0  # KV rows up to the last one decoded
+    tokens_per_row: int = 0  # the most queries of one request (1 + its draft tokens)
     planned_draft_tokens: int = 0  # the most draft tokens the scheduler gave a request
     drafts: int = 0  # rows that verified a non-empty draft
     draft_tokens: int = 0  # draft tokens verified
@@ -120,21 +119,18 @@ class StepExecutor:
             return
         drafted = time.perf_counter()
         emitted_before = len(result.emitted)
-        # 2-3. One pass per run of rows, then acceptance row by row. Should a shared pass
-        # itself fail (one row's input breaking it), each of its rows is redone alone: only the
-        # row that breaks it fails, the others get what they would have got in the batch.
-        sizes = [0] * (max(request.row for request in decode) + 1)
-        for request in decode:
-            sizes[request.row] = 1 + trees[request.row].size
-        costs = None if self.single_stream else self.costs
-        for start, stop in split_rows(sizes, costs):
-            rows = [request for request in decode if start <= request.row < stop]
-            try:
-                self._verify(rows, trees, asked, result, (start, stop))
-            except Exception as error:
+        # 2-3. One ragged pass, then acceptance row by row. Should the shared pass itself fail
+        # (one row's input breaking it), each of its rows is redone alone: only the row that
+        # breaks it fails, the others get what they would have got in the batch.
+        try:
+            self._verify(decode, trees, asked, result)
+        except Exception as error:
+            if len(decode) == 1:
+                self._failed(decode[0], "verify", error, result)
+            else:
                 log.warning("a batched pass failed (%s); redoing its %d rows one at a time",
-                            describe(error), len(rows))
-                for request in rows:
+                            describe(error), len(decode))
+                for request in decode:
                     try:
                         self._verify([request], trees, asked, result)
                     except Exception as row_error:
@@ -173,7 +169,7 @@ class StepExecutor:
         asked: set[int] = set()
         seconds: dict[int, float] = {}
         steady = plan.max_draft_tokens + 1  # the most tokens one step emits per request
-        span = max(request.row for request in decode) + 1
+        span = len(decode)  # sequences of a plain pass
         for request in decode:
             remaining = request.max_new_tokens - request.num_output - 1
             budget = min(plan.draft_budget(request), remaining)
@@ -197,85 +193,84 @@ class StepExecutor:
         return trees, asked, seconds
 
     def _verify(self, decode: list[Request], trees: dict[int, DraftTree], asked: set[int],
-                result: StepResult, rows: tuple[int, int] | None = None) -> None:
-        """One pass over KV rows [start, stop) (default: the span of `decode`'s rows), then
-        acceptance for each request of `decode`."""
+                result: StepResult) -> None:
+        """One pass over `decode` (ragged: each request's root and drafts, no padding), then
+        acceptance for each request."""
         stats = result.stats
-        by_row = {request.row: request for request in decode}
-        start, stop = rows if rows is not None else (min(by_row), max(by_row) + 1)
-        # 2. The pass over rows [start, stop); rows without a decoding request are idle.
-        inputs = []
-        for row in range(start, stop):
-            request = by_row.get(row)
-            if request is None:
-                owner = self.pool.owners[row]
-                context = getattr(owner, "context_length", 0) if owner is not None else 0
-                inputs.append(RowInput(row - start, context, None))
-            else:
-                inputs.append(RowInput(row - start, request.context_length, request.root, trees[row]))
-        batch = build_decode_batch(inputs, self.target.device)
-        self.pool.ensure_slots(batch.kv_len)
+        inputs = [RowInput(r.row, r.context_length, r.root, trees[r.row]) for r in decode]
         model = self.target.model
+        # 2. The pass. A lone request: the dense pass over its own KV row (single-stream
+        # decoding's form, the same bits); several: one ragged pass over the pool's rows.
+        if len(decode) == 1:
+            row = decode[0].row
+            batch = build_decode_batch([RowInput(0, inputs[0].context_length, inputs[0].root, inputs[0].tree)],
+                                       self.target.device)
+            rows = (row, row + 1)
+        else:
+            batch = build_ragged_batch(inputs, self.target.device)
+            rows = (0, self.pool.rows)
+        self.pool.ensure_slots(batch.kv_len)
         forward_started = time.perf_counter()
-        output = model(batch.input_ids, batch.positions, cache=self.pool.view(start, stop),
+        output = model(batch.input_ids, batch.positions, cache=self.pool.view(*rows),
                        kv_len=batch.kv_len, **batch.pass_arguments(),
                        tap_layers=self.tap_layers, logits_at=None)
-        hidden = output.hidden[batch.query_rows, batch.query_cols]  # [N, H]
+        hidden = output.hidden[0]  # [N, H]: every query of the pass, request after request
+        spans = [(request, offset, item.size) for request, offset, item in zip(decode, batch.offsets, inputs)]
         # A screening output layer gives each row's argmax exactly, whichever rows share the
         # pass (models/output_layer.py); otherwise near-ties of greedy rows are settled alone.
         # Rows whose every logit is read (processors, logprobs) get the full product.
         # Plain-temperature rows draw their tokens through the screen too (engine/gumbel.py);
         # their logits are not read.
-        drawn = [r for r in decode if r.noise_base is not None and trees[r.row].draft_probs is None]
-        others = [r for r in decode if all(r is not d for d in drawn)]
-        screened = all(r.params.greedy for r in others) and hasattr(model.lm_head, "greedy_logits")
+        drawn = [span for span in spans
+                 if span[0].noise_base is not None and trees[span[0].row].draft_probs is None]
+        drawn_ids = {id(span[0]) for span in drawn}
+        others = [span for span in spans if id(span[0]) not in drawn_ids]
+        screened = all(span[0].params.greedy for span in others) and hasattr(model.lm_head, "greedy_logits")
         logits = (model.output_logits(hidden, greedy=screened) if others
                   else hidden.new_empty(hidden.shape[0], 0))  # [N, V]
-        draws = self._draw(drawn, trees, batch.offsets, hidden, start)
-        full = [r for r in others if r.needs_full_logits] if screened else others
+        draws = self._draw(drawn, trees, hidden)
+        full = [span for span in others if span[0].needs_full_logits] if screened else others
         if screened and full:
-            index = torch.cat([torch.arange(batch.offsets[r.row - start],
-                                            batch.offsets[r.row - start] + inputs[r.row - start].size)
-                               for r in full])
+            index = torch.cat([torch.arange(offset, offset + size) for _, offset, size in full])
             logits[index] = model.output_logits(hidden[index])
         if full:
-            self._settle_near_ties(full, inputs, batch.offsets, hidden, logits, start)
+            self._settle_near_ties(full, hidden, logits)
         forward_seconds = time.perf_counter() - forward_started
+        queries = hidden.shape[0]
         stats.forward_seconds += forward_seconds
         stats.decode_rows += len(decode)
         stats.passes += 1
-        stats.span = max(stats.span, stop)
-        stats.tokens_per_row = max(stats.tokens_per_row, batch.tokens_per_row)
+        stats.queries += queries
+        stats.span = max(stats.span, max(r.row for r in decode) + 1)
+        stats.tokens_per_row = max(stats.tokens_per_row, max(item.size for item in inputs))
         if self.costs is not None:
-            self.costs.observe(stop - start, batch.tokens_per_row, forward_seconds)
-        # 3. Acceptance, KV compaction and token-level state, row by row.
-        for request in decode:
-            row, local = request.row, request.row - start
-            size = inputs[local].size
-            row_logits = logits[batch.offsets[local] : batch.offsets[local] + size]  # [N_row, V]
-            taps = output.taps[local : local + 1, :size] if output.taps is not None else None
-            row_output = ForwardOutput(logits=row_logits[None], hidden=output.hidden[local : local + 1, :size],
+            self.costs.observe_ragged(len(decode), queries, forward_seconds)
+        # 3. Acceptance, KV compaction and token-level state, request by request.
+        for request, offset, size in spans:
+            row_logits = logits[offset : offset + size]  # [N_row, V]
+            taps = output.taps[:, offset : offset + size] if output.taps is not None else None
+            row_output = ForwardOutput(logits=row_logits[None], hidden=output.hidden[:, offset : offset + size],
                                        taps=taps)
-            self._accept(request, trees[row], row_output, row in asked, result, draws.get(row))
+            self._accept(request, trees[request.row], row_output, request.row in asked, result,
+                         draws.get(request.row))
 
-    def _draw(self, drawn: list[Request], trees: dict[int, DraftTree], offsets: list[int], hidden: Tensor,
-              first_row: int) -> dict[int, list[int]]:
-        """The Gumbel draws of `drawn`'s rows (engine/gumbel.py) in one call: for each request
-        (by KV row), one token per tree position, each with its output position's noise."""
+    def _draw(self, drawn: list[tuple[Request, int, int]], trees: dict[int, DraftTree], hidden: Tensor
+              ) -> dict[int, list[int]]:
+        """The Gumbel draws of `drawn`'s requests (request, offset of its first query in the
+        pass, queries) in one call (engine/gumbel.py): for each (by KV row), one token per tree
+        position, each with its output position's noise."""
         if not drawn:
             return {}
         index, scales, keys = [], [], []
-        for request in drawn:
-            start = offsets[request.row - first_row]
+        for request, offset, _ in drawn:
             depths = [0] + node_depths(trees[request.row])  # the root row, then each node
-            index += range(start, start + len(depths))
+            index += range(offset, offset + len(depths))
             scales += [inverse_temperature(request.params.temperature)] * len(depths)
             keys += [noise_key(request.noise_base, request.num_output + depth) for depth in depths]
         tokens = sample_rows(self.target.model.lm_head, hidden[torch.tensor(index)],
                              torch.tensor(scales, dtype=torch.float32), torch.tensor(keys)).tolist()
         draws, at = {}, 0
-        for request in drawn:
-            size = trees[request.row].size + 1
+        for request, _, size in drawn:
             draws[request.row], at = tokens[at : at + size], at + size
         return draws
 
@@ -340,14 +335,14 @@ class StepExecutor:
         request.fail(stage, describe(error), error)
         result.failed.append(request)
 
-    def _settle_near_ties(self, decode: list[Request], inputs: list[RowInput], offsets: list[int],
-                          hidden: Tensor, logits: Tensor, first_row: int = 0) -> None:
+    def _settle_near_ties(self, spans: list[tuple[Request, int, int]], hidden: Tensor, logits: Tensor) -> None:
         """Greedy rows whose top two logits are within NEAR_TIE: recompute them one row at a
         time, as single-request decoding does. A float32 matmul's rounding depends on how many
         rows it multiplies (about 1e-5 on these logits), which can flip an argmax at a near-tie;
         this removes the output layer's share of that (attention over a padded KV length keeps
-        a smaller one, see docs/serving.md). Costs one top-2 per step and, rarely, one row."""
-        greedy = [r for r in decode if r.params.greedy]
+        a smaller one, see docs/serving.md). Costs one top-2 per step and, rarely, one row.
+        `spans`: (request, its first query among hidden [N, H] / logits [N, V], its count)."""
+        greedy = [(offset, size) for request, offset, size in spans if request.params.greedy]
         if not greedy:
             return
         top = logits.topk(2, dim=-1).values  # [N, 2]
@@ -355,10 +350,8 @@ class StepExecutor:
         if not close:
             return
         greedy_rows = set()
-        for request in greedy:
-            local = request.row - first_row
-            start = offsets[local]
-            greedy_rows.update(range(start, start + inputs[local].size))
+        for offset, size in greedy:
+            greedy_rows.update(range(offset, offset + size))
         lm_head = self.target.model.lm_head
         for index in close:
             if index in greedy_rows:

@@ -177,7 +177,7 @@ class Scheduler:
             if self._speculative_steps % PLAIN_PROBE_EVERY == 0:
                 return every(0), most  # a plain probe keeps c(B, 1) measured
             return {r.request_id: chosen[r.row] for r in decode}, most
-        rows = len(by_row)
+        rows = len(decode)
         self._plain_streak += 1
         if self._plain_streak >= max(self._probe_gap, self._probe_cost_floor(rows)):
             self._plain_streak = 0
@@ -193,8 +193,8 @@ class Scheduler:
         per request. Probes back off (32, 64, ... DRAFT_PROBE_MAX_GAP plain steps apart) while
         they find that drafting does not pay, and are never so frequent that the probe's extra
         token costs more than DRAFT_PROBE_SHARE of the time."""
-        plain = self.costs.cost(rows, 1)
-        overhead = (self.costs.cost(rows, 2) - plain) / plain if plain > 0 else 1.0
+        plain = self.costs.ragged_cost(rows, rows)
+        overhead = (self.costs.ragged_cost(rows, 2 * rows) - plain) / plain if plain > 0 else 1.0
         return math.ceil(overhead / DRAFT_PROBE_SHARE)
 
     # ---- between steps ----------------------------------------------------------------

@@ -10,10 +10,13 @@ tokens per step (EAGLE-3 reference, section 7). Drafting itself costs d seconds 
 (measured per request: ~0 for n-grams, real for a draft model), D(k) = k * d. A pass over B rows
 padded to T = 1 + k tokens costs c(B, T) (`StepCostModel`), measured at start-up over the batch
 sizes and lengths that can occur and then following the measured pass times (exponential
-moving average), so that it tracks the real machine, context growth included. As the batch
-grows, c(B, T) / c(B, 1) rises (the pass is compute-bound), so drafting pays less and
-speculation switches itself off where it stops paying and comes back when the batch shrinks.
-draft_plan.py chooses each row's k and splits the rows into passes from these prices.
+moving average), so that it tracks the real machine, context growth included. The serving
+step's pass is ragged (no padding): B requests with N queries in all (roots and draft tokens)
+cost what the padded pass of as many queries does, c(B, N / B) (`ragged_cost`). As the
+batch grows, that price per query rises against the tokens per plain pass (the pass is
+compute-bound), so drafting pays less and speculation switches itself off where it stops
+paying and comes back when the batch shrinks. draft_plan.py chooses each row's k from these
+prices.
 
 alpha and p are per request: counts of accepted / tried drafts with exponential forgetting,
 starting from priors that are the server-wide estimates so far (pooled over every request,
@@ -40,7 +43,7 @@ the accepted tokens its proposer expected for it and the tokens accepted, and E_
 scaled by realised / expected (per request, seeded from the server-wide ratio). A proposer
 that found nothing expected nothing, so the calibration also covers how often it drafts.
 
-Which rows draft how much, and how the rows are split into passes: draft_plan.py.
+Which rows draft how much: draft_plan.py.
 """
 
 from __future__ import annotations
@@ -240,16 +243,32 @@ class StepCostModel:
             value *= batch / largest
         return value
 
-    def observe(self, batch: int, tokens_per_row: int, seconds: float) -> None:
-        """Pull the cells around (B, T) toward a measured step time."""
-        tokens = min(max(tokens_per_row, 1), self.max_tokens_per_row)
-        predicted = self.cost(batch, tokens)
+    def ragged_cost(self, sequences: int, queries: int) -> float:
+        """Seconds of a ragged pass over `sequences` requests with `queries` queries in all
+        (their roots and draft nodes, no padding): what the padded pass of as many queries
+        costs, c(B, N / B), interpolated between whole T (past the longest T measured, at the
+        last step's slope)."""
+        tokens = max(queries / sequences, 1.0)
+        longest = self.max_tokens_per_row
+        whole = min(int(tokens), longest)
+        low = self.cost(sequences, whole)
+        if tokens == whole:
+            return low
+        step = (self.cost(sequences, whole + 1) if whole < longest else
+                low + (low - self.cost(sequences, whole - 1) if whole > 1 else low)) - low
+        return low + (tokens - whole) * step
+
+    def observe_ragged(self, sequences: int, queries: int, seconds: float) -> None:
+        """Pull the cells of B = `sequences` (every T: the machine's speed and the context's
+        length move them together) toward a measured ragged pass time."""
+        predicted = self.ragged_cost(sequences, queries)
         if predicted <= 0 or seconds <= 0:
             return
         ratio = 1.0 + self.smoothing * (seconds / predicted - 1.0)
-        lower, upper, _ = self._neighbours(batch)
+        lower, upper, _ = self._neighbours(sequences)
         for grid_batch in {lower, upper}:
-            self.table[(grid_batch, tokens)] *= ratio
+            for tokens in range(1, self.max_tokens_per_row + 1):
+                self.table[(grid_batch, tokens)] *= ratio
 
     @classmethod
     def measure(cls, target: Target, batch_sizes: Sequence[int], max_tokens_per_row: int,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from eyas.engine.speculative.draft import DraftTree
-from eyas.scheduler.batch import RowInput, build_decode_batch
+from eyas.scheduler.batch import RowInput, build_decode_batch, build_ragged_batch
 
 
 def test_two_requests_and_an_idle_row_in_one_pass():
@@ -40,3 +40,23 @@ def test_plain_rows_are_one_token_each():
     assert batch.tokens_per_row == 1
     assert batch.positions.tolist() == [[4], [9]]
     assert batch.attn_mask[:, 0].sum(-1).tolist() == [5, 10]  # context + root
+
+
+def test_a_ragged_pass_holds_each_request_s_queries_and_no_padding():
+    # KV row 3: context 3, root 10, tree 11 under the root, 12 under 11, 13 under the root;
+    # KV row 0: context 5, root 20, plain. Listed in that order: row 3's queries first.
+    tree = DraftTree(torch.tensor([11, 12, 13]), torch.tensor([0, 1, 0]))
+    batch = build_ragged_batch([RowInput(3, 3, 10, tree), RowInput(0, 5, 20)])
+    assert batch.input_ids.tolist() == [[10, 11, 12, 13, 20]]
+    assert batch.positions.tolist() == [[3, 4, 5, 4, 5]]
+    assert batch.write_slots.tolist() == [[3, 4, 5, 6, 5]]
+    assert batch.sequences.tolist() == [3, 3, 3, 3, 0]
+    assert batch.kv_len == 7 and batch.offsets == [0, 4]
+    assert batch.attn_mask.int()[0].tolist() == [  # each over its own row's slots
+        [1, 1, 1, 1, 0, 0, 0],
+        [1, 1, 1, 1, 1, 0, 0],
+        [1, 1, 1, 1, 1, 1, 0],
+        [1, 1, 1, 1, 0, 0, 1],
+        [1, 1, 1, 1, 1, 1, 0],
+    ]
+    assert set(batch.pass_arguments()) == {"write_at", "attn_mask", "sequences"}

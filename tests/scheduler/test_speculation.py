@@ -69,8 +69,8 @@ def test_cost_model_interpolates_and_follows_measurements():
     assert costs.cost(3, 2) == pytest.approx((costs.cost(2, 2) + costs.cost(4, 2)) / 2)
     assert costs.cost(32, 1) == pytest.approx(costs.cost(16, 1) * 2)  # beyond the grid
     before = costs.cost(4, 3)
-    for _ in range(50):
-        costs.observe(4, 3, 2 * before)
+    for _ in range(50):  # ragged passes of 4 requests, 12 queries: what c(4, 3) prices
+        costs.observe_ragged(4, 12, 2 * before)
     assert costs.cost(4, 3) == pytest.approx(2 * before, rel=0.05)
 
 
@@ -155,9 +155,9 @@ def test_tree_prices_are_calibrated_by_what_verification_realised():
 
 def test_rows_whose_drafts_do_not_pay_draft_nothing_while_others_draft():
     """16 rows: 6 whose suffix trees are all but sure (a regenerated answer), 10 that have
-    nothing to draft; c(B, T) = 20 ms + 1 ms * B * T. Plain: 16 tokens / 36 ms = 444 tok/s (467
-    to beat with the margin). One pass of 16 x 5: 38.8 tokens / 100 ms = 388 tok/s. The 6 rows
-    at T = 5 in one pass and the 10 others in a plain one: 38.8 tokens / (50 + 30) ms = 485."""
+    nothing to draft; c(B, T) = 20 ms + 1 ms * B * T, so 1 ms per draft query of a ragged pass.
+    Plain: 16 tokens / 36 ms = 444 tok/s (467 to beat with the margin). The 6 rows drafting 4
+    tokens each, the 10 others none: 38.8 tokens / (36 + 24) ms = 647 tok/s."""
     sizes = [1, 2, 4, 8, 16]
     costs = StepCostModel(sizes, {(b, t): 0.020 + 0.001 * b * t for b in sizes for t in range(1, 6)}, 5)
     sure = [estimate(0.2) for _ in range(6)]
@@ -167,20 +167,24 @@ def test_rows_whose_drafts_do_not_pay_draft_nothing_while_others_draft():
     for row in none:
         row.tree = PricedTree({1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0})
     assert choose_draft_budgets([*sure, *none], costs, 4) == [4] * 6 + [0] * 10
-    # interleaved, the rows cannot be split cheaply: one pass of 12 x 5 (34.8 tokens / 80 ms,
-    # 435 tok/s against 394 to beat), where the rows with nothing to draft draft nothing
+    # interleaved: the same (a ragged pass does not care where the rows sit), 34.8 tokens /
+    # (32 + 24) ms
     mixed = [sure[i // 2] if i % 2 == 0 else none[i // 2] for i in range(12)]
     assert choose_draft_budgets(mixed, costs, 4) == [4, 0] * 6
     # the whole batch useless: plain
     assert choose_draft_budgets(none + [None], costs, 4) == [0] * 11
 
 
-def test_rows_split_into_passes_by_their_real_sizes():
-    from eyas.scheduler.draft_plan import split_rows
-
+def test_a_ragged_pass_is_priced_by_its_queries():
+    """A ragged pass of B requests and N queries costs what the padded pass of as many queries
+    does, c(B, N / B): with c(B, T) = 10 ms + 2 ms * B * T, c(B, 1) + 2 ms per draft query,
+    whatever the requests' share of the draft queries."""
     costs = cpu_like_costs()
-    assert split_rows([1] * 8, costs) == [(0, 8)]  # plain: one pass
-    assert split_rows([5, 5, 5, 1, 1, 1, 1, 1, 1, 1], costs) == [(0, 3), (3, 10)]
-    assert split_rows([2, 1, 2, 1], costs) == [(0, 4)]  # a second pass costs more than padding
-    assert split_rows([5, 0, 0, 5], costs) == [(0, 1), (3, 4)]  # idle rows left out
-    assert split_rows([5, 1], None) == [(0, 2)]  # no cost model: one pass
+    assert costs.ragged_cost(8, 8) == pytest.approx(costs.cost(8, 1))
+    assert costs.ragged_cost(8, 12) == pytest.approx(0.010 + 0.002 * 12)
+    assert costs.ragged_cost(16, 40) == pytest.approx(0.010 + 0.002 * 40)
+    assert costs.ragged_cost(3, 5) == pytest.approx(costs.cost(3, 1) + 2 * 0.002)  # interpolated B
+    assert costs.ragged_cost(2, 14) == pytest.approx(0.010 + 0.002 * 14)  # past the longest T (5)
+    costs.observe_ragged(8, 12, 2 * costs.ragged_cost(8, 12))  # the machine got slower
+    assert costs.cost(8, 1) == pytest.approx(1.25 * (0.010 + 0.002 * 8))  # smoothing 0.25
+    assert costs.cost(8, 5) == pytest.approx(1.25 * (0.010 + 0.002 * 40))  # every T moves with it

@@ -77,15 +77,20 @@ def test_eagle3_with_suffix_serving_on_smollm_equals_plain(smollm_target, mtbenc
 
 
 class PassCounter:
-    """An EngineObserver that keeps the most passes any step ran over its decoding rows."""
+    """An EngineObserver that keeps the decode passes' shapes: the most passes a step ran, and
+    the steps whose one pass mixed rows with drafts and rows without (or drafts of several
+    lengths), checking that no pass held a padding row."""
 
     def __init__(self) -> None:
         self.most_passes = 0
-        self.split_steps = 0
+        self.mixed_steps = 0
+        self.padded_steps = 0
 
     def step_finished(self, stats) -> None:
         self.most_passes = max(self.most_passes, stats.passes)
-        self.split_steps += stats.passes > 1
+        if stats.decode_rows:
+            self.padded_steps += stats.queries != stats.decode_rows + stats.draft_tokens
+            self.mixed_steps += (stats.drafts > 0 and stats.queries < stats.decode_rows * stats.tokens_per_row)
 
     def request_finished(self, request) -> None:
         pass
@@ -97,26 +102,41 @@ class PassCounter:
         pass
 
 
-def test_rows_split_into_passes_by_their_drafts_equal_plain(tiny_target):
-    """Rows whose suffix trees are drafted run in their own pass, rows with nothing to draft in
-    another (a cost model where padding costs far more than a pass: c(B, T) = 0.1 ms + 10 ms x
-    B x T); every output is still the plain one."""
-    from eyas.scheduler.speculation import StepCostModel
-
-    prompts = [[5, 6, 7, 8, 9] * 8, list(range(300, 340)), [11, 12, 13] * 10, list(range(400, 440))]
-    params = SamplingParams(max_tokens=24, ignore_eos=True)
-    plain = [generate(tiny_target, p, params).token_ids for p in prompts]
+def serve_counting(target, prompts: list[list[int]], params: SamplingParams, draft: str,
+                   **overrides) -> tuple[list[list[list[int]]], PassCounter]:
+    """Every prompt served twice (all at once each time), the passes' shapes counted."""
     counter = PassCounter()
-    config = EngineConfig(max_running=4, prefill_chunk=64, initial_kv_slots=64, speculation="always",
-                          num_draft_tokens=3)
-    engine = Engine(tiny_target, config, draft="suffix:2", observer=counter)
-    sizes = [1, 2, 4]
-    engine.executor.costs = StepCostModel(
-        sizes, {(b, t): 0.0001 + 0.01 * b * t for b in sizes for t in range(1, 5)}, 4, smoothing=0.0)
-    engine.start()
+    config = EngineConfig(**{"max_running": 4, "prefill_chunk": 64, "initial_kv_slots": 64,
+                             "speculation": "always", **overrides})
+    engine = Engine(target, config, draft=draft, observer=counter).start()
     try:
         outputs = [[r.token_ids for r in engine.generate_many(prompts, params, 300)] for _ in range(2)]
     finally:
         engine.shutdown()
+    return outputs, counter
+
+
+def test_one_ragged_pass_over_rows_of_mixed_draft_lengths_equals_plain(tiny_target):
+    """Rows whose suffix trees are drafted and rows with nothing to draft share each step's one
+    pass, each with its own number of queries (no padding); every output is the plain one."""
+    prompts = [[5, 6, 7, 8, 9] * 8, list(range(300, 340)), [11, 12, 13] * 10, list(range(400, 440))]
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    plain = [generate(tiny_target, p, params).token_ids for p in prompts]
+    outputs, counter = serve_counting(tiny_target, prompts, params, "suffix:2", num_draft_tokens=3)
     assert outputs == [plain, plain]
-    assert counter.split_steps > 0 and counter.most_passes >= 2
+    assert counter.most_passes == 1 and counter.padded_steps == 0 and counter.mixed_steps > 0
+
+
+@pytest.mark.slow  # SmolLM2-135M int4 through the engine: ~1 minute on 2 cores
+def test_ragged_passes_of_the_int4_target_with_suffix_drafts_equal_plain(smollm_int4_target, smollm_tokenizer,
+                                                                          mtbench_prompt_ids):
+    """The int4 target's ragged passes (the C++ stack with each row's own sequence): two
+    MT-Bench and two code prompts, served twice at once, drafts of mixed lengths; every output
+    is the plain one."""
+    code = [chat_prompt_ids(smollm_tokenizer, [{"role": "user", "content": q}]) for q in CODE_PROMPTS[:2]]
+    prompts = mtbench_prompt_ids[:2] + code
+    params = SamplingParams(max_tokens=32)
+    plain = [generate(smollm_int4_target, p, params).token_ids for p in prompts]
+    outputs, counter = serve_counting(smollm_int4_target, prompts, params, "suffix:4")
+    assert outputs == [plain, plain]
+    assert counter.most_passes == 1 and counter.padded_steps == 0 and counter.mixed_steps > 0

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include "phase_timer.h"
@@ -23,38 +24,34 @@
 namespace eyas {
 namespace {
 
-// Scaled dot-product attention in the cache's dtype: q [B, T, Hq, D], keys/values
-// [B, KV, S, D] (the cache), mask [B, T, S] or none (all kv_len slots visible); out
-// [B, T, Hq, D] rounded to float32 (the o_proj input).
+// Scaled dot-product attention in the cache's dtype: q [N, Hq, D], keys/values
+// [B, KV, S, D] (the cache; row n reads its sequence's), mask [N, S] or none (all kv_len slots
+// visible); out [N, Hq, D] rounded to float32 (the o_proj input).
 // Each query's scores, softmax and weighted sum run over its visible slots in increasing order
 // with the same instructions whatever T is: a row's output does not depend on the other rows
 // of the pass, so a one-token step and a verification pass agree bit for bit.
 template <typename T>
-void generic_attention(const T* q, const T* keys, const T* values, const Visibility& visible, int64_t batch,
-                       int64_t length, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t max_slots,
-                       float* out) {
+void generic_attention(const T* q, const T* keys, const T* values, const Visibility& visible, int64_t heads,
+                       int64_t kv_heads, int64_t head_dim, int64_t max_slots, float* out) {
   const bool* mask = visible.mask;
-  const int64_t kv_len = visible.kv_len;
+  const int64_t kv_len = visible.kv_len, rows = visible.rows();
   using S = Simd<T>;
-  const int64_t group = heads / kv_heads, queries = length * group;
+  const int64_t group = heads / kv_heads;
   const T scale = T(1.0 / std::sqrt(double(head_dim)));
-  const int64_t work = queries * kv_len * head_dim;
-  // Work items: (row of the batch, kv head, chunk of 32 queries), so that a long pass (a
-  // prefill) spreads over the threads; how queries are grouped changes no value.
-  const int64_t chunk = 32, chunks = (queries + chunk - 1) / chunk;
-  const int64_t items = batch * kv_heads * chunks;
+  const int64_t work = rows * group * kv_len * head_dim;
+  // Work items: (row, kv head), so that a long pass (a prefill) spreads over the threads; how
+  // queries are grouped changes no value.
+  const int64_t items = rows * kv_heads;
   eyas::parallel_for(0, items, work >= (1 << 15) ? 1 : items, [&](int64_t begin, int64_t end) {
     std::vector<T> probs(kv_len);
     std::vector<typename S::Vec> acc(head_dim / S::width);
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t b = item / (kv_heads * chunks), kvh = (item / chunks) % kv_heads;
-      const int64_t first = (item % chunks) * chunk, last = std::min(queries, first + chunk);
+      const int64_t row = item / kv_heads, kvh = item % kv_heads, b = visible.sequences[row];
       const T* kb = keys + (b * kv_heads + kvh) * max_slots * head_dim;
       const T* vb = values + (b * kv_heads + kvh) * max_slots * head_dim;
-      for (int64_t m = first; m < last; ++m) {  // query m = head kvh * group + m % group of row m / group
-        const int64_t t = m / group, h = kvh * group + m % group;
-        const T* qv = q + ((b * length + t) * heads + h) * head_dim;
-        const bool* visible = mask ? mask + (b * length + t) * kv_len : nullptr;
+      for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {  // the queries of kv head kvh
+        const T* qv = q + (row * heads + h) * head_dim;
+        const bool* visible = mask ? mask + row * kv_len : nullptr;
         constexpr int block = KeyBlock<T>::size;
         for (int64_t s = 0; s < kv_len; s += block) {
           const int64_t n = std::min<int64_t>(block, kv_len - s);
@@ -79,7 +76,7 @@ void generic_attention(const T* q, const T* keys, const T* values, const Visibil
           const T* vr = vb + s * head_dim;
           for (int64_t c = 0; c < head_dim / S::width; ++c) acc[c] += p * S::load(vr + c * S::width);
         }
-        float* o = out + ((b * length + t) * heads + h) * head_dim;
+        float* o = out + (row * heads + h) * head_dim;
         for (int64_t c = 0; c < head_dim / S::width; ++c)
           for (int64_t i = 0; i < S::width; ++i) o[c * S::width + i] = float(acc[c][i] / total);
       }
@@ -94,10 +91,10 @@ void generic_attention(const T* q, const T* keys, const T* values, const Visibil
 // Attention over a float32 (or float16) cache in chunks of a query's visible keys, for
 // head_dim = 16 * NV: what the engine runs.
 //
-// Why: a work item (row of the batch, kv head, chunk j) covers every query of that kv head,
-// and chunk j of a query is its visible keys number 64j .. 64j + 63 in slot order: mostly the
-// same slots for all the queries of a pass, read from L1 by all of them, so a one-token step
-// spreads over the threads too. The queries of one token that share a kv head (the GQA group)
+// Why: a work item (run of rows of one sequence, kv head, chunk j) covers every query of that
+// kv head, and chunk j of a query is its visible keys number 64j .. 64j + 63 in slot order:
+// mostly the same slots for all the queries of a sequence, read from L1 by all of them, so a
+// one-token step spreads over the threads too. The queries of one token that share a kv head (the GQA group)
 // run together: each key and value row is loaded once for all of them, scores are 16-float
 // dot products reduced eight keys at a time, the exponentials run 16 lanes at a time
 // (exp16), and the weighted sums of up to 4 queries stay in registers. Each query keeps a
@@ -189,29 +186,31 @@ float* scratch(int64_t count) {
 
 template <int NV, typename K>
 void chunked_attention(const float* q, const K* keys, const K* values, const Visibility& visible,
-                       int64_t batch, int64_t length, int64_t heads, int64_t kv_heads, int64_t max_slots,
-                       float* out) {
+                       int64_t heads, int64_t kv_heads, int64_t max_slots, float* out) {
   constexpr int64_t head_dim = 16 * NV;
 #ifdef __AVX512F__
   constexpr int kTile = NV == 4 ? 4 : 2;  // queries whose weighted sums stay in registers
 #else
   constexpr int kTile = 1;
 #endif
-  const int64_t group = heads / kv_heads, queries = length * group;
+  const int64_t group = heads / kv_heads, rows = visible.rows(), runs = int64_t(visible.runs.size()) - 1;
   const float scale = float(1.0 / std::sqrt(double(head_dim)));
   const int64_t chunks = (visible.longest + kChunk - 1) / kChunk;
-  // partials[(b, kvh, chunk), query]: max, sum, then head_dim weighted sums; max = -inf: empty
+  // partials[(row, kvh, chunk), query of the group]: max, sum, then head_dim weighted sums;
+  // max = -inf: empty
   constexpr int64_t stride = head_dim + 2;
-  float* partials = scratch(batch * kv_heads * chunks * queries * stride);
-  const int64_t items = batch * kv_heads * chunks;
-  const int64_t work = queries * visible.longest * head_dim;
+  float* partials = scratch(rows * kv_heads * chunks * group * stride);
+  const int64_t items = runs * kv_heads * chunks;
+  int64_t longest_run = 0;
+  for (int64_t r = 0; r < runs; ++r) longest_run = std::max(longest_run, visible.runs[r + 1] - visible.runs[r]);
+  const int64_t work = longest_run * group * visible.longest * head_dim;
   eyas::parallel_for(0, items, work >= (1 << 14) ? 1 : items, [&](int64_t begin, int64_t end) {
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t b = item / (kv_heads * chunks), kvh = (item / chunks) % kv_heads, chunk = item % chunks;
+      const int64_t run = item / (kv_heads * chunks), kvh = (item / chunks) % kv_heads, chunk = item % chunks;
+      const int64_t b = visible.sequences[visible.runs[run]];
       const K* kb = keys + (b * kv_heads + kvh) * max_slots * head_dim;
       const K* vb = values + (b * kv_heads + kvh) * max_slots * head_dim;
-      for (int64_t t = 0; t < length; ++t) {
-        const int64_t row = b * length + t;
+      for (int64_t row = visible.runs[run]; row < visible.runs[run + 1]; ++row) {
         const int64_t first = visible.offsets[row] + chunk * kChunk;
         const int64_t n = std::min<int64_t>(kChunk, visible.offsets[row + 1] - first);  // keys in this chunk
         for (int64_t g0 = 0; g0 < group; g0 += kTile) {
@@ -220,7 +219,7 @@ void chunked_attention(const float* q, const K* keys, const K* values, const Vis
           float* part[kTile];
           for (int g = 0; g < tile; ++g) {
             qv[g] = q + (row * heads + kvh * group + g0 + g) * head_dim;
-            part[g] = partials + (item * queries + t * group + g0 + g) * stride;
+            part[g] = partials + (((row * kv_heads + kvh) * chunks + chunk) * group + g0 + g) * stride;
           }
           if (n <= 0) {  // fewer visible keys than this chunk starts at
             for (int g = 0; g < tile; ++g) part[g][0] = -INFINITY;
@@ -240,25 +239,24 @@ void chunked_attention(const float* q, const K* keys, const K* values, const Vis
     }
   });
   // Combine each query's chunks in order: the softmax over all its visible keys.
-  eyas::parallel_for(0, batch * kv_heads * queries, 64, [&](int64_t begin, int64_t end) {
+  eyas::parallel_for(0, rows * heads, 64, [&](int64_t begin, int64_t end) {
     for (int64_t index = begin; index < end; ++index) {
-      const int64_t b = index / (kv_heads * queries), kvh = (index / queries) % kv_heads, m = index % queries;
-      const int64_t t = m / group, h = kvh * group + m % group;
-      const float* base = partials + ((b * kv_heads + kvh) * chunks * queries + m) * stride;
+      const int64_t row = index / heads, h = index % heads, kvh = h / group;
+      const float* base = partials + ((row * kv_heads + kvh) * chunks * group + h % group) * stride;
       float best = -INFINITY;
-      for (int64_t c = 0; c < chunks; ++c) best = std::max(best, base[c * queries * stride]);
+      for (int64_t c = 0; c < chunks; ++c) best = std::max(best, base[c * group * stride]);
       float total = 0.0f;
       Floats16 acc[NV];
       for (int v = 0; v < NV; ++v) acc[v] = Floats16::zero();
       for (int64_t c = 0; c < chunks; ++c) {
-        const float* part = base + c * queries * stride;
+        const float* part = base + c * group * stride;
         if (part[0] == -INFINITY) continue;
         const float weight = float(std::exp(double(part[0]) - double(best)));
         total += weight * part[1];
         for (int v = 0; v < NV; ++v) acc[v].fma(weight, Floats16::load(part + 2 + 16 * v));
       }
       const float inverse = 1.0f / total;
-      float* o = out + ((b * length + t) * heads + h) * head_dim;
+      float* o = out + (row * heads + h) * head_dim;
       for (int v = 0; v < NV; ++v) acc[v].store_scaled(o + 16 * v, inverse);
     }
   });
@@ -267,7 +265,12 @@ void chunked_attention(const float* q, const K* keys, const K* values, const Vis
 
 }  // namespace
 
-Visibility::Visibility(const bool* mask_in, int64_t rows, int64_t kv_len_in) : mask(mask_in), kv_len(kv_len_in) {
+Visibility::Visibility(const bool* mask_in, int64_t kv_len_in, std::vector<int64_t> sequences_in)
+    : sequences(std::move(sequences_in)), mask(mask_in), kv_len(kv_len_in) {
+  const int64_t rows = int64_t(sequences.size());
+  for (int64_t r = 0; r < rows; ++r)
+    if (r == 0 || sequences[r] != sequences[r - 1]) runs.push_back(r);
+  runs.push_back(rows);
   offsets.reserve(rows + 1);
   offsets.push_back(0);
   slots.reserve(rows * kv_len);
@@ -280,37 +283,34 @@ Visibility::Visibility(const bool* mask_in, int64_t rows, int64_t kv_len_in) : m
   }
 }
 
-void attention(const float* q, const float* keys, const float* values, const Visibility& visible, int64_t batch,
-               int64_t length, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t max_slots, float* out) {
+void attention(const float* q, const float* keys, const float* values, const Visibility& visible, int64_t heads,
+               int64_t kv_heads, int64_t head_dim, int64_t max_slots, float* out) {
 #ifdef EYAS_CHUNKED_ATTENTION
   if (head_dim == 64 || head_dim == 128) {
     (head_dim == 64 ? chunked_attention<4, float> : chunked_attention<8, float>)(
-        q, keys, values, visible, batch, length, heads, kv_heads, max_slots, out);
+        q, keys, values, visible, heads, kv_heads, max_slots, out);
     return;
   }
 #endif
-  generic_attention<float>(q, keys, values, visible, batch, length, heads, kv_heads, head_dim, max_slots, out);
+  generic_attention<float>(q, keys, values, visible, heads, kv_heads, head_dim, max_slots, out);
 }
 
 void attention(const float* q, const at::Half* keys, const at::Half* values, const Visibility& visible,
-               int64_t batch, int64_t length, int64_t heads, int64_t kv_heads, int64_t head_dim,
-               int64_t max_slots, float* out) {
+               int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t max_slots, float* out) {
 #ifdef EYAS_CHUNKED_ATTENTION
   if (head_dim == 64 || head_dim == 128) {
     (head_dim == 64 ? chunked_attention<4, at::Half> : chunked_attention<8, at::Half>)(
-        q, keys, values, visible, batch, length, heads, kv_heads, max_slots, out);
+        q, keys, values, visible, heads, kv_heads, max_slots, out);
     return;
   }
 #endif
-  (void)q, (void)keys, (void)values, (void)visible, (void)batch, (void)length, (void)heads, (void)kv_heads,
-      (void)max_slots, (void)out;
+  (void)q, (void)keys, (void)values, (void)visible, (void)heads, (void)kv_heads, (void)max_slots, (void)out;
   throw std::invalid_argument("a float16 KV cache needs head_dim 64 or 128 and a CPU with AVX2, FMA and F16C");
 }
 
 void attention(const double* q, const double* keys, const double* values, const Visibility& visible,
-               int64_t batch, int64_t length, int64_t heads, int64_t kv_heads, int64_t head_dim,
-               int64_t max_slots, float* out) {
-  generic_attention<double>(q, keys, values, visible, batch, length, heads, kv_heads, head_dim, max_slots, out);
+               int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t max_slots, float* out) {
+  generic_attention<double>(q, keys, values, visible, heads, kv_heads, head_dim, max_slots, out);
 }
 
 }  // namespace eyas

@@ -136,11 +136,12 @@ struct QkvRows {
   const float* cos;  // [N, D]
   const float* sin;  // [N, D], sign-folded
   const int64_t* slots;  // [N]
-  int64_t rows, length, heads, kv_heads, head_dim, max_slots;
+  const int64_t* sequences;  // [N]: the cache row of each row
+  int64_t rows, heads, kv_heads, head_dim, max_slots;
 };
 
 // RoPE on q and k in float32, as the Python path; q [N, Hq, D] into `q` (type Q), k and v into
-// the cache [B, KV, S, D] at each row's slot (type K; a float16 cache rounds to nearest).
+// the cache [B, KV, S, D] at each row's slot of its own cache row (type K; a float16 cache rounds to nearest).
 template <typename Q, typename K>
 void rope_and_write(const QkvRows& in, Q* q, K* keys, K* values) {
   const int64_t heads = in.heads, kv_heads = in.kv_heads, head_dim = in.head_dim, half = head_dim / 2;
@@ -148,7 +149,7 @@ void rope_and_write(const QkvRows& in, Q* q, K* keys, K* values) {
   eyas::parallel_for(0, in.rows, kRowsPerThread, [&](int64_t begin, int64_t end) {
   std::vector<float> vals(head_dim), rotated(head_dim);
   for (int64_t n = begin; n < end; ++n) {
-    const int64_t b = n / in.length;
+    const int64_t b = in.sequences[n];
     const int64_t s = in.slots[n];
     TORCH_CHECK_INDEX(s >= 0 && s < in.max_slots, "KV cache overflow: slot ", s, " of ", in.max_slots);
     const float* c = in.cos + n * head_dim;
@@ -188,13 +189,14 @@ struct LayerWeights {
   double eps;
 };
 
-// What every layer of a pass shares: rows, rotary tables, cache slots, visible slots.
+// What every layer of a pass shares: rows, rotary tables, cache slots, each row's sequence
+// and visible slots.
 struct Pass {
   const Tensor& cos;  // [N, D] float32
   const Tensor& sin;  // [N, D] float32, sign-folded
-  const Tensor& slots;  // [B, T] int64
+  const Tensor& slots;  // [N] (or [B, T]) int64: each row's slot in its own cache row
   int64_t kv_len;
-  const eyas::Visibility& visible;
+  const eyas::Visibility& visible;  // each row's cache row (sequence) and visible slots
 };
 
 void check_cache(const Tensor& cache_k, const Tensor& cache_v, int64_t batch, int64_t kv_heads, int64_t head_dim,
@@ -237,14 +239,15 @@ void add_columns(const float* x, const float* y, int64_t rows, int64_t h, int64_
     for (int64_t i = r * h + begin; i < r * h + end; ++i) out[i] = x[i] + y[i];
 }
 
-// x [N, H] float32 (N = B * T rows, row n = b * T + t) -> the layer's output, written to `out`
-// [N, H] (not x); writes this layer's keys and values at the pass's slots of cache_k / cache_v
-// [B', KV, S, D]. With `embeds` (and `norm_embeds`) it is an EAGLE-3 head's layer (see
+// x [N, H] float32 (row n of sequence pass.visible.sequences[n]) -> the layer's output, written
+// to `out` [N, H] (not x); writes this layer's keys and values at each row's slot of its
+// sequence's row of cache_k / cache_v [B', KV, S, D]. With `embeds` (and `norm_embeds`) it is an EAGLE-3 head's layer (see
 // int4_decoder_layer).
 void decoder_layer(const float* x, int64_t rows, int64_t hidden, const LayerWeights& w, const Pass& pass,
                    const Tensor& cache_k, const Tensor& cache_v, float* out, const Tensor* embeds = nullptr,
                    const Tensor* norm_embeds = nullptr) {
-  const int64_t batch = pass.slots.size(0), length = pass.slots.size(1);
+  const int64_t batch = pass.visible.rows() ? 1 + *std::max_element(pass.visible.sequences.begin(),
+                                                                      pass.visible.sequences.end()) : 0;
   const int64_t heads = w.heads, kv_heads = w.kv_heads, head_dim = pass.cos.size(1);
   const int64_t max_slots = cache_k.size(2);
   const int64_t qkv_width = (heads + 2 * kv_heads) * head_dim;
@@ -281,7 +284,8 @@ void decoder_layer(const float* x, int64_t rows, int64_t hidden, const LayerWeig
   float* attended = sized(buf.attended, rows * heads * head_dim);
   const float* bias = w.qkv_bias.has_value() ? w.qkv_bias->data_ptr<float>() : nullptr;
   const QkvRows qkv_rows{buf.qkv.data(), bias, pass.cos.data_ptr<float>(), pass.sin.data_ptr<float>(),
-                         pass.slots.data_ptr<int64_t>(), rows, length, heads, kv_heads, head_dim, max_slots};
+                         pass.slots.data_ptr<int64_t>(), pass.visible.sequences.data(), rows, heads, kv_heads,
+                         head_dim, max_slots};
   if (cache_k.scalar_type() == at::kDouble) {
     Tensor q = at::empty({rows, heads, head_dim}, cache_k.options());
     double* kc = cache_k.data_ptr<double>();
@@ -291,8 +295,8 @@ void decoder_layer(const float* x, int64_t rows, int64_t hidden, const LayerWeig
       rope_and_write(qkv_rows, q.data_ptr<double>(), kc, vc);
     }
     const eyas::PhaseScope timed(eyas::kAttention);
-    eyas::attention(q.data_ptr<double>(), kc, vc, pass.visible, batch, length, heads, kv_heads, head_dim,
-                    max_slots, attended);  // attention.cpp
+    eyas::attention(q.data_ptr<double>(), kc, vc, pass.visible, heads, kv_heads, head_dim, max_slots,
+                    attended);  // attention.cpp
   } else {
     float* q = sized(buf.q, rows * heads * head_dim);  // [N, Hq, D]
     auto run = [&](auto* kc, auto* vc) {
@@ -301,8 +305,7 @@ void decoder_layer(const float* x, int64_t rows, int64_t hidden, const LayerWeig
         rope_and_write(qkv_rows, q, kc, vc);
       }
       const eyas::PhaseScope timed(eyas::kAttention);
-      eyas::attention(q, kc, vc, pass.visible, batch, length, heads, kv_heads, head_dim, max_slots,
-                      attended);  // attention.cpp
+      eyas::attention(q, kc, vc, pass.visible, heads, kv_heads, head_dim, max_slots, attended);  // attention.cpp
     };
     if (cache_k.scalar_type() == at::kHalf) {
       run(cache_k.data_ptr<at::Half>(), cache_v.data_ptr<at::Half>());
@@ -340,20 +343,38 @@ void decoder_layer(const float* x, int64_t rows, int64_t hidden, const LayerWeig
          {silu_mul, down_residual});  // [N, H]
 }
 
-// The mask [B, T, kv_len] bool (or none: every slot visible), checked.
+// The mask [N, kv_len] bool (or none: every slot visible), checked.
 Tensor checked_mask(const c10::optional<Tensor>& mask, int64_t rows, int64_t kv_len) {
   if (!mask.has_value()) return Tensor();
   Tensor contiguous = mask->contiguous();
   TORCH_CHECK(contiguous.scalar_type() == at::kBool && contiguous.numel() == rows * kv_len,
-              "mask: [B, T, kv_len] bool");
+              "mask: [N, kv_len] bool (a dense pass: [B, T, kv_len])");
   return contiguous;
 }
 
-void check_pass(const Tensor& x, const Tensor& slots, const Tensor& cos) {
+// Checks the pass and returns each row's sequence (cache row): dense, slots [B, T] and no
+// `sequences` (row n = b * T + t in sequence b); ragged, slots [N] and sequences [N] int64.
+std::vector<int64_t> check_pass(const Tensor& x, const Tensor& slots, const Tensor& cos,
+                                const c10::optional<Tensor>& sequences) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x: [N, H] float32");
-  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.is_contiguous() && slots.dim() == 2, "slots: [B, T] int64");
-  TORCH_CHECK(slots.size(0) * slots.size(1) == x.size(0), "slots must hold one slot per row of x");
   TORCH_CHECK(cos.size(1) % 8 == 0, "head_dim must be a multiple of 8");
+  const int64_t rows = x.size(0);
+  if (!sequences.has_value()) {
+    TORCH_CHECK(slots.scalar_type() == at::kLong && slots.is_contiguous() && slots.dim() == 2,
+                "slots: [B, T] int64 (or [N] with sequences [N])");
+    TORCH_CHECK(slots.size(0) * slots.size(1) == rows, "slots must hold one slot per row of x");
+    std::vector<int64_t> dense(rows);
+    for (int64_t n = 0; n < rows; ++n) dense[n] = n / slots.size(1);
+    return dense;
+  }
+  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.is_contiguous() && slots.numel() == rows,
+              "slots: [N] int64, one per row of x");
+  TORCH_CHECK(sequences->scalar_type() == at::kLong && sequences->numel() == rows,
+              "sequences: [N] int64, one cache row per row of x");
+  const Tensor contiguous = sequences->contiguous();
+  const int64_t* data = contiguous.data_ptr<int64_t>();
+  for (int64_t n = 0; n < rows; ++n) TORCH_CHECK_INDEX(data[n] >= 0, "sequence ", data[n], " of row ", n);
+  return std::vector<int64_t>(data, data + rows);
 }
 
 // The decoder layers of an int4 model, run in one call per pass (no Python between layers):
@@ -376,17 +397,20 @@ class Int4Stack {
 
   // x [N, H] float32 through layers[i] for i in `layers` (in order), layer i reading and
   // writing keys[storage[i]] / values[storage[i]] of the cache [L', B', KV, S, D]; the rest as
-  // int4_decoder_layer.
+  // int4_decoder_layer. A ragged pass gives `sequences` [N] (each row's cache row), slots [N]
+  // and mask [N, kv_len]: rows of any number of sequences, each with its own count of rows.
   Tensor run(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& keys, const Tensor& values,
              const std::vector<int64_t>& layers, const std::vector<int64_t>& storage, const Tensor& slots,
-             int64_t kv_len, const c10::optional<Tensor>& mask) const {
+             int64_t kv_len, const c10::optional<Tensor>& mask,
+             const c10::optional<Tensor>& sequences = c10::nullopt) const {
     const eyas::PhaseScope timed(eyas::kStackOther);
-    check_pass(x, slots, cos);
+    std::vector<int64_t> row_sequences = check_pass(x, slots, cos, sequences);
     TORCH_CHECK(layers.size() == storage.size(), "one storage index per layer");
     TORCH_CHECK(keys.dim() == 5 && keys.sizes() == values.sizes(), "keys, values: [L, B, KV, S, D]");
     const int64_t kv_len_checked = std::max<int64_t>(kv_len, 1);
     const Tensor mask_c = checked_mask(mask, x.size(0), kv_len_checked);
-    const eyas::Visibility visible(mask_c.defined() ? mask_c.data_ptr<bool>() : nullptr, x.size(0), kv_len);
+    const eyas::Visibility visible(mask_c.defined() ? mask_c.data_ptr<bool>() : nullptr, kv_len,
+                                   std::move(row_sequences));
     const Pass pass{cos, sin, slots, kv_len, visible};
     // Layers write in turn to two buffers (a layer never writes its own input).
     Tensor outputs[2] = {at::empty_like(x), layers.size() > 1 ? at::empty_like(x) : Tensor()};
@@ -444,9 +468,10 @@ Tensor int4_decoder_layer(const Tensor& x, const Tensor& norm_in, const Tensor& 
                           const c10::optional<Tensor>& mask, int64_t heads, int64_t kv_heads,
                           const c10::optional<Tensor>& embeds, const c10::optional<Tensor>& norm_embeds) {
   const eyas::PhaseScope timed(eyas::kStackOther);
-  check_pass(x, slots, cos);
+  std::vector<int64_t> row_sequences = check_pass(x, slots, cos, c10::nullopt);
   const Tensor mask_c = checked_mask(mask, x.size(0), std::max<int64_t>(kv_len, 1));
-  const eyas::Visibility visible(mask_c.defined() ? mask_c.data_ptr<bool>() : nullptr, x.size(0), kv_len);
+  const eyas::Visibility visible(mask_c.defined() ? mask_c.data_ptr<bool>() : nullptr, kv_len,
+                                 std::move(row_sequences));
   const LayerWeights weights{norm_in, qkv_packed, qkv_scales, qkv_bias, o_packed, o_scales, norm_post,
                              gate_up_packed, gate_up_scales, down_packed, down_scales, group, heads, kv_heads, eps};
   const Pass pass{cos, sin, slots, kv_len, visible};
@@ -465,7 +490,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   pybind11::class_<Int4Stack>(m, "Int4Stack", "The decoder layers of an int4 model, one call per pass")
       .def(pybind11::init<const std::vector<Tensor>&, int64_t, double, int64_t, int64_t>())
       .def("__len__", &Int4Stack::size)
-      .def("run", &Int4Stack::run, "x [N, H] through the given layers (see Int4Stack::run)");
+      .def("run", &Int4Stack::run, "x [N, H] through the given layers (see Int4Stack::run)",
+           pybind11::arg("x"), pybind11::arg("cos"), pybind11::arg("sin"), pybind11::arg("keys"),
+           pybind11::arg("values"), pybind11::arg("layers"), pybind11::arg("storage"), pybind11::arg("slots"),
+           pybind11::arg("kv_len"), pybind11::arg("mask"), pybind11::arg("sequences") = pybind11::none());
   m.def("set_phase_timing", &set_phase_timing, pybind11::arg("enabled"), pybind11::arg("clock") = "wall",
         "Per-phase timers of the stack on or off, on the 'wall' or 'cpu' clock (phase_timer.h)");
   m.def("phase_seconds", &phase_seconds, pybind11::arg("reset") = false,
