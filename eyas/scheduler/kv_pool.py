@@ -139,14 +139,11 @@ class KVPool:
         """Exchange slots [0, length) of rows a and b."""
         if length <= 0 or a == b:
             return
+        rows, swapped = [a, b], [b, a]
         for tensor in (self.cache.keys, self.cache.values):  # [L, R, KV, S, D]
-            kept = tensor[:, a, :, :length].clone()  # one row aside: three row copies in all
-            tensor[:, a, :, :length] = tensor[:, b, :, :length]
-            tensor[:, b, :, :length] = kept
-        if self.taps is not None:  # [R, S, W]
-            kept = self.taps[a, :length].clone()
-            self.taps[a, :length] = self.taps[b, :length]
-            self.taps[b, :length] = kept
+            tensor[:, rows, :, :length] = tensor[:, swapped, :, :length]
+        if self.taps is not None:
+            self.taps[rows, :length] = self.taps[swapped, :length]
 
     # ---- taps kept for cached prefixes -------------------------------------------------
     def write_taps(self, row: int, start: int, taps: Tensor) -> None:

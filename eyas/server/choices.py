@@ -16,9 +16,6 @@ Usage (inside a route):
 from __future__ import annotations
 
 import asyncio
-import threading
-import weakref
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -48,59 +45,10 @@ class Choice:
         return "".join(self.texts)
 
 
-class OutputRelay:
-    """Engine outputs -> the event loop's queues, one wake-up of the loop for every output
-    queued while the last delivery was pending: a step's outputs for all its streams cross
-    threads together, instead of one wake-up (a write to the loop's self-pipe, and a turn at
-    the GIL) per request per step."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = weakref.ref(loop)  # the relay lives as long as its loop (relay_for)
-        self._lock = threading.Lock()
-        self._pending: deque[tuple[asyncio.Queue, Any]] = deque()
-        self._scheduled = False
-
-    def send(self, queue: asyncio.Queue, item: Any) -> None:
-        """From any thread: `queue.put_nowait(item)` on the loop, in the order sent."""
-        with self._lock:
-            self._pending.append((queue, item))
-            if self._scheduled:
-                return
-            self._scheduled = True
-        try:
-            loop = self._loop()
-            if loop is None:
-                raise RuntimeError("the event loop is gone")
-            loop.call_soon_threadsafe(self._deliver)
-        except Exception:  # the loop is closed: the next send tries again
-            with self._lock:
-                self._scheduled = False
-            raise
-
-    def _deliver(self) -> None:
-        with self._lock:
-            items, self._pending = self._pending, deque()
-            self._scheduled = False
-        for queue, item in items:
-            queue.put_nowait(item)
-
-
-_relays: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, OutputRelay] = weakref.WeakKeyDictionary()
-
-
-def relay_for(loop: asyncio.AbstractEventLoop) -> OutputRelay:
-    """The event loop's one relay (made on first use, from the loop's own thread)."""
-    relay = _relays.get(loop)
-    if relay is None:
-        relay = _relays[loop] = OutputRelay(loop)
-    return relay
-
-
 class ChoiceSet:
     def __init__(self, engine: Engine, loop: asyncio.AbstractEventLoop) -> None:
         self.engine = engine
         self.loop = loop
-        self.relay = relay_for(loop)
         self.queue: asyncio.Queue[tuple[int, RequestOutput]] = asyncio.Queue()
         self.choices: list[Choice] = []
 
@@ -125,7 +73,7 @@ class ChoiceSet:
 
     def _callback(self, index: int) -> Callable[[RequestOutput], None]:
         def on_output(output: RequestOutput) -> None:
-            self.relay.send(self.queue, (index, output))
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, (index, output))
         return on_output
 
     async def next(self) -> tuple[Choice, RequestOutput]:
