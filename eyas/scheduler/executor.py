@@ -219,7 +219,11 @@ class StepExecutor:
         output = model(batch.input_ids, batch.positions, cache=self.pool.view(start, stop),
                        kv_len=batch.kv_len, **batch.pass_arguments(),
                        tap_layers=self.tap_layers, logits_at=None)
-        hidden = output.hidden[batch.query_rows, batch.query_cols]  # [N, H]
+        # the real queries' hidden states [N, H]; index_select on the flat [B * T, H] rows: the
+        # same values as hidden[rows, cols], without the parallel region that advanced indexing
+        # opens (its worker's wake-up cost up to milliseconds on a busy CPU)
+        flat = output.hidden.flatten(0, 1)  # [B * T, H]
+        hidden = flat.index_select(0, batch.query_rows * batch.tokens_per_row + batch.query_cols)
         # A screening output layer gives each row's argmax exactly, whichever rows share the
         # pass (models/output_layer.py); otherwise near-ties of greedy rows are settled alone.
         # Rows whose every logit is read (processors, logprobs) get the full product.
