@@ -222,8 +222,9 @@ class StepExecutor:
         # the real queries' hidden states [N, H]; index_select on the flat [B * T, H] rows: the
         # same values as hidden[rows, cols], without the parallel region that advanced indexing
         # opens (its worker's wake-up cost up to milliseconds on a busy CPU)
-        flat = output.hidden.flatten(0, 1)  # [B * T, H]
-        hidden = flat.index_select(0, batch.query_rows * batch.tokens_per_row + batch.query_cols)
+        width = batch.tokens_per_row
+        flat_index = batch.query_rows if width == 1 else batch.query_rows * width + batch.query_cols
+        hidden = output.hidden.flatten(0, 1).index_select(0, flat_index)
         # A screening output layer gives each row's argmax exactly, whichever rows share the
         # pass (models/output_layer.py); otherwise near-ties of greedy rows are settled alone.
         # Rows whose every logit is read (processors, logprobs) get the full product.
