@@ -129,6 +129,10 @@ def run_costs_cli(args: argparse.Namespace) -> int:
     from eyas.engine.target import load_target
     from eyas.models.probe import machine_limits
 
+    if args.prefill is not None and args.prefill < 1:
+        raise EyasError(f"--prefill must be >= 1 tokens, got {args.prefill}")
+    if args.prefill_chunk is not None and args.prefill_chunk < 1:
+        raise EyasError(f"--prefill-chunk must be >= 1 tokens, got {args.prefill_chunk}")
     target = load_target(args.model, dtype=args.dtype)
     limits = machine_limits(refresh=args.probe_again)  # probed once per machine, then cached
     for line in describe_limits(limits):
