@@ -10,6 +10,7 @@ Examples:
     eyas bench offline --systems "eyas:float32;eyas:float32+ngram:3,1,3" --num-draft-tokens 6
 
     eyas bench costs --model smollm2-135m --dtype int4   # cost of a pass over T tokens, and its floor
+    eyas bench costs --model smollm2-135m --dtype int4 --prefill 512   # and a 512-token prefill
     eyas bench profile --model smollm2-135m --tokens 1,8,32   # where a pass's time goes
 
     eyas bench serve --url http://127.0.0.1:8000 --label eagle3 --concurrency 1,2,4,8,16
@@ -112,6 +113,11 @@ def _register_costs(sub: argparse._SubParsersAction) -> None:
     costs.add_argument("--model", default="smollm2-135m", help="model spec (default: %(default)s)")
     costs.add_argument("--dtype", default="auto", choices=PRECISIONS, help="precision (default: %(default)s)")
     costs.add_argument("--repeats", type=int, default=7, help="timed passes per size (median)")
+    costs.add_argument("--prefill", type=int, default=None, metavar="N",
+                       help="also time the prefill of an N-token prompt: one pass, the engine's "
+                            "chunks of --prefill-chunk tokens, and the engine end to end")
+    costs.add_argument("--prefill-chunk", type=int, default=None,
+                       help="tokens per prefill pass in the engine (default: eyas serve's, 256)")
     costs.add_argument("--probe-again", action="store_true",
                        help="measure this machine's bandwidth and integer peak again (they are cached)")
     costs.set_defaults(func=run_costs_cli)
@@ -123,6 +129,10 @@ def run_costs_cli(args: argparse.Namespace) -> int:
     from eyas.engine.target import load_target
     from eyas.models.probe import machine_limits
 
+    if args.prefill is not None and args.prefill < 1:
+        raise EyasError(f"--prefill must be >= 1 tokens, got {args.prefill}")
+    if args.prefill_chunk is not None and args.prefill_chunk < 1:
+        raise EyasError(f"--prefill-chunk must be >= 1 tokens, got {args.prefill_chunk}")
     target = load_target(args.model, dtype=args.dtype)
     limits = machine_limits(refresh=args.probe_again)  # probed once per machine, then cached
     for line in describe_limits(limits):
@@ -135,6 +145,16 @@ def run_costs_cli(args: argparse.Namespace) -> int:
           f"after {COST_CONTEXT} cached:")
     for line in costs_table(costs, work, limits, COST_CONTEXT):
         print(line)
+    if args.prefill is not None:
+        from eyas.bench.prefill import measure_prefill
+
+        from eyas.scheduler.config import EngineConfig
+
+        chunk = args.prefill_chunk or EngineConfig().prefill_chunk
+        timing = measure_prefill(target, tokens=args.prefill, chunk=chunk,
+                                 repeats=args.repeats)
+        for line in timing.describe():
+            print(line)
     return 0
 
 

@@ -42,3 +42,17 @@ def test_slots_grow_by_doubling_and_keep_contents(tiny_target):
     view = pool.view(1, 2)
     view.keys[:, 0, :, 20] = 7.0  # a view writes through to the pool
     assert torch.all(pool.cache.keys[:, 1, :, 20] == 7.0)
+
+
+def test_swap_exchanges_the_first_slots_of_two_rows_and_their_taps(tiny_target):
+    pool = KVPool(tiny_target, rows=3, max_slots=16, initial_slots=8)
+    for row in range(3):
+        fill(pool, row, float(row + 1), 8)
+    pool.write_taps(0, 0, torch.full((8, 2), 1.0))
+    pool.write_taps(2, 0, torch.full((8, 2), 3.0))
+    pool.swap_now(0, 2, 5)
+    assert torch.all(pool.cache.keys[:, 0, :, :5] == 3.0) and torch.all(pool.cache.keys[:, 0, :, 5:8] == 1.0)
+    assert torch.all(pool.cache.values[:, 2, :, :5] == -1.0) and torch.all(pool.cache.values[:, 2, :, 5:8] == -3.0)
+    assert torch.all(pool.cache.keys[:, 1, :, :8] == 2.0)  # the third row is untouched
+    assert torch.all(pool.taps[0, :5] == 3.0) and torch.all(pool.taps[0, 5:8] == 1.0)
+    assert torch.all(pool.taps[2, :5] == 1.0) and torch.all(pool.taps[2, 5:8] == 3.0)
