@@ -493,7 +493,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("run", &Int4Stack::run, "x [N, H] through the given layers (see Int4Stack::run)",
            pybind11::arg("x"), pybind11::arg("cos"), pybind11::arg("sin"), pybind11::arg("keys"),
            pybind11::arg("values"), pybind11::arg("layers"), pybind11::arg("storage"), pybind11::arg("slots"),
-           pybind11::arg("kv_len"), pybind11::arg("mask"), pybind11::arg("sequences") = pybind11::none());
+           pybind11::arg("kv_len"), pybind11::arg("mask"), pybind11::arg("sequences") = pybind11::none(),
+           // without the GIL: the server's event loop (HTTP, streaming) runs while a pass computes;
+           // its buffers are per calling thread and the worker pool lets two callers take turns
+           pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("set_phase_timing", &set_phase_timing, pybind11::arg("enabled"), pybind11::arg("clock") = "wall",
         "Per-phase timers of the stack on or off, on the 'wall' or 'cpu' clock (phase_timer.h)");
   m.def("phase_seconds", &phase_seconds, pybind11::arg("reset") = false,
