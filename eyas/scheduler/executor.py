@@ -228,7 +228,7 @@ class StepExecutor:
         screened = all(span[0].params.greedy for span in others) and hasattr(model.lm_head, "greedy_logits")
         logits = (model.output_logits(hidden, greedy=screened) if others
                   else hidden.new_empty(hidden.shape[0], 0))  # [N, V]
-        draws = self._draw(drawn, trees, hidden)
+        draws = self._draws_isolated(drawn, trees, hidden, result)
         full = [span for span in others if span[0].needs_full_logits] if screened else others
         if screened and full:
             index = torch.cat([torch.arange(offset, offset + size) for _, offset, size in full])
@@ -247,12 +247,32 @@ class StepExecutor:
             self.costs.observe_ragged(len(decode), queries, forward_seconds)
         # 3. Acceptance, KV compaction and token-level state, request by request.
         for request, offset, size in spans:
+            if request.failure is not None:  # its draw failed (_draws_isolated)
+                continue
             row_logits = logits[offset : offset + size]  # [N_row, V]
             taps = output.taps[:, offset : offset + size] if output.taps is not None else None
             row_output = ForwardOutput(logits=row_logits[None], hidden=output.hidden[:, offset : offset + size],
                                        taps=taps)
             self._accept(request, trees[request.row], row_output, request.row in asked, result,
                          draws.get(request.row))
+
+    def _draws_isolated(self, drawn: list[tuple[Request, int, int]], trees: dict[int, DraftTree],
+                        hidden: Tensor, result: StepResult) -> dict[int, list[int]]:
+        """The draws of `drawn` in one call; where that call raises, each request's alone, so
+        that a failing draw ends its own request only (faults stay local, scheduler/faults.py)."""
+        try:
+            for request, _, _ in drawn:
+                self.faults.check(request, "sample")
+            return self._draw(drawn, trees, hidden)
+        except Exception:
+            draws: dict[int, list[int]] = {}
+            for span in drawn:
+                try:
+                    self.faults.check(span[0], "sample")
+                    draws.update(self._draw([span], trees, hidden))
+                except Exception as error:
+                    self._failed(span[0], "sample", error, result)
+            return draws
 
     def _draw(self, drawn: list[tuple[Request, int, int]], trees: dict[int, DraftTree], hidden: Tensor
               ) -> dict[int, list[int]]:
