@@ -5,6 +5,15 @@ from __future__ import annotations
 import torch
 
 
+def chi_square_p_value(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """p-value of observed counts under probs (categories with expected count >= 5)."""
+    expected = probs * counts.sum()
+    keep = expected >= 5
+    statistic = (((counts - expected) ** 2) / expected)[keep].sum()
+    dof = int(keep.sum()) - 1
+    return float(torch.special.gammaincc(torch.tensor(dof / 2.0), statistic / 2.0))
+
+
 def homogeneity_p_value(first: dict[int, int], second: dict[int, int]) -> tuple[float, int]:
     """Chi-square test of homogeneity between two histograms of tokens: (p-value, degrees of
     freedom), over the tokens whose expected count is at least 5 in both samples."""

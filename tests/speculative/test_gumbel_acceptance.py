@@ -12,6 +12,7 @@ from eyas.engine.gumbel import gumbel_argmax, noise_key
 from eyas.engine.speculative.acceptance import accept_drawn
 from eyas.engine.speculative.draft import DraftTree
 from eyas.engine.speculative.tree import node_depths
+from stat_checks import chi_square_p_value
 
 pytestmark = pytest.mark.skipif(not gumbel.available(), reason="the C++ extension is not built here")
 
@@ -21,14 +22,6 @@ P = torch.tensor([[0.30, 0.25, 0.20, 0.15, 0.10, 0.0],  # root row: the first em
                   [0.40, 0.10, 0.10, 0.10, 0.10, 0.20],
                   [0.10, 0.10, 0.10, 0.10, 0.10, 0.50]], dtype=torch.float64)
 TREE = DraftTree(torch.tensor([2, 4, 5]), torch.tensor([0, 0, 1]))  # root -> 2 (-> 5), 4
-
-
-def chi_square_p_value(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    expected = probs * counts.sum()
-    keep = expected >= 5
-    statistic = (((counts - expected) ** 2) / expected)[keep].sum()
-    dof = int(keep.sum()) - 1
-    return float(torch.special.gammaincc(torch.tensor(dof / 2.0), statistic / 2.0))
 
 
 def emitted(trials: int, same_noise_everywhere: bool = False) -> list[list[int]]:

@@ -9,18 +9,9 @@ import torch
 from eyas.engine.speculative import acceptance
 from eyas.engine.speculative.acceptance import accept_sampling
 from eyas.engine.speculative.draft import DraftTree
-from stat_checks import homogeneity_p_value
+from stat_checks import chi_square_p_value, homogeneity_p_value
 
 P_VALUE = 1e-3
-
-
-def chi_square_p_value(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    """p-value of observed counts under probs (categories with expected count >= 5)."""
-    expected = probs * counts.sum()
-    keep = expected >= 5
-    statistic = (((counts - expected) ** 2) / expected)[keep].sum()
-    dof = int(keep.sum()) - 1
-    return float(torch.special.gammaincc(torch.tensor(dof / 2.0), statistic / 2.0))
 
 
 P = torch.tensor([[0.30, 0.25, 0.20, 0.15, 0.10, 0.0],  # root row: the first emitted token
