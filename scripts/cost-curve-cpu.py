@@ -28,23 +28,17 @@ def main() -> None:
     if torch.get_num_threads() != 1:
         raise SystemExit("CPU time measures one thread: set OMP_NUM_THREADS=1")
     from eyas.engine.generate import new_cache
+    from eyas.engine.speculative.sizing import prefill_context, verify_pass
     from eyas.engine.target import load_target
 
     sizes = [int(t) for t in args.tokens.split(",")]
     target = load_target(args.model, dtype="int4")
-    model = target.model
     cache = new_cache(target, 1, args.context + max(sizes) + 1)
     medians = {}
     with torch.inference_mode():
-        model(torch.zeros(1, args.context, dtype=torch.long), cache=cache, write_at=0, logits_at=None)
+        prefill_context(target, cache, args.context)  # sample text, as `eyas bench costs` times
         for size in sizes:
-            ids = torch.zeros(1, size, dtype=torch.long)  # [1, T]
-            mask = torch.ones(1, size, args.context + size, dtype=torch.bool)  # [1, T, context + T]
-
-            def step() -> None:
-                model(ids, cache=cache, write_at=args.context, attn_mask=mask if size > 1 else None,
-                      kv_len=args.context + size, greedy=True)
-
+            step = verify_pass(target, cache, args.context, size)
             step()
             times = []
             for _ in range(args.repeats):
