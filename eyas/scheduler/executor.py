@@ -221,10 +221,11 @@ class StepExecutor:
         # Rows whose every logit is read (processors, logprobs) get the full product.
         # Plain-temperature rows draw their tokens through the screen too (engine/gumbel.py);
         # their logits are not read.
-        drawn = [span for span in spans
-                 if span[0].noise_base is not None and trees[span[0].row].draft_probs is None]
-        drawn_ids = {id(span[0]) for span in drawn}
-        others = [span for span in spans if id(span[0]) not in drawn_ids]
+        drawn: list[tuple[Request, int, int]] = []
+        others: list[tuple[Request, int, int]] = []
+        for span in spans:
+            by_draw = span[0].noise_base is not None and trees[span[0].row].draft_probs is None
+            (drawn if by_draw else others).append(span)
         screened = all(span[0].params.greedy for span in others) and hasattr(model.lm_head, "greedy_logits")
         logits = (model.output_logits(hidden, greedy=screened) if others
                   else hidden.new_empty(hidden.shape[0], 0))  # [N, V]
