@@ -31,9 +31,17 @@ from eyas.eagle3.vocab import DraftVocab
 
 def ttt_attention_mask(length: int, step: int, device: torch.device | str = "cpu") -> Tensor:
     """[T, (step + 1) * T] bool: step-0 keys causally, then the diagonal of each later step."""
-    causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
-    diagonal = torch.eye(length, dtype=torch.bool, device=device)
-    return torch.cat([causal] + [diagonal] * step, dim=1)
+    every = torch.arange(length, device=device)
+    return unroll_attention_mask([every] * (step + 1))
+
+
+def unroll_attention_mask(columns: list[Tensor]) -> Tensor:
+    """[T_k, T_0 + ... + T_k] bool for step k = len(columns) - 1 of an unroll that runs, at step
+    j, the rows columns[j] (increasing time indices; columns[0] = every row, the keys of step 0):
+    a query row t sees the step-0 keys <= t and its own keys of steps 1..k."""
+    query = columns[-1][:, None]  # [T_k, 1]
+    parts = [columns[0][None] <= query] + [later[None] == query for later in columns[1:]]
+    return torch.cat(parts, dim=1)
 
 
 def shift_left(x: Tensor, count: int = 1) -> Tensor:
@@ -158,37 +166,61 @@ class TrainingTimeTest(nn.Module):
         target: TargetDistribution,
     ) -> TTTResult:
         batch, length = input_ids.shape
-        positions = torch.arange(length, device=input_ids.device).expand(batch, length)
+        device = input_ids.device
         # 1. Step-0 alignment: row t reads token t+1 and learns the target's row t+1, counted when
-        #    token t+2 is an answer token.
-        ids = shift_left(input_ids, 1)
-        answer = shift_left(loss_mask, 2).bool()  # [B, T]
-        hidden, past_kv = taps, None
+        #    token t+2 is an answer token; at step k the same row is scored when token t+2+k is.
+        answers = [shift_left(loss_mask, 2 + step).bool() for step in range(self.steps)]  # [B, T] each
+        columns = unrolled_rows(answers)  # the rows each step runs
+        hidden, past_kv, previous = taps, None, columns[0]
         scored_hidden, scored_rows, scored_times, counted = [], [], [], []
-        for step in range(self.steps):
-            # 2. One draft step over every row at once, attending as the engine would.
-            mask = ttt_attention_mask(length, step, input_ids.device)
-            out = self.head(hidden, ids, positions + step, attn_mask=mask, past_kv=past_kv,
-                            compute_logits=False)
+        for step, rows_now in enumerate(columns):
+            answer = answers[step]
+            counted.append(answer.sum())
+            if rows_now.numel() == 0:  # nothing scored from here on
+                continue
+            # 2. One draft step over the rows still needed, attending as the engine would: a
+            #    row's hidden state stays in its row, its token and position move on by one.
+            kept = torch.searchsorted(previous, rows_now)  # rows_now within the last step's rows
+            hidden = hidden if step == 0 else hidden[:, kept]
+            ids = shift_left(input_ids, 1 + step)[:, rows_now]  # [B, T_k]
+            positions = (rows_now + step).expand(batch, -1)
+            mask = unroll_attention_mask(columns[:step + 1])
+            out = self.head(hidden, ids, positions, attn_mask=mask, past_kv=past_kv, compute_logits=False)
             # 3. Keep the outputs of answer rows, where the loss is scored: row t of step k
             #    against target row t+1+k.
             rows, times = answer.nonzero(as_tuple=True)  # [M_k] each
-            scored_hidden.append(out.hidden[rows, times])  # [M_k, H]
+            local = torch.full((length,), -1, dtype=torch.int64, device=device)
+            local[rows_now] = torch.arange(rows_now.numel(), device=device)
+            scored_hidden.append(out.hidden[rows, local[times]])  # [M_k, H]
             scored_rows.append(rows)
             scored_times.append(times + 1 + step)
-            counted.append(answer.sum())
-            # 4. Feed the head's own output back; tokens and masks move left by one.
-            hidden, past_kv = out.hidden, out.past_kv
-            ids, answer = shift_left(ids), shift_left(answer)
+            # 4. Feed the head's own output back.
+            hidden, past_kv, previous = out.hidden, out.past_kv, rows_now
         # 5. The output layer (the widest matmul) once over the scored rows of every step: one
         #    larger matmul and one weight gradient instead of K.
         logits = self.head.compute_logits(torch.cat(scored_hidden))  # [sum M_k, N]
         loss_rows, hit_rows = score_each_row(logits, target, torch.cat(scored_rows), torch.cat(scored_times))
         sizes = [int(rows.numel()) for rows in scored_rows]
+        sizes += [0] * (self.steps - len(sizes))  # steps with no row left
         loss_sums = [part.sum() for part in loss_rows.split(sizes)]
         correct = [part.sum() for part in hit_rows.split(sizes)]
         return TTTResult(loss_sums=torch.stack(loss_sums), correct=torch.stack(correct),
                          counted=torch.stack(counted))
+
+
+def unrolled_rows(answers: list[Tensor]) -> list[Tensor]:
+    """The time indices [T_k] that step k of the unroll runs, from the scored rows answers[k]
+    [B, T] bool: step 0 runs every row (its keys are every later step's context); step k >= 1
+    only the rows scored at step k or later (a row's output feeds its own next step and is
+    seen by no other row), taken over the whole micro batch. Each step's rows lie within the
+    previous step's."""
+    length = answers[0].shape[1]
+    device = answers[0].device
+    columns, later = [], torch.zeros(length, dtype=torch.bool, device=device)
+    for answer in reversed(answers[1:]):
+        later = later | answer.any(0)
+        columns.append(later.nonzero().squeeze(1))
+    return [torch.arange(length, device=device)] + columns[::-1]
 
 
 def weighted_loss(loss_sums: Tensor, decay: float) -> Tensor:

@@ -17,6 +17,8 @@ from eyas.training.ttt import (
     shift_left,
     target_distribution,
     ttt_attention_mask,
+    unroll_attention_mask,
+    unrolled_rows,
     weighted_loss,
 )
 
@@ -69,17 +71,46 @@ def test_inputs_positions_and_masks_of_each_step() -> None:
                       "output": output.hidden})
 
     head.register_forward_hook(record, with_kwargs=True)
-    ids = torch.tensor([[11, 12, 13, 14]])
-    TrainingTimeTest(head, steps=3)(torch.randn(1, 4, 3 * H), ids, torch.ones(1, 4, dtype=torch.int64),
-                                    random_target(1, 4))
+    ids = torch.tensor([[11, 12, 13, 14, 15, 16]])
+    # every token an answer: row t is scored at step k while t + 2 + k < 6, so steps 0, 1, 2
+    # run rows 0..5 (all: the step-0 keys), 0..2 and 0..1
+    TrainingTimeTest(head, steps=3)(torch.randn(1, 6, 3 * H), ids, torch.ones(1, 6, dtype=torch.int64),
+                                    random_target(1, 6))
     assert [c["width"] for c in calls] == [3 * H, H, H]  # fused taps, then the head's own output
-    assert torch.equal(calls[1]["hidden"], calls[0]["output"])
-    assert torch.equal(calls[2]["hidden"], calls[1]["output"])
-    assert [c["ids"].tolist() for c in calls] == [[[12, 13, 14, 0]], [[13, 14, 0, 0]], [[14, 0, 0, 0]]]
-    assert [c["positions"].tolist() for c in calls] == [[[0, 1, 2, 3]], [[1, 2, 3, 4]], [[2, 3, 4, 5]]]
-    assert [c["past"] for c in calls] == [0, 4, 8]
-    for step, call in enumerate(calls):
-        assert torch.equal(call["mask"], ttt_attention_mask(4, step))
+    assert torch.equal(calls[1]["hidden"], calls[0]["output"][:, :3])
+    assert torch.equal(calls[2]["hidden"], calls[1]["output"][:, :2])
+    assert [c["ids"].tolist() for c in calls] == [[[12, 13, 14, 15, 16, 0]], [[13, 14, 15]], [[14, 15]]]
+    assert [c["positions"].tolist() for c in calls] == [[[0, 1, 2, 3, 4, 5]], [[1, 2, 3]], [[2, 3]]]
+    assert [c["past"] for c in calls] == [0, 6, 9]
+    assert torch.equal(calls[0]["mask"], ttt_attention_mask(6, 0))
+    assert torch.equal(calls[1]["mask"], ttt_attention_mask(6, 1)[:3, :9])
+    expected = torch.tensor([
+        # step-0 keys (causal) | step-1 keys, rows 0..2 | step-2 keys, rows 0..1
+        [1, 0, 0, 0, 0, 0, 1, 0, 0, 1, 0],
+        [1, 1, 0, 0, 0, 0, 0, 1, 0, 0, 1],
+    ], dtype=torch.bool)
+    assert torch.equal(calls[2]["mask"], expected)
+
+
+def test_unrolled_rows_skip_rows_scored_at_no_later_step() -> None:
+    # two samples: answers from token 5 on in the first, tokens 3 and 4 in the second
+    loss_mask = torch.tensor([[0, 0, 0, 0, 0, 1, 1, 1, 1, 1],
+                              [0, 0, 0, 1, 1, 0, 0, 0, 0, 0]])
+    answers = [shift_left(loss_mask, 2 + step).bool() for step in range(3)]
+    # step k scores rows t with loss_mask[t + 2 + k]: first sample t = 3 - k..7 - k, second
+    # 1 - k..2 - k; step k >= 1 runs the rows scored at steps k..2
+    columns = unrolled_rows(answers)
+    assert [c.tolist() for c in columns] == [list(range(10)), [0, 1, 2, 3, 4, 5, 6], [0, 1, 2, 3, 4, 5]]
+    one = unrolled_rows([a[:1] for a in answers])  # the first sample alone
+    assert [c.tolist() for c in one] == [list(range(10)), [1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5]]
+
+
+def test_unroll_attention_mask_of_a_subset_by_hand() -> None:
+    columns = [torch.arange(4), torch.tensor([1, 3]), torch.tensor([3])]
+    expected = torch.tensor([[1, 1, 1, 1, 0, 1, 1]], dtype=torch.bool)  # row 3: causal, its own keys
+    assert torch.equal(unroll_attention_mask(columns), expected)
+    assert torch.equal(unroll_attention_mask(columns[:2]), torch.tensor([[1, 1, 0, 0, 1, 0],
+                                                                        [1, 1, 1, 1, 0, 1]], dtype=torch.bool))
 
 
 def test_loss_counts_answer_rows_in_the_draft_vocab_only() -> None:
@@ -202,7 +233,7 @@ def test_unroll_on_the_scored_rows_only_equals_the_full_distribution() -> None:
 def test_train_time_unroll_equals_serve_time_drafting() -> None:
     """Step k of the unroll at row t == the engine drafting k tokens after position t."""
     head = tiny_head().eval()
-    length, steps = 8, 3
+    length, steps = 10, 3  # row 4 is scored at every step (4 + 2 + 2 < 10): the unroll runs it
     taps, ids = torch.randn(1, length, 3 * H), torch.randint(0, V, (1, length))
     logits = []
     head.register_forward_hook(lambda module, args, output: logits.append(module.compute_logits(output.hidden)))
