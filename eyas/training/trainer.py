@@ -48,7 +48,14 @@ from eyas.training.distributed import DistributedContext
 from eyas.training.heads import build_eagle3, build_medusa
 from eyas.training.metrics import MetricsLogger, acceptance_length
 from eyas.training.schedule import WarmupCosine
-from eyas.training.ttt import answer_count, scored_target_rows, target_distribution, weighted_loss
+from eyas.training.ttt import (
+    TargetLabels,
+    TargetOutputLayer,
+    answer_count,
+    scored_target_rows,
+    target_distribution,
+    weighted_loss,
+)
 
 
 @dataclass
@@ -141,6 +148,11 @@ class Trainer:
             vocab = build_draft_vocab(self.counts, size)
         self.vocab_coverage = vocab.coverage(self.counts)
         self.vocab = vocab
+        self.output_layer = TargetOutputLayer(self.lm_head_weight, vocab)
+        # The target's argmax per sample row (in_draft [T], argmax_draft [T]), by sample index:
+        # it depends on the sample alone, so from the second epoch on only the draft
+        # vocabulary's rows of the target's output layer run.
+        self.label_cache: dict[int, tuple[Tensor, Tensor]] = {}
         # 2. The head(s), and the module whose forward gives the K loss terms.
         build = build_medusa if config.method == "medusa" else build_eagle3
         self.head, self.model = build(config, self.info, self.layer_ids, vocab,
@@ -192,8 +204,9 @@ class Trainer:
                     print(f"[eyas] resuming from {folder} (step {self.start_step})", flush=True)
 
     # ---- one micro batch -----------------------------------------------------------------------
-    def _micro_batch(self, batch: Batch) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:
-        """(weighted loss sum, loss_sums [K], correct [K], counted [K], tokens) of a micro batch."""
+    def _micro_batch(self, batch: Batch, indices: list[int]) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:
+        """(weighted loss sum, loss_sums [K], correct [K], counted [K], tokens) of a micro batch of
+        the samples `indices`."""
         input_ids = batch.input_ids.to(self.device)
         loss_mask = batch.loss_mask.to(self.device)
         if batch.taps is None:  # online: the target runs now
@@ -203,7 +216,13 @@ class Trainer:
             taps, hidden = batch.taps.to(self.device), batch.hidden.to(self.device)
         # The target's distribution only on the rows the loss reads (Medusa heads: all rows).
         rows = None if self.config.method == "medusa" else scored_target_rows(loss_mask, self.config.ttt_steps)
-        target = target_distribution(hidden, self.lm_head_weight, self.vocab, rows=rows)
+        labels = self._cached_labels(indices, batch)
+        target = target_distribution(hidden, self.output_layer, self.vocab, rows=rows, labels=labels)
+        if labels is None:
+            for row, index in enumerate(indices):
+                length = int(batch.lengths[row])
+                self.label_cache[index] = (target.in_draft[row, :length].cpu(),
+                                           target.argmax_draft[row, :length].cpu().int())
         autocast_dtype = self.config.autocast_dtype(self.device)
         autocast = (torch.autocast(self.device.type, dtype=autocast_dtype) if autocast_dtype
                     else nullcontext())
@@ -215,25 +234,37 @@ class Trainer:
         loss = weighted_loss(result.loss_sums, self.config.ttt_decay)
         return loss, result.loss_sums.detach(), result.correct, result.counted, batch.num_tokens
 
+    def _cached_labels(self, indices: list[int], batch: Batch) -> TargetLabels | None:
+        """The batch's target argmax [B, T] from the cache, or None unless every sample is there
+        (rows past a sample's length are padding: never scored)."""
+        if not all(index in self.label_cache for index in indices):
+            return None
+        in_draft = torch.zeros(batch.input_ids.shape, dtype=torch.bool)
+        argmax_draft = torch.zeros(batch.input_ids.shape, dtype=torch.int64)
+        for row, index in enumerate(indices):
+            drafted, best = self.label_cache[index]
+            in_draft[row, :drafted.numel()] = drafted
+            argmax_draft[row, :best.numel()] = best
+        return TargetLabels(in_draft.to(self.device), argmax_draft.to(self.device))
+
     # ---- one optimizer step --------------------------------------------------------------------
     def train_step(self, step: int) -> StepStats:
         config, context = self.config, self.context
         self.model.train()
-        micro_batches = [collate([self.source.get(i) for i in indices]) for indices in
-                         self.plan.micro_batches(step, context.rank, context.world_size,
-                                                 config.micro_batch_size)]
+        plan = self.plan.micro_batches(step, context.rank, context.world_size, config.micro_batch_size)
+        micro_batches = [(collate([self.source.get(i) for i in indices]), list(indices)) for indices in plan]
         # 1. The loss normalizer: answer tokens of the whole global batch.
-        local = sum(answer_count(batch.loss_mask) for batch in micro_batches)
+        local = sum(answer_count(batch.loss_mask) for batch, _ in micro_batches)
         normalizer = float(context.all_reduce_sum(torch.tensor(float(local))).clamp(min=1.0))
         lr = self.schedule.apply(self.optimizer, step)
         k = config.loss_terms
         sums = torch.zeros(3 * k + 1)  # loss_sums, correct, counted, tokens
         # 2. Forward and backward per micro batch; gradients sync on the last one only.
-        for number, batch in enumerate(micro_batches):
+        for number, (batch, indices) in enumerate(micro_batches):
             last = number == len(micro_batches) - 1
             sync = nullcontext() if last or not context.is_distributed else self.model.no_sync()
             with sync:
-                loss, loss_sums, correct, counted, tokens = self._micro_batch(batch)
+                loss, loss_sums, correct, counted, tokens = self._micro_batch(batch, indices)
                 # DDP averages gradients over ranks: scale by world size to sum them instead.
                 (loss * context.world_size / normalizer).backward()
             sums += torch.cat([loss_sums.cpu(), correct.cpu().float(), counted.cpu().float(),
@@ -261,8 +292,9 @@ class Trainer:
         sums = torch.zeros(3 * k + 1)
         answers = torch.zeros(1)
         for start in range(0, len(mine), size):
-            batch = collate([self.source.get(i) for i in mine[start:start + size]])
-            _, loss_sums, correct, counted, tokens = self._micro_batch(batch)
+            indices = mine[start:start + size]
+            batch = collate([self.source.get(i) for i in indices])
+            _, loss_sums, correct, counted, tokens = self._micro_batch(batch, indices)
             answers += float(answer_count(batch.loss_mask))
             sums += torch.cat([loss_sums.cpu(), correct.cpu().float(), counted.cpu().float(),
                                torch.tensor([float(tokens)])])

@@ -52,27 +52,52 @@ def shift_left(x: Tensor, count: int = 1) -> Tensor:
     return out
 
 
+class TargetOutputLayer:
+    """The target's output layer [V, H] in float32, split by the draft vocabulary: its N kept rows
+    give the distribution; the V - N others matter only to the argmax (is the target's top token
+    drafted at all), which depends on the sample alone and is kept between epochs (TargetLabels)."""
+
+    def __init__(self, weight: Tensor, vocab: DraftVocab) -> None:
+        weight = weight.float()
+        t2d = vocab.t2d.to(weight.device)
+        self.kept = weight[t2d].contiguous()  # [N, H], in draft-id order (kept ids increase)
+        self.other = weight[~t2d].contiguous()  # [V - N, H]
+        self.kept_ids = vocab.kept_ids.to(weight.device)  # [N] target ids
+        self.other_ids = (~t2d).nonzero().squeeze(1)  # [V - N] target ids
+
+
+@dataclass
+class TargetLabels:
+    in_draft: Tensor  # [B, T] bool: the target's argmax at row t lies in the draft vocabulary
+    argmax_draft: Tensor  # [B, T] int64: that argmax as a draft id (0 where not in_draft)
+
+
 @dataclass
 class TargetDistribution:
     probs: Tensor  # [B, T, N] float32: target softmax over the draft vocabulary, row t -> x_{t+1}
     in_draft: Tensor  # [B, T] bool: the target's argmax at row t lies in the draft vocabulary
     argmax_draft: Tensor  # [B, T] int64: that argmax as a draft id (0 where not in_draft)
 
+    @property
+    def labels(self) -> TargetLabels:
+        return TargetLabels(self.in_draft, self.argmax_draft)
+
 
 @torch.no_grad()
-def target_distribution(hidden: Tensor, lm_head_weight: Tensor, vocab: DraftVocab,
-                        chunk_tokens: int = 1024, rows: Tensor | None = None) -> TargetDistribution:
+def target_distribution(hidden: Tensor, lm_head: Tensor | TargetOutputLayer, vocab: DraftVocab,
+                        chunk_tokens: int = 1024, rows: Tensor | None = None,
+                        labels: TargetLabels | None = None) -> TargetDistribution:
     """The target's next-token distribution from its last hidden state [B, T, H] (after the
-    final norm) and lm_head [V, H], in float32, restricted to the draft vocabulary.
+    final norm) and lm_head ([V, H], or split once by TargetOutputLayer), in float32, restricted
+    to the draft vocabulary.
 
     rows: [B, T] bool, the rows that are read (scored_target_rows); the others are left at zero
     (probs 0, not in the draft vocabulary), which saves the full-vocabulary output layer there.
+    labels: the argmax of an earlier call on the same hidden states and rows (`.labels`); only
+    the draft vocabulary's rows of the output layer run then (N of V).
     """
     device = hidden.device
-    kept = vocab.kept_ids.to(device)  # [N]
-    t2d = vocab.t2d.to(device)  # [V]
-    target_to_draft = t2d.long().cumsum(0) - 1  # [V]: draft id of a drafted target id
-    weight = lm_head_weight.to(device=device, dtype=torch.float32)
+    layer = lm_head if isinstance(lm_head, TargetOutputLayer) else TargetOutputLayer(lm_head.to(device), vocab)
     shape = hidden.shape[:2]
     flat = hidden.reshape(-1, hidden.shape[-1])  # [B*T, H]
     picked = None if rows is None else rows.reshape(-1).nonzero().squeeze(1)  # [R]
@@ -81,23 +106,37 @@ def target_distribution(hidden: Tensor, lm_head_weight: Tensor, vocab: DraftVoca
     flat = flat.float()
     probs, in_draft, argmax_draft = [], [], []
     for start in range(0, flat.shape[0], chunk_tokens):
-        logits = flat[start:start + chunk_tokens] @ weight.T  # [c, V]
-        best = logits.argmax(-1)  # [c]
-        in_draft.append(t2d[best])
-        argmax_draft.append(torch.where(t2d[best], target_to_draft[best], 0))
-        probs.append(torch.softmax(logits[:, kept], dim=-1))  # [c, N]
+        logits = flat[start:start + chunk_tokens] @ layer.kept.T  # [c, N]
+        probs.append(torch.softmax(logits, dim=-1))
+        if labels is None:  # the argmax over the whole vocabulary, first index on ties
+            best = logits.argmax(-1)  # [c] draft ids
+            value = logits.gather(1, best[:, None]).squeeze(1)
+            drafted = torch.ones_like(best, dtype=torch.bool)
+            if layer.other.numel():
+                others = flat[start:start + chunk_tokens] @ layer.other.T  # [c, V - N]
+                other_best = others.argmax(-1)
+                other_value = others.gather(1, other_best[:, None]).squeeze(1)
+                drafted = (value > other_value) | ((value == other_value) &
+                                                   (layer.kept_ids[best] < layer.other_ids[other_best]))
+            in_draft.append(drafted)
+            argmax_draft.append(torch.where(drafted, best, 0))
     if not probs:  # no row is read
-        probs.append(flat.new_zeros(0, kept.numel()))
+        probs.append(flat.new_zeros(0, layer.kept.shape[0]))
         in_draft.append(torch.zeros(0, dtype=torch.bool, device=device))
         argmax_draft.append(torch.zeros(0, dtype=torch.int64, device=device))
     if picked is None:
-        return TargetDistribution(probs=torch.cat(probs).view(*shape, -1),
-                                  in_draft=torch.cat(in_draft).view(shape),
+        full_probs = torch.cat(probs).view(*shape, -1)
+        if labels is not None:
+            return TargetDistribution(full_probs, labels.in_draft.to(device), labels.argmax_draft.to(device))
+        return TargetDistribution(probs=full_probs, in_draft=torch.cat(in_draft).view(shape),
                                   argmax_draft=torch.cat(argmax_draft).view(shape))
     # Scatter the computed rows back into [B, T] tensors.
     total = shape[0] * shape[1]
-    full_probs = flat.new_zeros(total, kept.numel())
+    full_probs = flat.new_zeros(total, layer.kept.shape[0])
     full_probs[picked] = torch.cat(probs)
+    if labels is not None:
+        return TargetDistribution(full_probs.view(*shape, -1), labels.in_draft.to(device),
+                                  labels.argmax_draft.to(device))
     full_in_draft = torch.zeros(total, dtype=torch.bool, device=device)
     full_in_draft[picked] = torch.cat(in_draft)
     full_argmax = torch.zeros(total, dtype=torch.int64, device=device)

@@ -53,9 +53,10 @@ def test_loss_alignment_and_one_step(tmp_path, tiny_target_dir, feature_store_di
     with torch.no_grad():  # random blocks: at init (W = 0) every head would give the same answer
         for block in heads.blocks:
             block[0].linear.weight.normal_(0, 0.2)
-    batch = collate([trainer.source.get(i) for i in trainer.plan.micro_batches(0, 0, 1, 2)[0]])
+    indices = trainer.plan.micro_batches(0, 0, 1, 2)[0]
+    batch = collate([trainer.source.get(i) for i in indices])
     with torch.no_grad():
-        _, loss_sums, _, counted, _ = trainer._micro_batch(batch)
+        _, loss_sums, _, counted, _ = trainer._micro_batch(batch, indices)
         expected = reference_loss_sums(trainer, batch)
     assert torch.allclose(loss_sums, expected, rtol=1e-4), (loss_sums, expected)
     # head k counts the rows whose token t + 1 + k is an answer token
@@ -69,7 +70,7 @@ def test_loss_alignment_and_one_step(tmp_path, tiny_target_dir, feature_store_di
         | {"lm_head.weight"}  # d2t and t2d never change
     # the same batch again: the step lowered its loss
     with torch.no_grad():
-        _, loss_sums_after, _, _, _ = trainer._micro_batch(batch)
+        _, loss_sums_after, _, _, _ = trainer._micro_batch(batch, indices)
     assert float(loss_sums_after.sum()) < float(loss_sums.sum())
     assert len(first.step_losses) == HEADS and 0.0 <= first.accuracies[0] <= 1.0
 

@@ -43,7 +43,7 @@ def test_training_lowers_the_loss(tmp_path, tiny_target_dir, feature_store_dir) 
 
     def fixed_loss() -> float:
         with torch.no_grad():
-            return trainer._micro_batch(batch)[0].item()
+            return trainer._micro_batch(batch, trainer.train_indices[:8])[0].item()
 
     before = fixed_loss()
     for step in range(40):
@@ -60,3 +60,21 @@ def test_bfloat16_autocast_step_is_close_to_float32(tmp_path, tiny_target_dir, f
         losses[precision] = trainer.train_step(0).loss
         assert all(p.dtype == torch.float32 for p in trainer.head.parameters())  # fp32 master weights
     assert losses["bfloat16"] == pytest.approx(losses["float32"], rel=0.02)
+
+
+def test_second_epoch_reads_the_target_argmax_from_the_cache(tmp_path, tiny_target_dir, feature_store_dir) -> None:
+    """From a sample's second pass on, the target's argmax comes from the label cache and only the
+    draft vocabulary's rows of its output layer run: the same loss and hits as the first pass."""
+    trainer = make_trainer(tmp_path, "cache", tiny_target_dir, features=str(feature_store_dir), ttt_steps=3)
+    indices = trainer.train_indices[:2]
+    batch = collate([trainer.source.get(i) for i in indices])
+    with torch.no_grad():
+        first = trainer._micro_batch(batch, indices)
+        assert sorted(trainer.label_cache) == sorted(indices)
+        drafted = sum(int(trainer.label_cache[i][0].sum()) for i in indices)
+        assert drafted > 0  # some target argmax lies in the draft vocabulary
+        # the other rows of the output layer are not read any more: NaN there would change the argmax
+        trainer.output_layer.other = torch.full_like(trainer.output_layer.other, float("nan"))
+        second = trainer._micro_batch(batch, indices)
+    assert torch.equal(first[1], second[1]) and torch.equal(first[2], second[2])
+    assert float(first[1].sum()) > 0  # drafted target rows weigh in the loss

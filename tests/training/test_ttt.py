@@ -12,6 +12,7 @@ from eyas.eagle3.head import Eagle3Head
 from eyas.eagle3.vocab import build_draft_vocab
 from eyas.training.ttt import (
     TargetDistribution,
+    TargetOutputLayer,
     TrainingTimeTest,
     scored_target_rows,
     shift_left,
@@ -192,6 +193,28 @@ def test_target_distribution_restricts_to_the_draft_vocab() -> None:
     assert out.argmax_draft.tolist() == [[0, 1, 0]]  # target 1 -> draft 0, target 3 -> draft 1
     expected = torch.softmax(torch.tensor([3.0, 0.0, 0.0]), -1)  # logits of kept ids 1, 3, 4
     assert torch.allclose(out.probs[0, 0], expected)
+
+
+def test_target_argmax_ties_and_cached_labels() -> None:
+    """The argmax over the whole vocabulary from the split output layer takes the lowest target
+    id on ties, as one argmax over all V logits does; given `labels`, only the kept rows run."""
+    vocab = build_draft_vocab(torch.tensor([0, 9, 0, 9, 9, 0]), 3)  # kept ids 1, 3, 4
+    lm_head = torch.zeros(6, 2)
+    lm_head[0] = torch.tensor([1.0, 0.0])  # ties with kept id 1 and comes first: not drafted
+    lm_head[1] = torch.tensor([1.0, 0.0])
+    lm_head[3] = torch.tensor([0.0, 1.0])
+    lm_head[5] = torch.tensor([0.0, 1.0])  # ties with kept id 3 and comes after it: drafted
+    hidden = torch.tensor([[[3.0, 0.0], [0.0, 3.0], [-1.0, -1.0]]])
+    out = target_distribution(hidden, lm_head, vocab)
+    logits = hidden[0] @ lm_head.T
+    assert logits.argmax(-1).tolist() == [0, 3, 2]  # the reference: one argmax over V
+    assert out.in_draft.tolist() == [[False, True, False]]
+    assert out.argmax_draft.tolist() == [[0, 1, 0]]
+    layer = TargetOutputLayer(lm_head, vocab)
+    layer.other = torch.full_like(layer.other, float("nan"))  # never read with labels given
+    again = target_distribution(hidden, layer, vocab, labels=out.labels)
+    assert torch.equal(again.probs, out.probs) and torch.equal(again.in_draft, out.in_draft)
+    assert torch.equal(again.argmax_draft, out.argmax_draft)
 
 
 def test_scored_target_rows_by_hand() -> None:
