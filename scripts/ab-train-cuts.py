@@ -37,6 +37,8 @@ def load_old_ttt(tree: str):
 
 
 def main() -> None:
+    if len(sys.argv) != 4 or not sys.argv[2].isdigit() or int(sys.argv[2]) < 1:
+        raise SystemExit("usage: ab-train-cuts.py FEATURES ROUNDS(>= 1) OLD_TREE")
     features, rounds, old_tree = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     torch.set_num_threads(1)
     config = TrainConfig(model="smollm2-135m", features=features, output=tempfile.mkdtemp(prefix="ab-train-cuts-"),
