@@ -6,7 +6,12 @@ Each step, in order:
    of drafts, chosen per row by the speculation policy (draft_plan.py, speculation.py).
 2. Prefill: what is left of the step's token budget (`max_step_tokens`) goes to prompt chunks
    (at most `prefill_chunk` tokens per request per step), oldest request first, so that a long
-   prompt never stalls the running requests for more than one chunk.
+   prompt never stalls the running requests for more than one chunk. While requests decode,
+   the prompt tokens are also priced with the measured cost model (speculation.StepCostModel):
+   the step may take at most `prefill_stretch` times its decode pass alone, and at least
+   MIN_PREFILL_TOKENS prompt tokens go in, so that every prompt progresses. Prefill chunks cost
+   each decoding request time per output token (TPOT); smaller ones delay the joining
+   request's first token (TTFT) instead.
 3. Admission: waiting requests (first come, first served) take a free KV row while the budget
    lasts. A row is the request's KV memory: admission needs one that no request holds. With a
    prefix cache (prefix_cache.py), a request reuses the longest computed prefix of its prompt
@@ -108,8 +113,10 @@ class Scheduler:
         if plan.draft_budgets is not None:
             plan.num_draft_tokens = max(plan.draft_budgets.values(), default=0)
         self.last_draft_tokens = plan.num_draft_tokens
-        budget = self.config.max_step_tokens - sum(1 + plan.draft_budget(r) for r in plan.decode)
+        queries = sum(1 + plan.draft_budget(r) for r in plan.decode)
+        budget = self.config.max_step_tokens - queries
         if prefill_pending:
+            budget = min(budget, self.priced_prefill_tokens(len(plan.decode), queries))
             budget = max(budget, min(self.config.prefill_chunk, MIN_PREFILL_TOKENS))
         # 2. Chunks of prompts already admitted, oldest first.
         for request in prefilling:
@@ -143,6 +150,24 @@ class Scheduler:
             budget -= self._add_chunk(plan, request, budget)
         self.waiting.extendleft(reversed(passed))
         return plan
+
+    def priced_prefill_tokens(self, sequences: int, queries: int) -> int:
+        """The most prompt tokens a step may add to a decode pass of `sequences` requests and
+        `queries` queries: prefilling them (one chunk, c(1, P) of the cost model) may cost at
+        most (prefill_stretch - 1) x that pass. No limit when nothing decodes, without a cost
+        model or with prefill_stretch None (the token budget alone then limits prefill)."""
+        stretch = self.config.prefill_stretch
+        if not sequences or self.costs is None or stretch is None:
+            return self.config.max_step_tokens
+        allowance = (stretch - 1.0) * self.costs.ragged_cost(sequences, queries)
+        low, high = 0, self.config.max_step_tokens  # the largest P with c(1, P) <= allowance
+        while low < high:
+            middle = (low + high + 1) // 2
+            if self.costs.ragged_cost(1, middle) <= allowance:
+                low = middle
+            else:
+                high = middle - 1
+        return low
 
     def _add_chunk(self, plan: StepPlan, request: Request, budget: int) -> int:
         start = request.prefill_scheduled
