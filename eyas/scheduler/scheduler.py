@@ -183,19 +183,23 @@ class Scheduler:
         """(draft tokens per request_id for this step, the cap they were chosen under)."""
         if not self.speculative or not decode:
             return {}, 0
-        budget = self.config.max_step_tokens // (2 if prefill_pending else 1)
-        most = min(self.config.num_draft_tokens, budget // len(decode) - 1)
+        budget = self.config.max_step_tokens // (2 if prefill_pending else 1)  # queries in all
+        most = min(self.config.num_draft_tokens, budget - len(decode))  # one row's cap
+        even = min(most, budget // len(decode) - 1)  # every row alike
         if most < 1:
             return {}, 0
         every = lambda k: {r.request_id: k for r in decode}  # noqa: E731
         if self.config.speculation == "timed":  # one request: its own policy (config.py)
-            return every(most if all(r.timing.speculate_now() for r in decode) else 0), most
+            even = max(even, 0)
+            return every(even if all(r.timing.speculate_now() for r in decode) else 0), even
         if self.config.speculation == "always" or self.costs is None:
-            return every(most), most
+            return every(max(even, 0)), max(even, 0)
         by_row: list[AcceptanceEstimate | None] = [None] * (max(r.row for r in decode) + 1)
         for request in decode:
             by_row[request.row] = request.acceptance
-        chosen = choose_draft_budgets(by_row, self.costs, most)
+        # the pass is ragged: the budget caps its queries, a row whose drafts pay may take
+        # more than an even share of it (draft_plan.py)
+        chosen = choose_draft_budgets(by_row, self.costs, most, max_queries=budget)
         if any(chosen):
             self._plain_streak, self._probe_gap = 0, DRAFT_PROBE_EVERY
             self._speculative_steps += 1
@@ -204,7 +208,7 @@ class Scheduler:
             return {r.request_id: chosen[r.row] for r in decode}, most
         rows = len(decode)
         self._plain_streak += 1
-        if self._plain_streak >= max(self._probe_gap, self._probe_cost_floor(rows)):
+        if even >= 1 and self._plain_streak >= max(self._probe_gap, self._probe_cost_floor(rows)):
             self._plain_streak = 0
             self._probe_gap = min(2 * self._probe_gap, DRAFT_PROBE_MAX_GAP)
             return every(1), most  # a draft probe: see _probe_cost_floor
