@@ -7,7 +7,8 @@ import torch
 
 from eyas.engine.speculative.draft import DraftTree
 from eyas.scheduler.draft_plan import choose_draft_budgets
-from eyas.scheduler.speculation import AcceptanceEstimate, ShadowDraft, StepCostModel, monotone
+from eyas.scheduler.speculation import (AcceptanceEstimate, ShadowDraft, StepCostModel, branch_lesson,
+                                        monotone)
 
 
 def cpu_like_costs(max_tokens: int = 5) -> StepCostModel:
@@ -96,6 +97,20 @@ def test_a_shadow_draft_measures_what_verification_would_have_accepted():
     assert shadow.follow([1, 2, 3]) == (2, 2)  # all accepted
     shadow.start(DraftTree.chain([4]))
     assert shadow.follow([3]) == (1, 0)
+
+
+def test_a_shadow_draft_teaches_its_proposer_what_verifying_its_first_branch_would_have():
+    """Nodes 1 (5) -> 2 (6) -> 4 (7), and 3 (9) beside node 1: the target emits 5, 6, 8. Trials
+    are the branch's nodes whose parent was emitted (1, 2, 4), hits 1 and 2; node 3 was never
+    verified, so it is no trial (None)."""
+    shadow = ShadowDraft()
+    shadow.start(DraftTree(torch.tensor([5, 6, 9, 7]), torch.tensor([0, 1, 0, 2])), ["a", "b", "c", "d"])
+    assert (shadow.branch, shadow.nodes) == ([1, 2, 4], ["a", "b", "c", "d"])
+    branch, nodes = shadow.branch, shadow.nodes
+    assert shadow.follow([5, 6, 8]) == (3, 2) and shadow.nodes is None
+    assert branch_lesson(nodes, branch, 2) == (["a", "b", None, "d"], [1, 2])
+    shadow.start(DraftTree.chain([1, 2]), ["x"])  # a record that does not fit the tree: none
+    assert shadow.nodes is None
 
 
 class PricedTree:
