@@ -22,7 +22,7 @@ class EngineConfig:
     max_step_tokens: int = 512  # tokens in one step: decode rows x (1 + drafts) + prefill chunks
     prefill_chunk: int = 256  # most prompt tokens of one request prefilled per step
     # while requests decode, the prompt tokens of a step are priced with the measured cost
-    # model so that the step takes at most this multiple of its decode pass alone (a lower
+    # model so that the step takes at most this multiple of its plain decode pass (a lower
     # TPOT for the decoding requests, a later first token for the joining ones; at least
     # MIN_PREFILL_TOKENS a step, so every prompt progresses); None: prefill fills the token
     # budget (max_step_tokens), up to prefill_chunk per request

@@ -8,7 +8,7 @@ Each step, in order:
    (at most `prefill_chunk` tokens per request per step), oldest request first, so that a long
    prompt never stalls the running requests for more than one chunk. While requests decode,
    the prompt tokens are also priced with the measured cost model (speculation.StepCostModel):
-   the step may take at most `prefill_stretch` times its decode pass alone, and at least
+   the step may take at most `prefill_stretch` times its plain decode pass, and at least
    MIN_PREFILL_TOKENS prompt tokens go in, so that every prompt progresses. Prefill chunks cost
    each decoding request time per output token (TPOT); smaller ones delay the joining
    request's first token (TTFT) instead.
@@ -116,7 +116,7 @@ class Scheduler:
         queries = sum(1 + plan.draft_budget(r) for r in plan.decode)
         budget = self.config.max_step_tokens - queries
         if prefill_pending:
-            budget = min(budget, self.priced_prefill_tokens(len(plan.decode), queries))
+            budget = min(budget, self.priced_prefill_tokens(len(plan.decode)))
             budget = max(budget, min(self.config.prefill_chunk, MIN_PREFILL_TOKENS))
         # 2. Chunks of prompts already admitted, oldest first.
         for request in prefilling:
@@ -151,15 +151,16 @@ class Scheduler:
         self.waiting.extendleft(reversed(passed))
         return plan
 
-    def priced_prefill_tokens(self, sequences: int, queries: int) -> int:
-        """The most prompt tokens a step may add to a decode pass of `sequences` requests and
-        `queries` queries: prefilling them (one chunk, c(1, P) of the cost model) may cost at
-        most (prefill_stretch - 1) x that pass. No limit when nothing decodes, without a cost
-        model or with prefill_stretch None (the token budget alone then limits prefill)."""
+    def priced_prefill_tokens(self, sequences: int) -> int:
+        """The most prompt tokens a step may add to the decode pass of `sequences` requests:
+        prefilling them (one chunk, c(1, P) of the cost model) may cost at most
+        (prefill_stretch - 1) x their plain pass c(B, 1), drafts or not (rows that draft
+        must not buy the others a longer stall). No limit when nothing decodes, without a
+        cost model or with prefill_stretch None (the token budget alone then limits prefill)."""
         stretch = self.config.prefill_stretch
         if not sequences or self.costs is None or stretch is None:
             return self.config.max_step_tokens
-        allowance = (stretch - 1.0) * self.costs.ragged_cost(sequences, queries)
+        allowance = (stretch - 1.0) * self.costs.ragged_cost(sequences, sequences)
         low, high = 0, self.config.max_step_tokens  # the largest P with c(1, P) <= allowance
         while low < high:
             middle = (low + high + 1) // 2
