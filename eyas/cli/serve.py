@@ -80,7 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="most prompt tokens per request per step (default: %(default)s)")
     parser.add_argument("--prefill-stretch", type=stretch, default=DEFAULTS.prefill_stretch,
                         help="while requests decode, a step that also prefills joining prompts may "
-                             "take at most this multiple of its decode pass alone (prompt tokens "
+                             "take at most this multiple of its plain decode pass (prompt tokens "
                              "priced with the measured step costs; at least 32 a step). Lower: "
                              "steadier time per output token (TPOT) for the running requests, a "
                              "later first token (TTFT) for joining ones; 'off': prefill fills "
