@@ -78,6 +78,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="token budget per step (default: %(default)s)")
     parser.add_argument("--prefill-chunk", type=int, default=DEFAULTS.prefill_chunk,
                         help="most prompt tokens per request per step (default: %(default)s)")
+    parser.add_argument("--prefill-stretch", type=stretch, default=DEFAULTS.prefill_stretch,
+                        help="while requests decode, a step that also prefills joining prompts may "
+                             "take at most this multiple of its plain decode pass (prompt tokens "
+                             "priced with the measured step costs; at least 32 a step). Lower: "
+                             "steadier time per output token (TPOT) for the running requests, a "
+                             "later first token (TTFT) for joining ones; 'off': prefill fills "
+                             "--max-step-tokens (default: %(default)s)")
     overlap = parser.add_mutually_exclusive_group()
     overlap.add_argument("--overlap", dest="overlap", action="store_true", default=DEFAULTS.overlap,
                          help="schedule step N+1 and postprocess step N-1 on a helper thread "
@@ -104,6 +111,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
+def stretch(text: str) -> float | None:
+    """--prefill-stretch: a multiple > 1, or 'off'."""
+    if text == "off":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 1 or 'off', got '{text}'") from None
+
+
 def run(args: argparse.Namespace) -> int:
     from eyas.engine.target import load_target
     from eyas.errors import EyasError
@@ -118,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
     config = EngineConfig(
         max_running=args.max_running, max_waiting=args.max_waiting, max_model_len=args.max_model_len,
         max_step_tokens=args.max_step_tokens, prefill_chunk=args.prefill_chunk,
+        prefill_stretch=args.prefill_stretch,
         num_draft_tokens=args.num_draft_tokens, speculation=args.speculation, overlap=args.overlap,
         tree=args.tree, prefix_caching=args.prefix_caching)
     settings = ServerSettings(model_name=args.served_model_name or args.model, api_key=args.api_key,

@@ -21,6 +21,12 @@ class EngineConfig:
     max_model_len: int | None = None  # prompt + output per request; None = min(context, 4096)
     max_step_tokens: int = 512  # tokens in one step: decode rows x (1 + drafts) + prefill chunks
     prefill_chunk: int = 256  # most prompt tokens of one request prefilled per step
+    # while requests decode, the prompt tokens of a step are priced with the measured cost
+    # model so that the step takes at most this multiple of its plain decode pass (a lower
+    # TPOT for the decoding requests, a later first token for the joining ones; at least
+    # MIN_PREFILL_TOKENS a step, so every prompt progresses); None: prefill fills the token
+    # budget (max_step_tokens), up to prefill_chunk per request
+    prefill_stretch: float | None = 3.0
     num_draft_tokens: int = 4  # most draft tokens per request per step
     # auto: k per step from measured costs (speculation.py) | always | never | timed: one
     # request at a time (max_running 1, what `eyas generate`, `eval` and `bench offline` run):
@@ -41,6 +47,9 @@ class EngineConfig:
         for name, value in positive.items():
             if value < 1:
                 raise EyasError(f"{name} must be >= 1, got {value}")
+        if self.prefill_stretch is not None and not self.prefill_stretch > 1.0:
+            raise EyasError(f"prefill_stretch must be > 1 (a multiple of the decode pass) or None, "
+                            f"got {self.prefill_stretch}")
         if self.max_waiting < 0:
             raise EyasError(f"max_waiting must be >= 0, got {self.max_waiting}")
         if self.max_model_len is not None and self.max_model_len < 2:

@@ -23,6 +23,12 @@ maximising sum_i E_i - L (c(B, 1) + sum_i (q n_i + D_i)) picks each row's n_i on
 that maximum is positive its plan's rate beats L, and L moves up to it, until no plan beats L.
 The first L is the plain step's rate times a margin, so speculation happens only where it pays
 by that margin. Each round costs O(rows x max_draft_tokens).
+
+The step's token budget caps the pass's queries, sum_i (1 + n_i), not each row's share of it:
+a row whose drafts pay may take more than budget / B while rows whose drafts do not pay take
+none. When the per-row choices exceed that cap, the round's plan is the best one under it
+(a multiple-choice knapsack over the rows, exact by dynamic programming over the draft tokens
+left; O(rows x cap x max_draft_tokens), only in the rounds where the cap binds).
 """
 
 from __future__ import annotations
@@ -35,31 +41,38 @@ MAX_ROUNDS = 8  # Dinkelbach rounds (it converges in 2-3)
 
 
 def choose_draft_budgets(rows: Sequence[AcceptanceEstimate | None], costs: StepCostModel,
-                         max_draft_tokens: int, margin: float = 1.05) -> list[int]:
-    """Draft tokens per row (index = KV row; None = no decoding request there): all 0 (a plain
-    step) unless a plan beats plain decoding by `margin`."""
+                         max_draft_tokens: int, margin: float = 1.05,
+                         max_queries: int | None = None) -> list[int]:
+    """Draft tokens per row (index = KV row; None = no decoding request there), each at most
+    `max_draft_tokens`, and roots plus drafts at most `max_queries` in all (None: no cap): all
+    0 (a plain step) unless a plan beats plain decoding by `margin`."""
     live = [i for i, row in enumerate(rows) if row is not None]
     budgets = [0] * len(rows)
+    sequences = len(live)
+    capacity = None if max_queries is None else max_queries - sequences  # draft tokens in all
+    if capacity is not None:
+        max_draft_tokens = min(max_draft_tokens, capacity)
     if not live or max_draft_tokens < 1:
         return budgets
     prices = {i: [(1.0, 0.0)] + [rows[i].price(n) for n in range(1, max_draft_tokens + 1)] for i in live}
     if all(max(e for e, _ in prices[i]) <= 1.0 for i in live):
         return budgets  # nobody expects a draft token accepted
-    sequences = len(live)
     plain = costs.ragged_cost(sequences, sequences)
     longest = sequences * (1 + max_draft_tokens)  # the price of a draft query: the secant
+    if capacity is not None:
+        longest = min(longest, sequences + capacity)
     per_query = max(costs.ragged_cost(sequences, longest) - plain, 0.0) / (longest - sequences)
     rate = margin * sequences / plain
     best: list[int] | None = None
     for _ in range(MAX_ROUNDS):
-        plan = list(budgets)
-        value = -rate * plain
-        for i in live:
-            values = [e - rate * (per_query * n + d) for n, (e, d) in enumerate(prices[i])]
-            plan[i] = max(range(len(values)), key=values.__getitem__)
-            value += values[plan[i]]
+        values = {i: [e - rate * (per_query * n + d) for n, (e, d) in enumerate(prices[i])] for i in live}
+        value, choice = best_choices(values, capacity)
+        value -= rate * plain
         if value <= 1e-12:
             break
+        plan = list(budgets)
+        for i, n in choice.items():
+            plan[i] = n
         best = plan
         tokens = sum(prices[i][plan[i]][0] for i in live)
         seconds = plain + sum(per_query * plan[i] + prices[i][plan[i]][1] for i in live)
@@ -67,3 +80,34 @@ def choose_draft_budgets(rows: Sequence[AcceptanceEstimate | None], costs: StepC
             break
         rate = tokens / seconds
     return best if best is not None else budgets
+
+
+def best_choices(values: dict[int, list[float]], capacity: int | None) -> tuple[float, dict[int, int]]:
+    """(the largest sum_i values[i][n_i], the n_i) with sum_i n_i <= capacity (None: no cap).
+    Each row on its own (the first best n) where that fits; else a dynamic program over the
+    draft tokens used so far, rows in order, ties to fewer draft tokens."""
+    own = {i: max(range(len(v)), key=v.__getitem__) for i, v in values.items()}
+    if capacity is None or sum(own.values()) <= capacity:
+        return sum(values[i][n] for i, n in own.items()), own
+    # best[c]: the best value of the rows so far using exactly c draft tokens (None: cannot)
+    best: list[float | None] = [0.0] + [None] * capacity
+    picks: list[tuple[int, list[int]]] = []  # per row: (row, the n that reached each c)
+    for i, row_values in values.items():
+        merged: list[float | None] = [None] * (capacity + 1)
+        taken = [0] * (capacity + 1)
+        for used, so_far in enumerate(best):
+            if so_far is None:
+                continue
+            for n in range(min(len(row_values) - 1, capacity - used) + 1):
+                total = so_far + row_values[n]
+                if merged[used + n] is None or total > merged[used + n] + 1e-12:
+                    merged[used + n], taken[used + n] = total, n
+        best = merged
+        picks.append((i, taken))
+    used = max((c for c in range(capacity + 1) if best[c] is not None),
+               key=lambda c: (best[c], -c))
+    value, choice = best[used], {}
+    for i, taken in reversed(picks):
+        choice[i] = taken[used]
+        used -= taken[used]
+    return value, choice

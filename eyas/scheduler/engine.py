@@ -88,8 +88,12 @@ class Engine:
         if self.proposers.enabled and config.speculation == "auto":
             self.costs = StepCostModel.measure(target, config.batch_sizes_to_profile(),
                                                config.num_draft_tokens + 1)
+        elif config.prefill_stretch is not None and config.max_running > 1:
+            # prefill priced against the decode pass (scheduler.py): one and two queries a
+            # row give the pass's fixed part and its price per query
+            self.costs = StepCostModel.measure(target, config.batch_sizes_to_profile(), 2)
         pooled = AcceptanceEstimate(forgetting=0.995)  # acceptance over every request so far
-        if self.costs is not None:  # start from the proposer's measured cost, not from "free"
+        if self.costs is not None and self.proposers.enabled:  # the proposer's measured cost, not "free"
             pooled.draft_seconds_per_token = self.proposers.draft_seconds_per_token(target)
         self.scheduler = Scheduler(config, self.pool, self.proposers.enabled, self.costs, pooled,
                                    self.prefix_cache)

@@ -47,7 +47,7 @@ from eyas.scheduler.faults import FaultInjector, InjectedFault, describe
 from eyas.scheduler.kv_pool import KVPool
 from eyas.scheduler.request import Request, RequestStatus
 from eyas.scheduler.scheduler import PrefillChunk, StepPlan
-from eyas.scheduler.speculation import SHADOW_SHARE, AcceptanceEstimate, StepCostModel
+from eyas.scheduler.speculation import SHADOW_SHARE, AcceptanceEstimate, StepCostModel, branch_lesson
 
 log = logging.getLogger("eyas.engine")
 
@@ -184,7 +184,8 @@ class StepExecutor:
                 elif self._shadow_allowed(request, plan, span) and remaining > 0:
                     shadow = self._propose(request, min(plan.max_draft_tokens, remaining), steady)
                     if shadow.size:
-                        request.shadow.start(shadow)
+                        drafted_nodes = getattr(request.proposer, "drafted_nodes", None)
+                        request.shadow.start(shadow, drafted_nodes() if drafted_nodes else None)
                     else:
                         self._observe_acceptance(request, 0, 0)  # nothing to draft here
             except Exception as error:
@@ -457,9 +458,13 @@ class StepExecutor:
         if asked:
             self._observe_acceptance(request, 0, 0)  # asked, found nothing to draft
         elif request.shadow.active:
-            outcome = request.shadow.follow(verdict.emitted)
+            shadow = request.shadow
+            branch, nodes = shadow.branch, shadow.nodes
+            outcome = shadow.follow(verdict.emitted)
             if outcome is not None:
                 self._observe_acceptance(request, *outcome)
+                if nodes is not None:  # what verifying the first branch would have taught
+                    request.proposer.learn(*branch_lesson(nodes, branch, outcome[1]))
         else:
             request.acceptance.relax()
 

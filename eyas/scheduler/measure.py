@@ -8,8 +8,14 @@ Usage:
     python -m eyas.scheduler.measure --prompts repeated --num-prompts 32 --max-tokens 96 \
         --configs none suffix --concurrency 4 16 --rounds 2   # each prompt asked twice
 
-A configuration is DRAFT[:SPECULATION][+overlap], e.g. `ngram:auto+overlap` or
-`eagle3:smollm2-135m+ngram:auto` (a DRAFT may carry its own +ngram graft). For each
+    python -m eyas.scheduler.measure --num-prompts 32 --configs none~off none~3 \
+        --concurrency 4 16 --rounds 3   # prefill as the budget allows vs priced (--prefill-stretch)
+
+A configuration is DRAFT[:SPECULATION][+overlap][~STRETCH], e.g. `ngram:auto+overlap` or
+`eagle3:smollm2-135m+ngram:auto` (a DRAFT may carry its own +ngram graft); `~3` or `~off` sets
+the engine's prefill_stretch (default: EngineConfig's). Each row reports output tokens/s, the
+median time per output token of a request after its first (TPOT) and the median / 90th
+percentile time to its first token (TTFT, from submission). For each
 concurrency C, C requests are kept in flight (closed loop) until every prompt has been answered
 (the prompt list repeats to at least 2C requests); tokens/s = generated tokens / wall time. At
 each concurrency the configurations run one after the other, `--rounds` times, interleaved and
@@ -40,9 +46,18 @@ class RunConfig:
     draft: str
     speculation: str
     overlap: bool
+    prefill_stretch: float | None = EngineConfig.prefill_stretch
 
     @classmethod
     def parse(cls, text: str) -> RunConfig:
+        stretch = EngineConfig.prefill_stretch
+        head, mark, value = text.rpartition("~")
+        if mark:
+            try:
+                stretch = None if value == "off" else float(value)
+            except ValueError:
+                raise EyasError(f"bad configuration '{text}': ~ takes a number or 'off'") from None
+            text = head
         spec, flag = (text[: -len("+overlap")], "overlap") if text.endswith("+overlap") else (text, "")
         if "+" in spec.replace("+ngram", "").replace("+suffix", ""):
             raise EyasError(f"bad configuration '{text}': the suffixes are +ngram and +suffix "
@@ -51,7 +66,7 @@ class RunConfig:
         for mode in ("auto", "always", "never"):
             if spec.endswith(":" + mode):
                 draft, speculation = spec[: -len(mode) - 1], mode
-        return cls(draft, speculation, flag == "overlap")
+        return cls(draft, speculation, flag == "overlap", stretch)
 
 
 def run_closed_loop(engine: Engine, prompts: list[list[int]], params: SamplingParams,
@@ -61,12 +76,17 @@ def run_closed_loop(engine: Engine, prompts: list[list[int]], params: SamplingPa
     lock = threading.Condition()
     state = {"next": 0, "done": 0, "tokens": 0, "accepted": 0, "drafted": 0}
     outputs: list[list[int]] = [[] for _ in prompts]
+    submitted, first, last = [0.0] * len(prompts), [None] * len(prompts), [0.0] * len(prompts)
 
     def submit_next() -> None:
         index = state["next"]
         state["next"] += 1
 
         def on_output(output) -> None:
+            now = time.perf_counter()
+            if output.token_ids and first[index] is None:
+                first[index] = now
+            last[index] = now
             outputs[index].extend(output.token_ids)
             if output.finished:
                 with lock:
@@ -78,6 +98,7 @@ def run_closed_loop(engine: Engine, prompts: list[list[int]], params: SamplingPa
                     if state["next"] < len(prompts):
                         submit_next()
                     lock.notify()
+        submitted[index] = time.perf_counter()
         engine.submit(prompts[index], params, on_output)
 
     finished = threading.Event()
@@ -96,8 +117,20 @@ def run_closed_loop(engine: Engine, prompts: list[list[int]], params: SamplingPa
     engine.run(stop_when=finished.is_set)
     load.join()
     seconds = time.perf_counter() - started
+    ttft = sorted(f - s for f, s in zip(first, submitted) if f is not None)
+    tpot = sorted((e - f) / (len(out) - 1) for f, e, out in zip(first, last, outputs)
+                  if f is not None and len(out) > 1)
     return {"tokens_per_s": state["tokens"] / seconds, "seconds": seconds, "tokens": state["tokens"],
-            "accepted": state["accepted"], "drafted": state["drafted"], "outputs": outputs}
+            "accepted": state["accepted"], "drafted": state["drafted"], "outputs": outputs,
+            "tpot_ms": 1000 * quantile(tpot, 0.5), "ttft_ms": 1000 * quantile(ttft, 0.5),
+            "ttft_p90_ms": 1000 * quantile(ttft, 0.9)}
+
+
+def quantile(values: list[float], q: float) -> float:
+    """The q-quantile of sorted values (nearest rank; 0 for none)."""
+    if not values:
+        return 0.0
+    return values[min(len(values) - 1, int(q * len(values)))]
 
 
 def load_prompts(target: Target, name: str, count: int) -> list[list[int]]:
@@ -138,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     for text, config in zip(args.configs, configs):
         engines[text] = Engine(target, EngineConfig(
             max_running=max(args.concurrency), speculation=config.speculation, overlap=config.overlap,
-            num_draft_tokens=args.num_draft_tokens,
+            num_draft_tokens=args.num_draft_tokens, prefill_stretch=config.prefill_stretch,
             prefix_caching=False), draft=config.draft)  # the prompts repeat: no prefix reuse
     expected = [generate(target, p, params).token_ids for p in base] if args.check_plain else None
     results = []
@@ -165,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
             row = {"concurrency": concurrency, "config": text,
                    "tokens_per_s": round(run["tokens_per_s"], 2),
                    "rounds_tokens_per_s": [round(r["tokens_per_s"], 2) for r in rounds],
+                   "tpot_ms": round(run["tpot_ms"], 2), "ttft_ms": round(run["ttft_ms"], 1),
+                   "ttft_p90_ms": round(run["ttft_p90_ms"], 1),
+                   "rounds_tpot_ms": [round(r["tpot_ms"], 2) for r in rounds],
                    "seconds": round(run["seconds"], 3), "tokens": run["tokens"],
                    "draft_tokens": run["drafted"], "accepted_rate": round(accepted, 3),
                    "equal_to_plain": equal}

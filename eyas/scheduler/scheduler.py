@@ -6,7 +6,12 @@ Each step, in order:
    of drafts, chosen per row by the speculation policy (draft_plan.py, speculation.py).
 2. Prefill: what is left of the step's token budget (`max_step_tokens`) goes to prompt chunks
    (at most `prefill_chunk` tokens per request per step), oldest request first, so that a long
-   prompt never stalls the running requests for more than one chunk.
+   prompt never stalls the running requests for more than one chunk. While requests decode,
+   the prompt tokens are also priced with the measured cost model (speculation.StepCostModel):
+   the step may take at most `prefill_stretch` times its plain decode pass, and at least
+   MIN_PREFILL_TOKENS prompt tokens go in, so that every prompt progresses. Prefill chunks cost
+   each decoding request time per output token (TPOT); smaller ones delay the joining
+   request's first token (TTFT) instead.
 3. Admission: waiting requests (first come, first served) take a free KV row while the budget
    lasts. A row is the request's KV memory: admission needs one that no request holds. With a
    prefix cache (prefix_cache.py), a request reuses the longest computed prefix of its prompt
@@ -108,8 +113,10 @@ class Scheduler:
         if plan.draft_budgets is not None:
             plan.num_draft_tokens = max(plan.draft_budgets.values(), default=0)
         self.last_draft_tokens = plan.num_draft_tokens
-        budget = self.config.max_step_tokens - sum(1 + plan.draft_budget(r) for r in plan.decode)
+        queries = sum(1 + plan.draft_budget(r) for r in plan.decode)
+        budget = self.config.max_step_tokens - queries
         if prefill_pending:
+            budget = min(budget, self.priced_prefill_tokens(len(plan.decode)))
             budget = max(budget, min(self.config.prefill_chunk, MIN_PREFILL_TOKENS))
         # 2. Chunks of prompts already admitted, oldest first.
         for request in prefilling:
@@ -144,6 +151,25 @@ class Scheduler:
         self.waiting.extendleft(reversed(passed))
         return plan
 
+    def priced_prefill_tokens(self, sequences: int) -> int:
+        """The most prompt tokens a step may add to the decode pass of `sequences` requests:
+        prefilling them (one chunk, c(1, P) of the cost model) may cost at most
+        (prefill_stretch - 1) x their plain pass c(B, 1), drafts or not (rows that draft
+        must not buy the others a longer stall). No limit when nothing decodes, without a
+        cost model or with prefill_stretch None (the token budget alone then limits prefill)."""
+        stretch = self.config.prefill_stretch
+        if not sequences or self.costs is None or stretch is None:
+            return self.config.max_step_tokens
+        allowance = (stretch - 1.0) * self.costs.ragged_cost(sequences, sequences)
+        low, high = 0, self.config.max_step_tokens  # the largest P with c(1, P) <= allowance
+        while low < high:
+            middle = (low + high + 1) // 2
+            if self.costs.ragged_cost(1, middle) <= allowance:
+                low = middle
+            else:
+                high = middle - 1
+        return low
+
     def _add_chunk(self, plan: StepPlan, request: Request, budget: int) -> int:
         start = request.prefill_scheduled
         size = min(self.config.prefill_chunk, request.prompt_len - start, budget)
@@ -158,19 +184,23 @@ class Scheduler:
         """(draft tokens per request_id for this step, the cap they were chosen under)."""
         if not self.speculative or not decode:
             return {}, 0
-        budget = self.config.max_step_tokens // (2 if prefill_pending else 1)
-        most = min(self.config.num_draft_tokens, budget // len(decode) - 1)
+        budget = self.config.max_step_tokens // (2 if prefill_pending else 1)  # queries in all
+        most = min(self.config.num_draft_tokens, budget - len(decode))  # one row's cap
+        even = min(most, budget // len(decode) - 1)  # every row alike
         if most < 1:
             return {}, 0
         every = lambda k: {r.request_id: k for r in decode}  # noqa: E731
         if self.config.speculation == "timed":  # one request: its own policy (config.py)
-            return every(most if all(r.timing.speculate_now() for r in decode) else 0), most
+            even = max(even, 0)
+            return every(even if all(r.timing.speculate_now() for r in decode) else 0), even
         if self.config.speculation == "always" or self.costs is None:
-            return every(most), most
+            return every(max(even, 0)), max(even, 0)
         by_row: list[AcceptanceEstimate | None] = [None] * (max(r.row for r in decode) + 1)
         for request in decode:
             by_row[request.row] = request.acceptance
-        chosen = choose_draft_budgets(by_row, self.costs, most)
+        # the pass is ragged: the budget caps its queries, a row whose drafts pay may take
+        # more than an even share of it (draft_plan.py)
+        chosen = choose_draft_budgets(by_row, self.costs, most, max_queries=budget)
         if any(chosen):
             self._plain_streak, self._probe_gap = 0, DRAFT_PROBE_EVERY
             self._speculative_steps += 1
@@ -179,7 +209,7 @@ class Scheduler:
             return {r.request_id: chosen[r.row] for r in decode}, most
         rows = len(decode)
         self._plain_streak += 1
-        if self._plain_streak >= max(self._probe_gap, self._probe_cost_floor(rows)):
+        if even >= 1 and self._plain_streak >= max(self._probe_gap, self._probe_cost_floor(rows)):
             self._plain_streak = 0
             self._probe_gap = min(2 * self._probe_gap, DRAFT_PROBE_MAX_GAP)
             return every(1), most  # a draft probe: see _probe_cost_floor

@@ -80,7 +80,7 @@ def generate_together(target: Target, prompts: list[list[int]], params: Sampling
         max_running=len(prompts), max_waiting=len(prompts), max_model_len=longest,
         max_step_tokens=max(sum(len(prompt) for prompt in prompts), len(prompts)),
         prefill_chunk=max(len(prompt) for prompt in prompts), speculation="never",
-        prefix_caching=False, initial_kv_slots=longest + 1)
+        prefill_stretch=None, prefix_caching=False, initial_kv_slots=longest + 1)
     return run_here(Engine(target, config), prompts, each, [()] * len(prompts))
 
 

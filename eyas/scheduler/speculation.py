@@ -176,17 +176,24 @@ class AcceptanceEstimate:
 
 @dataclass
 class ShadowDraft:
-    """A draft proposed during plain steps and checked against what the target emits next."""
+    """A draft proposed during plain steps and checked against what the target emits next.
+    A proposer that learns from verified trees (suffix decoding: `learn(nodes, accepted)`)
+    hands its record of the tree's nodes (`drafted_nodes`); once resolved, `branch_lesson` is
+    what verifying the first branch would have told it."""
 
     tokens: list[int] = field(default_factory=list)  # the draft's first branch
     matched: int = 0  # leading draft tokens the target has emitted so far
+    branch: list[int] = field(default_factory=list)  # node ids (1-based) of the first branch
+    nodes: list | None = None  # the proposer's record of the tree's nodes, in node order
 
     @property
     def active(self) -> bool:
         return bool(self.tokens)
 
-    def start(self, tree: DraftTree) -> None:
-        self.tokens, self.matched = first_branch(tree), 0
+    def start(self, tree: DraftTree, nodes: list | None = None) -> None:
+        self.branch = first_branch_nodes(tree)
+        self.tokens, self.matched = [int(tree.tokens[i - 1]) for i in self.branch], 0
+        self.nodes = nodes if nodes is not None and len(nodes) == tree.size else None
 
     def follow(self, emitted: list[int]) -> tuple[int, int] | None:
         """Feed the tokens a step emitted; (drafted, accepted) once the draft is resolved."""
@@ -200,18 +207,33 @@ class ShadowDraft:
 
     def clear(self) -> tuple[int, int]:
         outcome = (len(self.tokens), self.matched)
-        self.tokens, self.matched = [], 0
+        self.tokens, self.matched, self.branch, self.nodes = [], 0, [], None
         return outcome
 
 
-def first_branch(tree: DraftTree) -> list[int]:
-    """Tokens along the first child of the root, then of that child, and so on."""
-    parents, tokens = tree.parents.tolist(), tree.tokens.tolist()
+def branch_lesson(nodes: list, branch: list[int], accepted: int) -> tuple[list, list[int]]:
+    """For a proposer's `learn(nodes, accepted_nodes)`: its nodes with None off the first
+    branch (never verified: no trials), and the branch's first `accepted` node ids."""
+    on_branch = [None] * len(nodes)
+    for node in branch:
+        on_branch[node - 1] = nodes[node - 1]
+    return on_branch, branch[:accepted]
+
+
+def first_branch_nodes(tree: DraftTree) -> list[int]:
+    """Node ids (1-based) along the first child of the root, then of that child, and so on."""
+    parents = tree.parents.tolist()
     path, node = [], 0
     while (child := next((i + 1 for i, p in enumerate(parents) if p == node), None)) is not None:
-        path.append(tokens[child - 1])
+        path.append(child)
         node = child
     return path
+
+
+def first_branch(tree: DraftTree) -> list[int]:
+    """Tokens along the first branch (`first_branch_nodes`)."""
+    tokens = tree.tokens.tolist()
+    return [tokens[node - 1] for node in first_branch_nodes(tree)]
 
 
 class StepCostModel:

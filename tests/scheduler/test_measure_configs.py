@@ -3,6 +3,7 @@
 import pytest
 
 from eyas.errors import EyasError
+from eyas.scheduler.config import EngineConfig
 from eyas.scheduler.measure import RunConfig
 
 
@@ -20,3 +21,18 @@ def test_configurations_parse(text, draft, speculation, overlap):
 def test_an_unknown_suffix_is_refused_with_the_accepted_ones():
     with pytest.raises(EyasError, match=r"the suffixes are \+ngram and \+suffix \(EAGLE-3\) and \+overlap"):
         RunConfig.parse("ngram+fast")
+
+
+@pytest.mark.parametrize("text, draft, stretch", [
+    ("none~off", "none", None),
+    ("ngram:auto+overlap~2.5", "ngram", 2.5),
+    ("none", "none", EngineConfig.prefill_stretch),
+])
+def test_a_configuration_may_set_the_prefill_stretch(text, draft, stretch):
+    config = RunConfig.parse(text)
+    assert (config.draft, config.prefill_stretch) == (draft, stretch)
+
+
+def test_a_bad_prefill_stretch_is_refused():
+    with pytest.raises(EyasError, match="~ takes a number or 'off'"):
+        RunConfig.parse("none~fast")

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from eyas.engine.sampling import SamplingParams
+from eyas.errors import EyasError
 from eyas.scheduler.config import EngineConfig
 from eyas.scheduler.engine import Engine, QueueFull, RequestRejected
 from eyas.scheduler.kv_pool import KVPool
@@ -126,3 +127,55 @@ def test_queue_full_and_context_checks(tiny_target):
     with pytest.raises(RequestRejected) as error:
         engine.submit([5, 6], SamplingParams(max_tokens=limit))
     assert error.value.field == "max_tokens"
+
+
+def linear_costs(batch_sizes=(1, 4)) -> StepCostModel:
+    """A pass of N queries costs 4 ms + 1.5 ms per query after the first (any B)."""
+    table = {(b, t): 0.004 + 0.0015 * (b * t - 1) for b in batch_sizes for t in (1, 2)}
+    return StepCostModel(list(batch_sizes), table, 2)
+
+
+def decoding_four_and_one_joining(target, make_request, stretch):
+    config = EngineConfig(max_running=5, max_step_tokens=256, prefill_chunk=64,
+                          speculation="never", prefill_stretch=stretch)
+    scheduler = Scheduler(config, KVPool(target, 5, 512, 32), False, linear_costs())
+    for _ in range(4):
+        scheduler.add(make_request(4))
+    scheduler.schedule()  # four short prompts, nothing decoding yet
+    joining = make_request(200)
+    scheduler.add(joining)
+    return scheduler, joining
+
+
+@pytest.mark.parametrize("stretch, first_chunk", [
+    (None, 64),  # the token budget alone: a full chunk
+    (10.0, 49),  # 4 decode rows cost 8.5 ms: prefill may add 76.5 ms = 4 + 1.5 (P - 1), P = 49
+    (1.5, 32),  # 4.25 ms would allow 1 token: the floor keeps the prompt moving
+])
+def test_prefill_is_priced_against_the_decode_pass(tiny_target, make_request, stretch, first_chunk):
+    scheduler, joining = decoding_four_and_one_joining(tiny_target, make_request, stretch)
+    plan = scheduler.schedule()
+    assert len(plan.decode) == 4 and chunks(plan) == [(joining, 0, first_chunk)]
+    steps = 1
+    while not joining.prefill_complete_scheduled:  # a long prompt still finishes
+        plan = scheduler.schedule()
+        assert len(plan.decode) == 4 and len(plan.prefill) == 1
+        assert plan.prefill[0].end - plan.prefill[0].start == min(first_chunk, 200 - plan.prefill[0].start)
+        steps += 1
+    assert steps == -(-200 // first_chunk)
+
+
+def test_prefill_takes_full_chunks_when_nothing_decodes(tiny_target, make_request):
+    config = EngineConfig(max_running=2, max_step_tokens=256, prefill_chunk=64,
+                          speculation="never", prefill_stretch=1.5)
+    scheduler = Scheduler(config, KVPool(tiny_target, 2, 512, 32), False, linear_costs())
+    a, b = make_request(100), make_request(100)
+    scheduler.add(a)
+    scheduler.add(b)
+    assert chunks(scheduler.schedule()) == [(a, 0, 64), (b, 0, 64)]
+
+
+@pytest.mark.parametrize("stretch", [1.0, 0.5, float("nan")])
+def test_a_prefill_stretch_must_exceed_one(stretch):
+    with pytest.raises(EyasError, match="prefill_stretch must be > 1"):
+        EngineConfig(prefill_stretch=stretch)

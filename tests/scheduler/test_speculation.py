@@ -7,7 +7,8 @@ import torch
 
 from eyas.engine.speculative.draft import DraftTree
 from eyas.scheduler.draft_plan import choose_draft_budgets
-from eyas.scheduler.speculation import AcceptanceEstimate, ShadowDraft, StepCostModel, monotone
+from eyas.scheduler.speculation import (AcceptanceEstimate, ShadowDraft, StepCostModel, branch_lesson,
+                                        monotone)
 
 
 def cpu_like_costs(max_tokens: int = 5) -> StepCostModel:
@@ -96,6 +97,20 @@ def test_a_shadow_draft_measures_what_verification_would_have_accepted():
     assert shadow.follow([1, 2, 3]) == (2, 2)  # all accepted
     shadow.start(DraftTree.chain([4]))
     assert shadow.follow([3]) == (1, 0)
+
+
+def test_a_shadow_draft_teaches_its_proposer_what_verifying_its_first_branch_would_have():
+    """Nodes 1 (5) -> 2 (6) -> 4 (7), and 3 (9) beside node 1: the target emits 5, 6, 8. Trials
+    are the branch's nodes whose parent was emitted (1, 2, 4), hits 1 and 2; node 3 was never
+    verified, so it is no trial (None)."""
+    shadow = ShadowDraft()
+    shadow.start(DraftTree(torch.tensor([5, 6, 9, 7]), torch.tensor([0, 1, 0, 2])), ["a", "b", "c", "d"])
+    assert (shadow.branch, shadow.nodes) == ([1, 2, 4], ["a", "b", "c", "d"])
+    branch, nodes = shadow.branch, shadow.nodes
+    assert shadow.follow([5, 6, 8]) == (3, 2) and shadow.nodes is None
+    assert branch_lesson(nodes, branch, 2) == (["a", "b", None, "d"], [1, 2])
+    shadow.start(DraftTree.chain([1, 2]), ["x"])  # a record that does not fit the tree: none
+    assert shadow.nodes is None
 
 
 class PricedTree:
@@ -188,3 +203,45 @@ def test_a_ragged_pass_is_priced_by_its_queries():
     costs.observe_ragged(8, 12, 2 * costs.ragged_cost(8, 12))  # the machine got slower
     assert costs.cost(8, 1) == pytest.approx(1.25 * (0.010 + 0.002 * 8))  # smoothing 0.25
     assert costs.cost(8, 5) == pytest.approx(1.25 * (0.010 + 0.002 * 40))  # every T moves with it
+
+
+def four_rows_at_one_ms_a_query():
+    """c(B, T) = 20 ms + 1 ms * B * T: 4 rows cost 24 ms plain, 1 ms more per draft query."""
+    sizes = [1, 2, 4]
+    return StepCostModel(sizes, {(b, t): 0.020 + 0.001 * b * t for b in sizes for t in range(1, 6)}, 5)
+
+
+def tree_rows(*trees: dict[int, float]) -> list[AcceptanceEstimate]:
+    rows = []
+    for tree in trees:
+        row = estimate(0.0)
+        row.tree = PricedTree(tree, seconds_per_level=0.0)
+        rows.append(row)
+    return rows
+
+
+NOTHING = {1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0}  # no candidate: nothing to draft
+
+
+def test_the_budget_caps_a_ragged_pass_queries_not_each_rows_share():
+    """One row whose suffix tree is all but sure (0.96 tokens a node), three with nothing to
+    draft, a budget of 8 queries (4 roots + 4 draft tokens): the sure row takes all 4 draft
+    tokens, 7.8 tokens / 28 ms, where an even share (8 / 4 - 1 = 1 a row) would give it one,
+    4.96 tokens / 25 ms."""
+    rows = tree_rows({1: 1.96, 2: 2.92, 3: 3.88, 4: 4.8}, NOTHING, NOTHING, NOTHING)
+    assert choose_draft_budgets(rows, four_rows_at_one_ms_a_query(), 4, max_queries=8) == [4, 0, 0, 0]
+    assert choose_draft_budgets(rows, four_rows_at_one_ms_a_query(), 4, max_queries=6) == [2, 0, 0, 0]
+    assert choose_draft_budgets(rows, four_rows_at_one_ms_a_query(), 4, max_queries=4) == [0, 0, 0, 0]
+
+
+def test_under_the_cap_the_best_plan_splits_the_draft_tokens():
+    """Two rows with diminishing trees (0.9, 0.8, 0.7, 0.6 tokens for nodes 1-4), two with
+    nothing; uncapped both take 4 (10 tokens / 32 ms); capped at 8 queries, 4 draft tokens:
+    2 + 2 (7.4 tokens / 28 ms) beats 3 + 1 (7.3), 4 + 0 (7.0) and 1 + 1 (5.8 / 26 ms)."""
+    shrinking = {1: 1.9, 2: 2.7, 3: 3.4, 4: 4.0}
+    rows = tree_rows(shrinking, NOTHING, shrinking, NOTHING)
+    costs = four_rows_at_one_ms_a_query()
+    assert choose_draft_budgets(rows, costs, 4) == [4, 0, 4, 0]
+    assert choose_draft_budgets(rows, costs, 4, max_queries=8) == [2, 0, 2, 0]
+    assert choose_draft_budgets(rows, costs, 3, max_queries=8) == [2, 0, 2, 0]
+    assert choose_draft_budgets(rows, costs, 4, max_queries=20) == [4, 0, 4, 0]  # the cap is loose

@@ -237,6 +237,11 @@ class SuffixProposer:
     def draft_seconds(self, max_nodes: int) -> float:
         return 0.0  # trie lookups: microseconds, measured by the engine anyway
 
+    def drafted_nodes(self) -> list[Candidate]:
+        """The last proposed tree's nodes, in node order (for `learn`: a shadow draft, one
+        that is compared with the tokens the target emits instead of verified)."""
+        return list(self._last)
+
     # -- feedback -------------------------------------------------------------------------
     def observe(self, tree, result, output) -> None:
         if result is None:
