@@ -10,16 +10,20 @@
 //
 // How: a region [begin, end) is cut into one contiguous segment per thread (the calling thread
 // has the first). Each thread claims chunks from the front of its own segment, then steals
-// chunks from the back of the others' (large ones first, then smaller ones: a quarter of what a
-// segment has left, so a chunk claimed late finishes soon after the rest). The calling thread
+// chunks from the others' (from the back of a segment whose owner is at work on its front, else
+// from its front), large ones first, then smaller ones: a quarter of what a segment has left, so
+// a chunk claimed late finishes soon after the rest. The calling thread
 // works too, and waits only for chunks that another thread has claimed and not finished; a
 // worker that has not woken up yet claims nothing, and its segment is done by the others.
 // Contiguous segments matter where a region streams memory (a one-row matrix product reads
 // each weight once): each thread reads one long run of addresses, which the hardware
 // prefetchers and the product's own prefetching follow; chunks handed out in turn from one
-// counter (EYAS_POOL_SPLIT=chunks, kept for comparisons: scripts/ab-pool-split.py) made each
-// thread jump between short runs, and the 1.5B model's one-row pass took ~5-9% longer. Idle workers spin for a short while (the next region of a pass is microseconds
-// away), then sleep on a futex, so an idle server burns no core.
+// counter (EYAS_POOL_SPLIT=chunks, kept for comparisons: scripts/ab-pool-split.py) make each
+// thread jump between short runs; so handed out, Qwen2.5-Coder-1.5B's one-row pass took 5-9%
+// longer than with one fixed half per thread (OpenMP's). Where one thread runs a whole region
+// (the other descheduled), it still reads it front to back.
+// Idle workers spin for a short while (the next region of a pass is microseconds away), then
+// sleep on a futex, so an idle server burns no core.
 // A chunk's values must not depend on how the range was cut (every caller's contract: a row, a
 // block of columns, an attention work item computes the same bits in any chunk on any thread).
 //
@@ -143,14 +147,17 @@ class WorkerPool {
 
   static uint64_t pack(uint64_t generation, int64_t offset) { return (generation << kGenerationShift) | uint64_t(offset); }
 
-  // A segment's word: the generation's low 24 bits, then its next unclaimed offset from the front
-  // and the end of what is unclaimed at the back (offsets from the region's begin, 20 bits each).
-  // A region longer than that, or with more threads than segments, is split in chunks.
-  static constexpr int kMaxSegments = 64, kSegmentOffsetBits = 20;
+  // A segment's word: the generation's low 23 bits, whether its owner has claimed a chunk yet,
+  // then its next unclaimed offset from the front and the end of what is unclaimed at the back
+  // (offsets from the region's begin, 20 bits each). A region longer than that, or with more
+  // threads than segments, is split in chunks.
+  static constexpr int kMaxSegments = 64, kSegmentOffsetBits = 20, kSegmentStartedShift = 2 * kSegmentOffsetBits;
   static constexpr uint64_t kSegmentOffsetMask = (uint64_t(1) << kSegmentOffsetBits) - 1;
-  static constexpr uint64_t kSegmentGenerationMask = (uint64_t(1) << (64 - 2 * kSegmentOffsetBits)) - 1;
+  static constexpr uint64_t kSegmentStarted = uint64_t(1) << kSegmentStartedShift;
+  static constexpr int kSegmentGenerationShift = kSegmentStartedShift + 1;
+  static constexpr uint64_t kSegmentGenerationMask = (uint64_t(1) << (64 - kSegmentGenerationShift)) - 1;
   static uint64_t pack_segment(uint64_t generation, int64_t front, int64_t back) {
-    return ((generation & kSegmentGenerationMask) << (2 * kSegmentOffsetBits)) |
+    return ((generation & kSegmentGenerationMask) << kSegmentGenerationShift) |
            (uint64_t(front) << kSegmentOffsetBits) | uint64_t(back);
   }
 
@@ -199,25 +206,27 @@ class WorkerPool {
     done_.fetch_add(finished, std::memory_order_release);
   }
 
-  // Chunks from the front of segment `own`, then from the back of the others'. Returns the
-  // items run.
+  // Chunks from the front of segment `own`, then from the others': from the back of a segment
+  // whose owner has started on it, else from its front (where one thread runs the whole region,
+  // it reads it front to back). Returns the items run.
   template <typename Run>
   int64_t work_segments(uint64_t generation, int own, int threads, int64_t grain, const Run& run_chunk) {
     const uint64_t tag = generation & kSegmentGenerationMask;
     int64_t finished = 0;
     for (int step = 0; step < threads; ++step) {
       std::atomic<uint64_t>& segment = segments_[(own + step) % threads].word;
-      const bool front = step == 0;
       uint64_t word = segment.load(std::memory_order_relaxed);
-      while ((word >> (2 * kSegmentOffsetBits)) == tag) {  // else a newer region's: nothing left here
+      while ((word >> kSegmentGenerationShift) == tag) {  // else a newer region's: nothing left here
         const int64_t first = int64_t((word >> kSegmentOffsetBits) & kSegmentOffsetMask);
         const int64_t last = int64_t(word & kSegmentOffsetMask);
         if (first >= last) break;
         // a quarter of what the segment has left: a chunk held by a descheduled thread delays
         // the region by little, and the claims stay few
         const int64_t take = std::min(last - first, std::max(grain, (last - first) / 4));
-        const uint64_t claimed = front ? pack_segment(generation, first + take, last)
-                                       : pack_segment(generation, first, last - take);
+        const bool front = step == 0 || !(word & kSegmentStarted);
+        const uint64_t claimed = (front ? pack_segment(generation, first + take, last)
+                                        : pack_segment(generation, first, last - take)) |
+                                 (step == 0 ? kSegmentStarted : word & kSegmentStarted);
         if (!segment.compare_exchange_weak(word, claimed, std::memory_order_acq_rel, std::memory_order_relaxed))
           continue;
         if (front) run_chunk(first, first + take);
