@@ -123,15 +123,20 @@ def hf_runner(folder: str, max_tokens: int, lookup: bool = False,
 
 
 def llama_cpp_runner(model: str, max_tokens: int) -> tuple[Runner, str] | None:
-    """None when llama-cpp-python is missing or the model has no GGUF."""
+    """None when llama-cpp-python is missing or the model has no GGUF. Like eyas's runners, it
+    prefills every prompt whole on torch's thread count: llama-cpp-python would otherwise keep
+    the KV rows of the previous prompt's common prefix (the chat template's system turn) and
+    prefill prompts on every core."""
     path = gguf_path(model)
     if not llama_cpp_available() or path is None:
         return None
     from llama_cpp import Llama
 
-    llm = Llama(model_path=str(path), n_threads=torch.get_num_threads(), n_ctx=4096, verbose=False)
+    threads = torch.get_num_threads()
+    llm = Llama(model_path=str(path), n_threads=threads, n_threads_batch=threads, n_ctx=4096, verbose=False)
 
     def run(ids: list[int]) -> list[int]:
+        llm.reset()  # no prefix kept from the prompt before
         out: list[int] = []
         for token in llm.generate(ids, temp=0.0, top_k=1, reset=True):
             if token == llm.token_eos() or len(out) >= max_tokens:

@@ -338,6 +338,7 @@ def module(verbose: bool = False):
             int8dot_kernel()  # EYAS_INT4_KERNEL's choice, from the first use on
             int4_activation_bits()  # and EYAS_INT4_ACTIVATIONS's
             screen_activation_bits()  # and EYAS_SCREEN_ACTIVATIONS's
+            pool_split()  # and EYAS_POOL_SPLIT's
     return _module or None
 
 
@@ -413,6 +414,23 @@ def screen_activation_bits() -> int:
     if loaded is not None and loaded.screen_activation_bits() != int(choice):
         loaded.set_screen_activation_bits(int(choice))
     return int(choice)
+
+
+POOL_SPLITS = ("segments", "chunks")
+
+
+def pool_split() -> str:
+    """How the extension's worker pool (csrc/worker_pool.h) hands out a parallel region, from
+    EYAS_POOL_SPLIT: segments (the default: one contiguous segment per thread, then stealing from
+    the others' ends) or chunks (chunks in turn from one counter, kept for comparisons). The
+    values are the same bits with either; only the time changes."""
+    choice = os.environ.get("EYAS_POOL_SPLIT", "segments").strip().lower() or "segments"
+    if choice not in POOL_SPLITS:
+        raise ValueError(f"EYAS_POOL_SPLIT={choice!r}: accepted values are {', '.join(POOL_SPLITS)}")
+    loaded = module() if enabled() else None
+    if loaded is not None and loaded.pool_split() != choice:
+        loaded.set_pool_split(choice)
+    return choice
 
 
 if __name__ == "__main__":

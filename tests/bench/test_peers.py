@@ -80,3 +80,39 @@ def test_offline_cli_with_an_assisted_row(tiny_model_dir, tmp_path, capsys):
     results = json.loads(output.read_text())["results"]
     assert [sum(r["tokens"]) for r in results] == [16, 16, 16]
     assert [r["identical_outputs_to_last"] for r in results] == [2, 2, 2]
+
+
+def test_llama_cpp_prefills_every_prompt_whole_on_torchs_threads(monkeypatch, tmp_path):
+    """llama-cpp-python keeps the previous prompt's KV rows for a common prefix unless reset,
+    and prefills on every core unless told: the runner must do neither (eyas's runners don't)."""
+    import sys
+    import types
+
+    import torch
+
+    from eyas.bench import peers
+
+    calls: list = []
+
+    class FakeLlama:
+        def __init__(self, **kwargs) -> None:
+            calls.append(("init", kwargs["n_threads"], kwargs["n_threads_batch"]))
+
+        def reset(self) -> None:
+            calls.append("reset")
+
+        def token_eos(self) -> int:
+            return 0
+
+        def generate(self, ids, **kwargs):
+            calls.append(("generate", list(ids)))
+            yield from (5, 6, 0)
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", types.SimpleNamespace(Llama=FakeLlama))
+    monkeypatch.setattr(peers, "llama_cpp_available", lambda: True)
+    monkeypatch.setattr(peers, "gguf_path", lambda model: tmp_path / "model.gguf")
+    run, _ = peers.llama_cpp_runner("some-model", max_tokens=8)
+    assert run([1, 2, 3]) == [5, 6] and run([1, 2, 4]) == [5, 6]
+    threads = torch.get_num_threads()
+    assert calls == [("init", threads, threads), "reset", ("generate", [1, 2, 3]), "reset",
+                     ("generate", [1, 2, 4])]

@@ -154,7 +154,9 @@ def test_phase_timers_change_no_bit_and_cover_the_call(smollm_int4_target):
 
 def test_the_stack_gives_the_same_bits_on_one_thread_and_on_two(smollm_int4_target):
     """The worker pool (csrc/worker_pool.h) cuts a region into chunks by whichever thread claims
-    them first: a pass over a tree must give the same hidden states and cache on 1 and 2 threads."""
+    them first: a pass over a tree must give the same hidden states and cache on 1, 2 and 3
+    threads, with either way of handing out a region (segments per thread, or chunks in turn)."""
+    ext = extension.module()
     model = smollm_int4_target.model
     stack = model.fused_layers()
     positions, mask = random_tree(33, CONTEXT.shape[1], seed=5)
@@ -163,7 +165,9 @@ def test_the_stack_gives_the_same_bits_on_one_thread_and_on_two(smollm_int4_targ
     results = []
     try:
         with torch.inference_mode():
-            for count in (1, 2, 1, 2):
+            for split, count in (("segments", 1), ("segments", 2), ("chunks", 2), ("segments", 3), ("chunks", 1),
+                                 ("chunks", 3), ("segments", 2)):
+                ext.set_pool_split(split)
                 torch.set_num_threads(count)
                 cache = new_cache(smollm_int4_target)
                 model(CONTEXT, cache=cache, write_at=0, logits_at=None)
@@ -174,5 +178,6 @@ def test_the_stack_gives_the_same_bits_on_one_thread_and_on_two(smollm_int4_targ
                 results.append((out, cache.keys.clone(), cache.values.clone()))
     finally:
         torch.set_num_threads(threads)
+        ext.set_pool_split("segments")
     for result in results[1:]:
         assert all(torch.equal(a, b) for a, b in zip(results[0], result))

@@ -270,6 +270,48 @@ def test_eyas_int4_kernel_chooses_the_implementation_and_refuses_unknown_names()
         ext.set_int8dot_kernel(before)
 
 
+def test_eyas_pool_split_chooses_how_regions_are_handed_out_and_refuses_unknown_names():
+    ext = int8dot()
+    try:
+        with mock.patch.dict(os.environ, {"EYAS_POOL_SPLIT": "chunks"}):
+            assert extension.pool_split() == "chunks" and ext.pool_split() == "chunks"
+        with mock.patch.dict(os.environ, {"EYAS_POOL_SPLIT": ""}):
+            assert extension.pool_split() == "segments" and ext.pool_split() == "segments"
+        with mock.patch.dict(os.environ, {"EYAS_POOL_SPLIT": "halves"}), \
+                pytest.raises(ValueError, match="accepted values are segments, chunks"):
+            extension.pool_split()
+        with pytest.raises(RuntimeError, match="'segments' or 'chunks'"):
+            ext.set_pool_split("halves")
+    finally:
+        ext.set_pool_split("segments")
+
+
+@pytest.mark.parametrize("rows", [1, 3, 20])
+def test_every_column_block_is_computed_once_on_any_thread_count_and_split(rows):
+    """Each thread starts on its own segment of the columns and steals from the others' ends
+    (csrc/worker_pool.h): with more threads than cores, or chunks in turn, the product is the
+    one thread's, bit for bit."""
+    ext = int8dot()
+    torch.manual_seed(3)
+    out, width = 16 * 301, 64  # 301 blocks of 16 columns: uneven segments
+    packed = ext.int4_pack(torch.randint(0, 16, (out, width)), torch.rand(out, width // 32) * 0.1,
+                           -torch.rand(out, width // 32) * 0.5)
+    x = torch.randn(rows, width)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        reference = ext.int4_linear(x, packed)
+        for split in ("segments", "chunks"):
+            ext.set_pool_split(split)
+            for count in (2, 3, 7):
+                torch.set_num_threads(count)
+                for _ in range(3):
+                    assert torch.equal(ext.int4_linear(x, packed), reference), (split, count)
+    finally:
+        torch.set_num_threads(threads)
+        ext.set_pool_split("segments")
+
+
 def test_int4_linear_takes_the_int8dot_layout_where_it_can_and_both_layouts_agree():
     int8dot()
     torch.manual_seed(2)

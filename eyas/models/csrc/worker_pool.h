@@ -8,12 +8,22 @@
 // machine (~150 regions per pass of SmolLM2-135M). The floor it chases: a region takes the time of
 // its work spread over the threads that are actually running, plus one claim of a chunk per chunk.
 //
-// How: a region [begin, end) is handed out in chunks through one atomic word; whichever thread
-// runs claims the next chunk (large ones first, then smaller ones: guided scheduling, so a chunk
-// claimed late finishes soon after the rest). The calling thread works too, and waits only for
-// chunks that another thread has claimed and not finished; a worker that has not woken up yet
-// claims nothing. Idle workers spin for a short while (the next region of a pass is microseconds
-// away), then sleep on a futex, so an idle server burns no core.
+// How: a region [begin, end) is cut into one contiguous segment per thread (the calling thread
+// has the first). Each thread claims chunks from the front of its own segment, then steals
+// chunks from the others' (from the back of a segment whose owner is at work on its front, else
+// from its front), large ones first, then smaller ones: a quarter of what a segment has left, so
+// a chunk claimed late finishes soon after the rest. The calling thread
+// works too, and waits only for chunks that another thread has claimed and not finished; a
+// worker that has not woken up yet claims nothing, and its segment is done by the others.
+// Contiguous segments matter where a region streams memory (a one-row matrix product reads
+// each weight once): each thread reads one long run of addresses, which the hardware
+// prefetchers and the product's own prefetching follow; chunks handed out in turn from one
+// counter (EYAS_POOL_SPLIT=chunks, kept for comparisons: scripts/ab-pool-split.py) make each
+// thread jump between short runs; so handed out, Qwen2.5-Coder-1.5B's one-row pass took 5-9%
+// longer than with one fixed half per thread (OpenMP's). Where one thread runs a whole region
+// (the other descheduled), it still reads it front to back.
+// Idle workers spin for a short while (the next region of a pass is microseconds away), then
+// sleep on a futex, so an idle server burns no core.
 // A chunk's values must not depend on how the range was cut (every caller's contract: a row, a
 // block of columns, an attention work item computes the same bits in any chunk on any thread).
 //
@@ -23,6 +33,7 @@
 #pragma once
 
 #include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
 #include <linux/futex.h>
 #include <sched.h>
 #include <sys/syscall.h>
@@ -35,6 +46,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -46,6 +58,22 @@
 #endif
 
 namespace eyas {
+
+// How a region is handed out (the header): 0 contiguous segments per thread with stealing (the
+// default), 1 chunks in turn from one counter. Either gives the same bits (every caller's
+// contract); the choice only moves time.
+enum class PoolSplit : int { segments = 0, chunks = 1 };
+inline std::atomic<int>& pool_split() {
+  static std::atomic<int> split{int(PoolSplit::segments)};
+  return split;
+}
+
+inline std::string pool_split_name() { return pool_split().load() == int(PoolSplit::chunks) ? "chunks" : "segments"; }
+
+inline void set_pool_split(const std::string& name) {
+  TORCH_CHECK(name == "segments" || name == "chunks", "pool split: 'segments' or 'chunks', not '", name, "'");
+  pool_split().store(int(name == "chunks" ? PoolSplit::chunks : PoolSplit::segments));
+}
 
 // True on a pool worker, and on the calling thread while it runs a region's chunks: a region
 // inside a region runs as a plain loop, and phase timers (phase_timer.h) ignore these threads.
@@ -78,6 +106,13 @@ class WorkerPool {
     job_count_.store(end - begin, std::memory_order_relaxed);
     job_grain_.store(std::max<int64_t>(grain, 1), std::memory_order_relaxed);
     job_threads_.store(threads, std::memory_order_relaxed);
+    const int64_t count = end - begin;
+    const bool segmented = pool_split().load(std::memory_order_relaxed) == int(PoolSplit::segments) &&
+                           threads <= kMaxSegments && count <= kSegmentOffsetMask;
+    job_segmented_.store(segmented, std::memory_order_relaxed);
+    for (int i = 0; segmented && i < threads; ++i)
+      segments_[i].word.store(pack_segment(generation, count * i / threads, count * (i + 1) / threads),
+                              std::memory_order_relaxed);
     done_.store(0, std::memory_order_relaxed);
     failed_.store(false, std::memory_order_relaxed);
     word_.store(pack(generation, 0), std::memory_order_seq_cst);
@@ -87,9 +122,8 @@ class WorkerPool {
     }
     // 2. Work like a worker, then wait for the chunks still running elsewhere.
     in_pool_region() = true;
-    work(generation);
+    work(generation, 0);
     in_pool_region() = false;
-    const int64_t count = end - begin;
     int64_t waited = 0;
     if (done_.load(std::memory_order_acquire) < count) {
       const int64_t started = clock ? clock() : 0;
@@ -113,6 +147,20 @@ class WorkerPool {
 
   static uint64_t pack(uint64_t generation, int64_t offset) { return (generation << kGenerationShift) | uint64_t(offset); }
 
+  // A segment's word: the generation's low 23 bits, whether its owner has claimed a chunk yet,
+  // then its next unclaimed offset from the front and the end of what is unclaimed at the back
+  // (offsets from the region's begin, 20 bits each). A region longer than that, or with more
+  // threads than segments, is split in chunks.
+  static constexpr int kMaxSegments = 64, kSegmentOffsetBits = 20, kSegmentStartedShift = 2 * kSegmentOffsetBits;
+  static constexpr uint64_t kSegmentOffsetMask = (uint64_t(1) << kSegmentOffsetBits) - 1;
+  static constexpr uint64_t kSegmentStarted = uint64_t(1) << kSegmentStartedShift;
+  static constexpr int kSegmentGenerationShift = kSegmentStartedShift + 1;
+  static constexpr uint64_t kSegmentGenerationMask = (uint64_t(1) << (64 - kSegmentGenerationShift)) - 1;
+  static uint64_t pack_segment(uint64_t generation, int64_t front, int64_t back) {
+    return ((generation & kSegmentGenerationMask) << kSegmentGenerationShift) |
+           (uint64_t(front) << kSegmentOffsetBits) | uint64_t(back);
+  }
+
   template <typename F>
   static void call(const void* body, int64_t first, int64_t last) {
     (*static_cast<const F*>(body))(first, last);
@@ -128,8 +176,9 @@ class WorkerPool {
     }
   }
 
-  // Claims and runs chunks of region `generation` until none is left or a newer region began.
-  void work(uint64_t generation) {
+  // Claims and runs chunks of region `generation` until none is left or a newer region began;
+  // `segment` is this thread's place (0 for the calling thread, a worker's index + 1).
+  void work(uint64_t generation, int segment) {
     // The job's fields are consistent for `generation` if the word still carries it unflagged
     // after reading them (the caller flags the word before writing a new job).
     using Call = void (*)(const void*, int64_t, int64_t);
@@ -138,28 +187,78 @@ class WorkerPool {
     const int64_t begin = job_begin_.load(std::memory_order_relaxed), count = job_count_.load(std::memory_order_relaxed);
     const int64_t grain = job_grain_.load(std::memory_order_relaxed);
     const int64_t threads = job_threads_.load(std::memory_order_relaxed);
+    const bool segmented = job_segmented_.load(std::memory_order_relaxed);
     std::atomic_thread_fence(std::memory_order_acquire);
+    const uint64_t word = word_.load(std::memory_order_relaxed);
+    if ((word >> kGenerationShift) != (generation & ((uint64_t(1) << (64 - kGenerationShift)) - 1)) ||
+        (word & kWriting))
+      return;
+    const auto run_chunk = [&](int64_t first, int64_t last) {
+      try {
+        body_call(body, begin + first, begin + last);
+      } catch (...) {
+        if (!failed_.exchange(true, std::memory_order_acq_rel)) error_ = std::current_exception();
+      }
+    };
+    // the items this thread ran, counted once at the end (one write to the shared counter)
+    const int64_t finished = segmented ? work_segments(generation, segment, int(threads), grain, run_chunk)
+                                       : work_chunks(generation, count, grain, threads, run_chunk);
+    done_.fetch_add(finished, std::memory_order_release);
+  }
+
+  // Chunks from the front of segment `own`, then from the others': from the back of a segment
+  // whose owner has started on it, else from its front (where one thread runs the whole region,
+  // it reads it front to back). Returns the items run.
+  template <typename Run>
+  int64_t work_segments(uint64_t generation, int own, int threads, int64_t grain, const Run& run_chunk) {
+    const uint64_t tag = generation & kSegmentGenerationMask;
+    int64_t finished = 0;
+    for (int step = 0; step < threads; ++step) {
+      std::atomic<uint64_t>& segment = segments_[(own + step) % threads].word;
+      uint64_t word = segment.load(std::memory_order_relaxed);
+      while ((word >> kSegmentGenerationShift) == tag) {  // else a newer region's: nothing left here
+        const int64_t first = int64_t((word >> kSegmentOffsetBits) & kSegmentOffsetMask);
+        const int64_t last = int64_t(word & kSegmentOffsetMask);
+        if (first >= last) break;
+        // a quarter of what the segment has left: a chunk held by a descheduled thread delays
+        // the region by little, and the claims stay few
+        const int64_t take = std::min(last - first, std::max(grain, (last - first) / 4));
+        const bool front = step == 0 || !(word & kSegmentStarted);
+        const uint64_t claimed = (front ? pack_segment(generation, first + take, last)
+                                        : pack_segment(generation, first, last - take)) |
+                                 (step == 0 ? kSegmentStarted : word & kSegmentStarted);
+        if (!segment.compare_exchange_weak(word, claimed, std::memory_order_acq_rel, std::memory_order_relaxed))
+          continue;
+        if (front) run_chunk(first, first + take);
+        else run_chunk(last - take, last);
+        finished += take;
+        word = segment.load(std::memory_order_relaxed);
+      }
+    }
+    return finished;
+  }
+
+  // Chunks in turn from the region's one counter. Returns the items run.
+  template <typename Run>
+  int64_t work_chunks(uint64_t generation, int64_t count, int64_t grain, int64_t threads, const Run& run_chunk) {
+    int64_t finished = 0;
     uint64_t word = word_.load(std::memory_order_relaxed);
     while (true) {
       if ((word >> kGenerationShift) != (generation & ((uint64_t(1) << (64 - kGenerationShift)) - 1)) ||
           (word & kWriting))
-        return;
+        break;
       const int64_t offset = int64_t(word & kOffsetMask);
-      if (offset >= count) return;
-      // a quarter of a thread's share of what is left: a chunk held by a descheduled thread
-      // delays the region by little, and the claims stay few
+      if (offset >= count) break;
+      // a quarter of a thread's share of what is left (as work_segments)
       const int64_t take = std::min(count - offset, std::max(grain, (count - offset) / (4 * threads)));
       if (!word_.compare_exchange_weak(word, word + uint64_t(take), std::memory_order_acq_rel,
                                        std::memory_order_relaxed))
         continue;
-      try {
-        body_call(body, begin + offset, begin + offset + take);
-      } catch (...) {
-        if (!failed_.exchange(true, std::memory_order_acq_rel)) error_ = std::current_exception();
-      }
-      done_.fetch_add(take, std::memory_order_release);
+      run_chunk(offset, offset + take);
+      finished += take;
       word = word_.load(std::memory_order_relaxed);
     }
+    return finished;
   }
 
   [[noreturn]] void worker(int index) {
@@ -184,7 +283,7 @@ class WorkerPool {
       }
       seen = word >> kGenerationShift;
       // 2. Join it, unless it wants fewer threads than this worker's place.
-      if (index + 1 < job_threads_.load(std::memory_order_relaxed)) work(seen);
+      if (index + 1 < job_threads_.load(std::memory_order_relaxed)) work(seen, index + 1);
     }
   }
 
@@ -197,6 +296,11 @@ class WorkerPool {
   alignas(64) std::atomic<void (*)(const void*, int64_t, int64_t)> job_call_{nullptr};
   std::atomic<const void*> job_body_{nullptr};
   std::atomic<int64_t> job_begin_{0}, job_count_{0}, job_grain_{1}, job_threads_{1};
+  std::atomic<bool> job_segmented_{false};
+  struct alignas(64) Segment {
+    std::atomic<uint64_t> word{0};
+  };
+  Segment segments_[kMaxSegments];
   std::atomic<bool> failed_{false};
   std::exception_ptr error_;
 };
