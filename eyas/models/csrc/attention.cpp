@@ -1,6 +1,10 @@
 // Attention of the fused int4 layer over its KV cache (float32, float16 or float64), on the CPU.
 // The floor it chases: the multiply-adds of q . k and p * v (2 * heads * head_dim per visible
-// key and row) at the float32 FMA peak, each key and value row read once per token's queries.
+// key and row) at the float32 FMA peak. How: a chunk's keys are transposed once into a tile
+// that every query with the same keys there reads, as a register-tiled product (no horizontal
+// sums, 8 queries per loaded key vector), and each value row is loaded once for up to 4
+// queries; what is left above the FMAs is one transpose per tile, the 16-lane softmax of each
+// 64-key chunk and the in-order combine of the chunks.
 //
 // Two implementations with the same contract (attention.h): `chunked_attention` for a float32
 // or float16 cache and head_dim 64 or 128 on AVX2 or AVX-512 (what the engine runs; the same
@@ -98,9 +102,11 @@ void generic_attention(const T* q, const T* keys, const T* values, const Visibil
 // query of the run whose keys in this chunk are the tile's first n (all rows of a prefill
 // chunk, every row of a draft tree for the chunks of the cached prefix, the GQA group of one
 // token) is scored against it as a small matrix product in registers: lanes across 16 keys, up
-// to 8 queries at a time, each query's value broadcast per dim. A row that cannot share (a tree
-// node's last chunk, with its own ancestors) gets its own tile (the shared one's leading
-// blocks copied, the rest gathered) and runs the same code. The exponentials run 16 lanes at a
+// to 8 queries at a time, each query's value broadcast per dim. Queries that fill at most one
+// such block (a one-token step's GQA group; a tree node's last chunk, with its own ancestors)
+// skip the tile on AVX-512: each 16-key block is transposed in registers as the FMAs consume
+// it (on AVX2 they get a tile of their own, the shared one's equal leading blocks copied),
+// with the same chains. The exponentials run 16 lanes at a
 // time (exp16), and the weighted sums of value rows run for up to 4 queries per loaded row
 // (2 for head_dim 128; 1 on AVX2). Each query keeps a partial softmax (max, sum, weighted sum)
 // per chunk, and the partials are combined in chunk order.
@@ -125,15 +131,28 @@ constexpr int kScoreQueries = 4;
 inline __m128 load4(const float* p) { return _mm_loadu_ps(p); }
 inline __m128 load4(const c10::Half* p) { return _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
 
+// Key j of 16: any rows (16 pointers), or 16 consecutive rows of a cache (one pointer, fixed
+// offsets: no pointers to keep in registers).
+template <typename K>
+struct ScatteredKeys {
+  const K* const* rows;
+  const K* operator()(int j) const { return rows[j]; }
+};
+template <typename K, int64_t HeadDim>
+struct ConsecutiveKeys {
+  const K* first;
+  const K* operator()(int j) const { return first + j * HeadDim; }
+};
+
 // Dims d .. d + 3 of 16 keys, transposed: out[e] = dim d + e of keys 0..15. Four keys' dims in
 // each 128-bit lane as they load, then 4 x 4 transposes within the lanes.
-template <typename K>
-inline void transpose4(const K* const k[16], int64_t d, __m512 out[4]) {
+template <typename Keys>
+inline void transpose4(const Keys& key, int64_t d, __m512 out[4]) {
   __m512 a[4];
   for (int j = 0; j < 4; ++j) {  // lane L: key 4L + j
-    const __m512 r = _mm512_castps128_ps512(load4(k[j] + d));
-    a[j] = _mm512_insertf32x4(_mm512_insertf32x4(_mm512_insertf32x4(r, load4(k[4 + j] + d), 1), load4(k[8 + j] + d), 2),
-                              load4(k[12 + j] + d), 3);
+    const __m512 r = _mm512_castps128_ps512(load4(key(j) + d));
+    a[j] = _mm512_insertf32x4(_mm512_insertf32x4(_mm512_insertf32x4(r, load4(key(4 + j) + d), 1), load4(key(8 + j) + d), 2),
+                              load4(key(12 + j) + d), 3);
   }
   const __m512 t0 = _mm512_unpacklo_ps(a[0], a[1]), t1 = _mm512_unpackhi_ps(a[0], a[1]);
   const __m512 t2 = _mm512_unpacklo_ps(a[2], a[3]), t3 = _mm512_unpackhi_ps(a[2], a[3]);
@@ -158,10 +177,17 @@ void transpose_keys(const K* kb, const int32_t* slots, int64_t n, int64_t first,
     const K* k[16];
     block_keys<NV>(kb, slots, n, block, k);
 #ifdef __AVX512F__
-    for (int64_t d = 0; d < 16 * NV; d += 4) {
-      __m512 dims[4];
-      transpose4(k, d, dims);
-      for (int e = 0; e < 4; ++e) _mm512_store_ps(kt + (d + e) * kChunk + 16 * block, dims[e]);
+    const auto transpose = [&](const auto& keys) {
+      for (int64_t d = 0; d < 16 * NV; d += 4) {
+        __m512 dims[4];
+        transpose4(keys, d, dims);
+        for (int e = 0; e < 4; ++e) _mm512_store_ps(kt + (d + e) * kChunk + 16 * block, dims[e]);
+      }
+    };
+    if (k[15] - k[0] == 15 * 16 * NV) {  // 16 consecutive slots
+      transpose(ConsecutiveKeys<K, 16 * NV>{k[0]});
+    } else {
+      transpose(ScatteredKeys<K>{k});
     }
 #else
     for (int half = 0; half < 2; ++half)
@@ -225,23 +251,39 @@ void score_block(const float* const query[], const float* kt, int64_t vectors, f
 // score_block for queries that share no tile with others (a one-token step, a tree node's own
 // chunk): each 16-key block is transposed in registers as the FMAs consume it, no tile stored.
 // The same chains, so the same bits.
-template <int NV, int M, int V, typename K>
-void direct_vectors(const float* const q[], const K* kb, const int32_t* slots, int64_t n, int64_t v0,
-                    float (*scores)[kChunk]) {
-  const K* k[V][16];
-  for (int u = 0; u < V; ++u) block_keys<NV>(kb, slots, n, v0 + u, k[u]);
+template <int NV, int M, int V, typename Keys>
+void direct_vectors(const float* const q[], const Keys (&keys)[V], int64_t v0, float (*scores)[kChunk]) {
   Floats16 acc[M][V];
   for (int m = 0; m < M; ++m)
     for (int u = 0; u < V; ++u) acc[m][u] = Floats16::zero();
   for (int64_t d = 0; d < 16 * NV; d += 4) {
     __m512 dims[V][4];
-    for (int u = 0; u < V; ++u) transpose4(k[u], d, dims[u]);
+    for (int u = 0; u < V; ++u) transpose4(keys[u], d, dims[u]);
     for (int e = 0; e < 4; ++e)
       for (int m = 0; m < M; ++m)
         for (int u = 0; u < V; ++u) acc[m][u].fma(q[m][d + e], Floats16{dims[u][e]});
   }
   for (int m = 0; m < M; ++m)
     for (int u = 0; u < V; ++u) acc[m][u].store(scores[m] + 16 * (v0 + u));
+}
+
+// Blocks v0 .. v0 + V - 1 of 16 keys: from one pointer where their slots are consecutive (the
+// cached prefix), else from 16 V.
+template <int NV, int M, int V, typename K>
+void direct_blocks(const float* const q[], const K* kb, const int32_t* slots, int64_t n, int64_t v0,
+                   float (*scores)[kChunk]) {
+  constexpr int64_t head_dim = 16 * NV;
+  const int64_t first = 16 * v0, last = 16 * (v0 + V) - 1;
+  if (last < n && slots[last] - slots[first] == last - first) {
+    ConsecutiveKeys<K, head_dim> keys[V];
+    for (int u = 0; u < V; ++u) keys[u] = {kb + (int64_t(slots[first]) + 16 * u) * head_dim};
+    direct_vectors<NV, M, V>(q, keys, v0, scores);
+    return;
+  }
+  const K* rows[V][16];
+  ScatteredKeys<K> keys[V];
+  for (int u = 0; u < V; ++u) block_keys<NV>(kb, slots, n, v0 + u, rows[u]), keys[u] = {rows[u]};
+  direct_vectors<NV, M, V>(q, keys, v0, scores);
 }
 
 template <int NV, int M, typename K>
@@ -251,8 +293,8 @@ void score_direct(const float* const query[], const K* kb, const int32_t* slots,
   for (int m = 0; m < M; ++m) q[m] = query[m];
   const int64_t vectors = (n + 15) / 16;
   int64_t v = 0;
-  for (; v + V <= vectors; v += V) direct_vectors<NV, M, V>(q, kb, slots, n, v, scores);
-  for (; v < vectors; ++v) direct_vectors<NV, M, 1>(q, kb, slots, n, v, scores);
+  for (; v + V <= vectors; v += V) direct_blocks<NV, M, V>(q, kb, slots, n, v, scores);
+  for (; v < vectors; ++v) direct_blocks<NV, M, 1>(q, kb, slots, n, v, scores);
 }
 #endif
 
