@@ -84,7 +84,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "priced with the measured step costs; at least 32 a step). Lower: "
                              "steadier time per output token (TPOT) for the running requests, a "
                              "later first token (TTFT) for joining ones; 'off': prefill fills "
-                             "--max-step-tokens (default: %(default)s)")
+                             "--max-step-tokens (default: "
+                             f"{'off' if DEFAULTS.prefill_stretch is None else DEFAULTS.prefill_stretch})")
     overlap = parser.add_mutually_exclusive_group()
     overlap.add_argument("--overlap", dest="overlap", action="store_true", default=DEFAULTS.overlap,
                          help="schedule step N+1 and postprocess step N-1 on a helper thread "

@@ -24,9 +24,10 @@ class EngineConfig:
     # while requests decode, the prompt tokens of a step are priced with the measured cost
     # model so that the step takes at most this multiple of its plain decode pass (a lower
     # TPOT for the decoding requests, a later first token for the joining ones; at least
-    # MIN_PREFILL_TOKENS a step, so every prompt progresses); None: prefill fills the token
-    # budget (max_step_tokens), up to prefill_chunk per request
-    prefill_stretch: float | None = 3.0
+    # MIN_PREFILL_TOKENS a step, so every prompt progresses); None (the default: a stretch of 3
+    # measured 0.89-0.91x the throughput with no lower median TPOT, docs/serving.md): prefill
+    # fills the token budget (max_step_tokens), up to prefill_chunk per request
+    prefill_stretch: float | None = None
     num_draft_tokens: int = 4  # most draft tokens per request per step
     # auto: k per step from measured costs (speculation.py) | always | never | timed: one
     # request at a time (max_running 1, what `eyas generate`, `eval` and `bench offline` run):
