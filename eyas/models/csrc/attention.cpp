@@ -1,6 +1,10 @@
 // Attention of the fused int4 layer over its KV cache (float32, float16 or float64), on the CPU.
 // The floor it chases: the multiply-adds of q . k and p * v (2 * heads * head_dim per visible
-// key and row) at the float32 FMA peak, each key and value row read once per token's queries.
+// key and row) at the float32 FMA peak. How: a chunk's keys are transposed once into a tile
+// that every query with the same keys there reads, as a register-tiled product (no horizontal
+// sums, 8 queries per loaded key vector), and each value row is loaded once for up to 4
+// queries; what is left above the FMAs is one transpose per tile, the 16-lane softmax of each
+// 64-key chunk and the in-order combine of the chunks.
 //
 // Two implementations with the same contract (attention.h): `chunked_attention` for a float32
 // or float16 cache and head_dim 64 or 128 on AVX2 or AVX-512 (what the engine runs; the same
@@ -15,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -91,88 +96,329 @@ void generic_attention(const T* q, const T* keys, const T* values, const Visibil
 // Attention over a float32 (or float16) cache in chunks of a query's visible keys, for
 // head_dim = 16 * NV: what the engine runs.
 //
-// Why: a work item (run of rows of one sequence, kv head, chunk j) covers every query of that
-// kv head, and chunk j of a query is its visible keys number 64j .. 64j + 63 in slot order:
-// mostly the same slots for all the queries of a sequence, read from L1 by all of them, so a
-// one-token step spreads over the threads too. The queries of one token that share a kv head (the GQA group)
-// run together: each key and value row is loaded once for all of them, scores are 16-float
-// dot products reduced eight keys at a time, the exponentials run 16 lanes at a time
-// (exp16), and the weighted sums of up to 4 queries stay in registers. Each query keeps a
-// partial softmax (max, sum, weighted sum) per chunk, and the partials are combined in chunk
-// order.
+// Chunk j of a query is its visible keys number 64j .. 64j + 63 in slot order. A work item
+// (run of rows of one sequence, kv head, chunk j) gathers the keys of the chunk of the run's
+// row that sees the most there into a transposed tile (dims x 64 keys, in L1), once; every
+// query of the run whose keys in this chunk are the tile's first n (all rows of a prefill
+// chunk, every row of a draft tree for the chunks of the cached prefix, the GQA group of one
+// token) is scored against it as a small matrix product in registers: lanes across 16 keys, up
+// to 8 queries at a time, each query's value broadcast per dim. Queries that fill at most one
+// such block (a one-token step's GQA group; a tree node's last chunk, with its own ancestors)
+// skip the tile on AVX-512: each 16-key block is transposed in registers as the FMAs consume
+// it (on AVX2 they get a tile of their own, the shared one's equal leading blocks copied),
+// with the same chains. The exponentials run 16 lanes at a
+// time (exp16), and the weighted sums of value rows run for up to 4 queries per loaded row
+// (2 for head_dim 128; 1 on AVX2). Each query keeps a partial softmax (max, sum, weighted sum)
+// per chunk, and the partials are combined in chunk order.
 //
-// Numerics: a query's result depends only on the sequence of keys and values it may see, not
-// on the slots they sit in (a tree node's slot differs from its slot in sequential decoding),
-// the other rows of the pass, how queries are grouped, or kv_len: chunks count visible keys,
-// every chunk runs over a full 64-entry array (padding -inf, then 0) with the same
-// instructions, and the chunks are combined in order with a scalar exp. Floats16 gives the same
-// bits on AVX-512 and AVX2.
+// Numerics: a score is one chain of FMAs over the dims in order, from zero, in its own lane,
+// so its bits do not depend on the tile it sits in, on which queries share it, or on the vector
+// width. A query's result depends only on the keys and values it may see, in order, not on the
+// slots they sit in (a tree node's slot differs from its slot in sequential decoding), the other
+// rows of the pass, how queries are grouped, or kv_len: chunks count visible keys, every chunk's
+// softmax runs over a full 64-entry array (padding -inf, then 0) with the same instructions, a
+// weighted sum adds its own keys only, and the chunks are combined in order with a scalar exp.
+// Floats16 gives the same bits on AVX-512 and AVX2.
 constexpr int64_t kChunk = 64;
+#ifdef __AVX512F__
+constexpr int kScoreQueries = 8;  // queries x 16 keys of scores in registers
+#else
+constexpr int kScoreQueries = 4;
+#endif
 
-// Partial softmaxes of `G` queries of one token over one chunk of its visible keys: n keys
-// (1..64) at chunk_slots; part[g] receives max, sum, then the head_dim weighted sums.
-template <int NV, int G, typename K>
-void chunk_partials(const float* const qv[G], const K* kb, const K* vb, const int32_t* chunk_slots, int64_t n,
-                    float scale, float* const part[G]) {
-  constexpr int64_t head_dim = 16 * NV;
-  alignas(64) float scores[G][kChunk];
-  Floats16 query[G][NV];
-  for (int g = 0; g < G; ++g)
-    for (int c = 0; c < NV; ++c) query[g][c] = Floats16::load(qv[g] + 16 * c);
-  // 1. Scores, eight keys at a time; a short block repeats its last key (ignored).
-  for (int64_t i = 0; i < kChunk; i += 8) {
-    const int64_t count = std::min<int64_t>(8, n - i);
-    if (count <= 0) {
-      for (int g = 0; g < G; ++g)
-        for (int j = 0; j < 8; ++j) scores[g][i + j] = -INFINITY;
-      continue;
-    }
-    const K* k[8];
-    for (int j = 0; j < 8; ++j) k[j] = kb + int64_t(chunk_slots[i + std::min<int64_t>(j, count - 1)]) * head_dim;
-    // keys count.. of the block are padding: -inf
-    const __m256 padding = _mm256_cmp_ps(_mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_ps(float(count)), _CMP_GE_OQ);
-    for (int g = 0; g < G; ++g) {  // one query at a time: its 8 sums stay in registers
-      Floats16 sums[8];
-      for (int j = 0; j < 8; ++j) {
-        sums[j] = Floats16::zero();
-        for (int c = 0; c < NV; ++c) sums[j].fma(query[g][c], Floats16::load(k[j] + 16 * c));
+#ifdef __AVX512F__
+// Four dims of a key as float32: from a float32 cache, or widened exactly from a float16 one.
+inline __m128 load4(const float* p) { return _mm_loadu_ps(p); }
+inline __m128 load4(const c10::Half* p) { return _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
+
+// Key j of 16: any rows (16 pointers), or 16 consecutive rows of a cache (one pointer, fixed
+// offsets: no pointers to keep in registers).
+template <typename K>
+struct ScatteredKeys {
+  const K* const* rows;
+  const K* operator()(int j) const { return rows[j]; }
+};
+template <typename K, int64_t HeadDim>
+struct ConsecutiveKeys {
+  const K* first;
+  const K* operator()(int j) const { return first + j * HeadDim; }
+};
+
+// Dims d .. d + 3 of 16 keys, transposed: out[e] = dim d + e of keys 0..15. Four keys' dims in
+// each 128-bit lane as they load, then 4 x 4 transposes within the lanes.
+template <typename Keys>
+inline void transpose4(const Keys& key, int64_t d, __m512 out[4]) {
+  __m512 a[4];
+  for (int j = 0; j < 4; ++j) {  // lane L: key 4L + j
+    const __m512 r = _mm512_castps128_ps512(load4(key(j) + d));
+    a[j] = _mm512_insertf32x4(_mm512_insertf32x4(_mm512_insertf32x4(r, load4(key(4 + j) + d), 1), load4(key(8 + j) + d), 2),
+                              load4(key(12 + j) + d), 3);
+  }
+  const __m512 t0 = _mm512_unpacklo_ps(a[0], a[1]), t1 = _mm512_unpackhi_ps(a[0], a[1]);
+  const __m512 t2 = _mm512_unpacklo_ps(a[2], a[3]), t3 = _mm512_unpackhi_ps(a[2], a[3]);
+  out[0] = _mm512_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0));
+  out[1] = _mm512_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
+  out[2] = _mm512_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));
+  out[3] = _mm512_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
+}
+#endif
+
+// The 16 keys of block `block` of a chunk: slots[i] for i < n (a short block repeats key n - 1).
+template <int NV, typename K>
+void block_keys(const K* kb, const int32_t* slots, int64_t n, int64_t block, const K* k[16]) {
+  for (int j = 0; j < 16; ++j) k[j] = kb + int64_t(slots[std::min<int64_t>(16 * block + j, n - 1)]) * (16 * NV);
+}
+
+// The keys of a chunk into its transposed tile, kt[d * kChunk + i] = dim d of key i: blocks
+// `first` .. `last` - 1 of 16 keys.
+template <int NV, typename K>
+void transpose_keys(const K* kb, const int32_t* slots, int64_t n, int64_t first, int64_t last, float* kt) {
+  for (int64_t block = first; block < last; ++block) {
+    const K* k[16];
+    block_keys<NV>(kb, slots, n, block, k);
+#ifdef __AVX512F__
+    const auto transpose = [&](const auto& keys) {
+      for (int64_t d = 0; d < 16 * NV; d += 4) {
+        __m512 dims[4];
+        transpose4(keys, d, dims);
+        for (int e = 0; e < 4; ++e) _mm512_store_ps(kt + (d + e) * kChunk + 16 * block, dims[e]);
       }
-      const __m256 dots = _mm256_mul_ps(reduce8_halves(sums), _mm256_set1_ps(scale));
-      _mm256_store_ps(scores[g] + i, _mm256_blendv_ps(dots, _mm256_set1_ps(-INFINITY), padding));
+    };
+    if (k[15] - k[0] == 15 * 16 * NV) {  // 16 consecutive slots
+      transpose(ConsecutiveKeys<K, 16 * NV>{k[0]});
+    } else {
+      transpose(ScatteredKeys<K>{k});
     }
+#else
+    for (int half = 0; half < 2; ++half)
+      for (int c = 0; c < 2 * NV; ++c) {  // dims 8c .. 8c + 7 of keys 8 half .. 8 half + 7: an 8 x 8 transpose
+        __m256 r[8], t[8];
+        for (int j = 0; j < 8; ++j) r[j] = load8(k[8 * half + j] + 8 * c);
+        for (int j = 0; j < 8; j += 2) {
+          t[j] = _mm256_unpacklo_ps(r[j], r[j + 1]);
+          t[j + 1] = _mm256_unpackhi_ps(r[j], r[j + 1]);
+        }
+        for (int j = 0; j < 8; j += 4) {
+          r[j] = _mm256_shuffle_ps(t[j], t[j + 2], _MM_SHUFFLE(1, 0, 1, 0));
+          r[j + 1] = _mm256_shuffle_ps(t[j], t[j + 2], _MM_SHUFFLE(3, 2, 3, 2));
+          r[j + 2] = _mm256_shuffle_ps(t[j + 1], t[j + 3], _MM_SHUFFLE(1, 0, 1, 0));
+          r[j + 3] = _mm256_shuffle_ps(t[j + 1], t[j + 3], _MM_SHUFFLE(3, 2, 3, 2));
+        }
+        float* column = kt + 8 * c * kChunk + 16 * block + 8 * half;
+        for (int e = 0; e < 4; ++e) {
+          _mm256_store_ps(column + e * kChunk, _mm256_permute2f128_ps(r[e], r[4 + e], 0x20));
+          _mm256_store_ps(column + (4 + e) * kChunk, _mm256_permute2f128_ps(r[e], r[4 + e], 0x31));
+        }
+      }
+#endif
   }
-  // 2. Softmax numerators: e^(score - max), 0 for padding; their sum in a fixed order.
-  Floats16 probs[G][kChunk / 16];
-  float best[G], total[G];
-  for (int g = 0; g < G; ++g) {
-    Floats16 top = Floats16::load(scores[g]);
-    for (int c = 1; c < kChunk / 16; ++c) top = max(top, Floats16::load(scores[g] + 16 * c));
-    alignas(64) float lanes[16];
-    top.store(lanes);
-    best[g] = *std::max_element(lanes, lanes + 16);  // a max is exact in any order
-    const Floats16 shift = Floats16::fill(best[g]);
-    for (int c = 0; c < kChunk / 16; ++c) probs[g][c] = exp16(Floats16::load(scores[g] + 16 * c) - shift);
-    const Floats16 sum = (probs[g][0] + probs[g][1]) + (probs[g][2] + probs[g][3]);
-    __m256 eight[8] = {sum.half_sum()};
-    for (int j = 1; j < 8; ++j) eight[j] = _mm256_setzero_ps();
-    total[g] = _mm256_cvtss_f32(reduce8(eight));
-    for (int c = 0; c < kChunk / 16; ++c) probs[g][c].store(scores[g] + 16 * c);  // scores -> probabilities
+}
+
+// Scores of M queries against the tile's keys 16 v0 .. 16 (v0 + V) - 1, unscaled: per key, the
+// FMA chain over the dims in order from zero.
+template <int NV, int M, int V>
+void score_vectors(const float* const q[], const float* kt, int64_t v0, float (*scores)[kChunk]) {
+  Floats16 acc[M][V];
+  for (int m = 0; m < M; ++m)
+    for (int u = 0; u < V; ++u) acc[m][u] = Floats16::zero();
+  for (int d = 0; d < 16 * NV; ++d) {
+    Floats16 key[V];
+    for (int u = 0; u < V; ++u) key[u] = Floats16::load(kt + d * kChunk + 16 * (v0 + u));
+    for (int m = 0; m < M; ++m)
+      for (int u = 0; u < V; ++u) acc[m][u].fma(q[m][d], key[u]);
   }
-  // 3. Weighted sums of the value rows (a zero weight adds exactly nothing).
+  for (int m = 0; m < M; ++m)
+    for (int u = 0; u < V; ++u) acc[m][u].store(scores[m] + 16 * (v0 + u));
+}
+
+// The same for the tile's keys 0 .. 16 * vectors - 1, V vectors of 16 keys at a time so that
+// M * V chains hide the FMA latency (V does not change a bit).
+template <int NV, int M>
+void score_block(const float* const query[], const float* kt, int64_t vectors, float (*scores)[kChunk]) {
+#ifdef __AVX512F__
+  constexpr int V = M == 1 ? 4 : M <= 4 ? 2 : 1;
+#else
+  constexpr int V = M <= 2 ? 2 : 1;
+#endif
+  const float* q[M];
+  for (int m = 0; m < M; ++m) q[m] = query[m];
+  int64_t v = 0;
+  for (; v + V <= vectors; v += V) score_vectors<NV, M, V>(q, kt, v, scores);
+  for (; v < vectors; ++v) score_vectors<NV, M, 1>(q, kt, v, scores);
+}
+
+#ifdef __AVX512F__
+// score_block for queries that share no tile with others (a one-token step, a tree node's own
+// chunk): each 16-key block is transposed in registers as the FMAs consume it, no tile stored.
+// The same chains, so the same bits.
+template <int NV, int M, int V, typename Keys>
+void direct_vectors(const float* const q[], const Keys (&keys)[V], int64_t v0, float (*scores)[kChunk]) {
+  Floats16 acc[M][V];
+  for (int m = 0; m < M; ++m)
+    for (int u = 0; u < V; ++u) acc[m][u] = Floats16::zero();
+  for (int64_t d = 0; d < 16 * NV; d += 4) {
+    __m512 dims[V][4];
+    for (int u = 0; u < V; ++u) transpose4(keys[u], d, dims[u]);
+    for (int e = 0; e < 4; ++e)
+      for (int m = 0; m < M; ++m)
+        for (int u = 0; u < V; ++u) acc[m][u].fma(q[m][d + e], Floats16{dims[u][e]});
+  }
+  for (int m = 0; m < M; ++m)
+    for (int u = 0; u < V; ++u) acc[m][u].store(scores[m] + 16 * (v0 + u));
+}
+
+// Blocks v0 .. v0 + V - 1 of 16 keys: from one pointer where their slots are consecutive (the
+// cached prefix), else from 16 V.
+template <int NV, int M, int V, typename K>
+void direct_blocks(const float* const q[], const K* kb, const int32_t* slots, int64_t n, int64_t v0,
+                   float (*scores)[kChunk]) {
+  constexpr int64_t head_dim = 16 * NV;
+  const int64_t first = 16 * v0, last = 16 * (v0 + V) - 1;
+  if (last < n && slots[last] - slots[first] == last - first) {
+    ConsecutiveKeys<K, head_dim> keys[V];
+    for (int u = 0; u < V; ++u) keys[u] = {kb + (int64_t(slots[first]) + 16 * u) * head_dim};
+    direct_vectors<NV, M, V>(q, keys, v0, scores);
+    return;
+  }
+  const K* rows[V][16];
+  ScatteredKeys<K> keys[V];
+  for (int u = 0; u < V; ++u) block_keys<NV>(kb, slots, n, v0 + u, rows[u]), keys[u] = {rows[u]};
+  direct_vectors<NV, M, V>(q, keys, v0, scores);
+}
+
+template <int NV, int M, typename K>
+void score_direct(const float* const query[], const K* kb, const int32_t* slots, int64_t n, float (*scores)[kChunk]) {
+  constexpr int V = M <= 2 ? 4 : M <= 4 ? 2 : 1;
+  const float* q[M];
+  for (int m = 0; m < M; ++m) q[m] = query[m];
+  const int64_t vectors = (n + 15) / 16;
+  int64_t v = 0;
+  for (; v + V <= vectors; v += V) direct_blocks<NV, M, V>(q, kb, slots, n, v, scores);
+  for (; v < vectors; ++v) direct_blocks<NV, M, 1>(q, kb, slots, n, v, scores);
+}
+#endif
+
+// One query of a chunk: its keys there are the tile's first n.
+struct ChunkQuery {
+  const float* q;  // [head_dim]
+  float* part;  // receives max, sum, then the head_dim weighted sums
+  int64_t n;  // 1 .. 64
+};
+
+// The weighted sums of G queries' value rows, slots[i] for i < n of each (a row loaded once for
+// all of them); probs [G][kChunk].
+template <int NV, int G, typename K>
+void value_block(const ChunkQuery* queries, const float (*probs)[kChunk], const K* vb, const int32_t* slots) {
+  constexpr int64_t head_dim = 16 * NV;
+  int64_t shortest = kChunk, longest = 0;
+  for (int g = 0; g < G; ++g) shortest = std::min(shortest, queries[g].n), longest = std::max(longest, queries[g].n);
   Floats16 acc[G][NV];
   for (int g = 0; g < G; ++g)
     for (int c = 0; c < NV; ++c) acc[g][c] = Floats16::zero();
-  for (int64_t i = 0; i < n; ++i) {
-    const K* vr = vb + int64_t(chunk_slots[i]) * head_dim;
+  for (int64_t i = 0; i < shortest; ++i) {
+    const K* vr = vb + int64_t(slots[i]) * head_dim;
     for (int c = 0; c < NV; ++c) {
       const Floats16 value = Floats16::load(vr + 16 * c);
-      for (int g = 0; g < G; ++g) acc[g][c].fma(scores[g][i], value);
+      for (int g = 0; g < G; ++g) acc[g][c].fma(probs[g][i], value);
     }
   }
-  for (int g = 0; g < G; ++g) {
-    part[g][0] = best[g];
-    part[g][1] = total[g];
-    for (int c = 0; c < NV; ++c) acc[g][c].store(part[g] + 2 + 16 * c);
+  for (int64_t i = shortest; i < longest; ++i) {  // keys some of the G queries do not have
+    const K* vr = vb + int64_t(slots[i]) * head_dim;
+    for (int c = 0; c < NV; ++c) {
+      const Floats16 value = Floats16::load(vr + 16 * c);
+      for (int g = 0; g < G; ++g)
+        if (i < queries[g].n) acc[g][c].fma(probs[g][i], value);
+    }
+  }
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < NV; ++c) acc[g][c].store(queries[g].part + 2 + 16 * c);
+}
+
+// Partial softmaxes of `count` queries over one chunk: keys and values the rows slots[i] of kb
+// and vb, the keys read from their transposed tile kt, or (kt null, AVX-512 only) transposed as
+// they are scored.
+template <int NV, typename K>
+void chunk_partials(const ChunkQuery* queries, int64_t count, const float* kt, const K* kb, const K* vb,
+                    const int32_t* slots, float scale) {
+#ifdef __AVX512F__
+  constexpr int kValueQueries = NV == 4 ? 4 : 2;  // weighted sums in registers
+#else
+  constexpr int kValueQueries = 1;
+#endif
+  alignas(64) float scores[kScoreQueries][kChunk];
+  for (int64_t b0 = 0; b0 < count; b0 += kScoreQueries) {
+    const ChunkQuery* block = queries + b0;
+    const int size = int(std::min<int64_t>(kScoreQueries, count - b0));
+    int64_t longest = 0;
+    const float* q[kScoreQueries];
+    for (int m = 0; m < size; ++m) q[m] = block[m].q, longest = std::max(longest, block[m].n);
+    const int64_t vectors = (longest + 15) / 16;
+    // 1. Scores (the same chain for a key in any column of any tile).
+#ifdef __AVX512F__
+    if (!kt) {
+      switch (size) {
+        case 1: score_direct<NV, 1>(q, kb, slots, longest, scores); break;
+        case 2: score_direct<NV, 2>(q, kb, slots, longest, scores); break;
+        case 3: score_direct<NV, 3>(q, kb, slots, longest, scores); break;
+        case 4: score_direct<NV, 4>(q, kb, slots, longest, scores); break;
+        case 5: score_direct<NV, 5>(q, kb, slots, longest, scores); break;
+        case 6: score_direct<NV, 6>(q, kb, slots, longest, scores); break;
+        case 7: score_direct<NV, 7>(q, kb, slots, longest, scores); break;
+        case 8: score_direct<NV, 8>(q, kb, slots, longest, scores); break;
+      }
+    } else {
+      switch (size) {
+        case 1: score_block<NV, 1>(q, kt, vectors, scores); break;
+        case 2: score_block<NV, 2>(q, kt, vectors, scores); break;
+        case 3: score_block<NV, 3>(q, kt, vectors, scores); break;
+        case 4: score_block<NV, 4>(q, kt, vectors, scores); break;
+        case 5: score_block<NV, 5>(q, kt, vectors, scores); break;
+        case 6: score_block<NV, 6>(q, kt, vectors, scores); break;
+        case 7: score_block<NV, 7>(q, kt, vectors, scores); break;
+        case 8: score_block<NV, 8>(q, kt, vectors, scores); break;
+      }
+    }
+#else
+    (void)kb;
+    switch (size) {
+      case 1: score_block<NV, 1>(q, kt, vectors, scores); break;
+      case 2: score_block<NV, 2>(q, kt, vectors, scores); break;
+      case 3: score_block<NV, 3>(q, kt, vectors, scores); break;
+      case 4: score_block<NV, 4>(q, kt, vectors, scores); break;
+    }
+#endif
+    // 2. Softmax numerators over the full 64 entries: e^(score * scale - max), 0 for padding
+    // (-inf); their sum in a fixed order.
+    for (int m = 0; m < size; ++m) {
+      float* row = scores[m];
+      for (int64_t c = 0; c < vectors; ++c) (Floats16::load(row + 16 * c) * Floats16::fill(scale)).store(row + 16 * c);
+      for (int64_t i = block[m].n; i < kChunk; ++i) row[i] = -INFINITY;
+      Floats16 top = Floats16::load(row);
+      for (int c = 1; c < kChunk / 16; ++c) top = max(top, Floats16::load(row + 16 * c));
+      alignas(64) float lanes[16];
+      top.store(lanes);
+      const float best = *std::max_element(lanes, lanes + 16);  // a max is exact in any order
+      const Floats16 shift = Floats16::fill(best);
+      Floats16 probs[kChunk / 16];
+      for (int c = 0; c < kChunk / 16; ++c) probs[c] = exp16(Floats16::load(row + 16 * c) - shift);
+      const Floats16 sum = (probs[0] + probs[1]) + (probs[2] + probs[3]);
+      __m256 eight[8] = {sum.half_sum()};
+      for (int j = 1; j < 8; ++j) eight[j] = _mm256_setzero_ps();
+      block[m].part[0] = best;
+      block[m].part[1] = _mm256_cvtss_f32(reduce8(eight));
+      for (int c = 0; c < kChunk / 16; ++c) probs[c].store(row + 16 * c);  // scores -> probabilities
+    }
+    // 3. Weighted sums of the value rows.
+    for (int g0 = 0; g0 < size; g0 += kValueQueries) {
+      switch (std::min(kValueQueries, size - g0)) {
+        case 1: value_block<NV, 1>(block + g0, scores + g0, vb, slots); break;
+#ifdef __AVX512F__
+        case 2: value_block<NV, 2>(block + g0, scores + g0, vb, slots); break;
+        case 3: value_block<NV, 3>(block + g0, scores + g0, vb, slots); break;
+        case 4: value_block<NV, 4>(block + g0, scores + g0, vb, slots); break;
+#endif
+      }
+    }
   }
 }
 
@@ -189,9 +435,9 @@ void chunked_attention(const float* q, const K* keys, const K* values, const Vis
                        int64_t heads, int64_t kv_heads, int64_t max_slots, float* out) {
   constexpr int64_t head_dim = 16 * NV;
 #ifdef __AVX512F__
-  constexpr int kTile = NV == 4 ? 4 : 2;  // queries whose weighted sums stay in registers
+  constexpr bool direct = true;  // queries that fill at most one block score straight from the cache
 #else
-  constexpr int kTile = 1;
+  constexpr bool direct = false;
 #endif
   const int64_t group = heads / kv_heads, rows = visible.rows(), runs = int64_t(visible.runs.size()) - 1;
   const float scale = float(1.0 / std::sqrt(double(head_dim)));
@@ -205,36 +451,69 @@ void chunked_attention(const float* q, const K* keys, const K* values, const Vis
   for (int64_t r = 0; r < runs; ++r) longest_run = std::max(longest_run, visible.runs[r + 1] - visible.runs[r]);
   const int64_t work = longest_run * group * visible.longest * head_dim;
   eyas::parallel_for(0, items, work >= (1 << 14) ? 1 : items, [&](int64_t begin, int64_t end) {
+    alignas(64) float shared_tile[head_dim * kChunk], own_tile[head_dim * kChunk];
+    std::vector<ChunkQuery> sharing, own(group);
+    std::vector<int64_t> own_rows;
+    sharing.reserve(longest_run * group), own_rows.reserve(longest_run);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t run = item / (kv_heads * chunks), kvh = (item / chunks) % kv_heads, chunk = item % chunks;
-      const int64_t b = visible.sequences[visible.runs[run]];
+      const int64_t first_row = visible.runs[run], end_row = visible.runs[run + 1];
+      const int64_t b = visible.sequences[first_row];
       const K* kb = keys + (b * kv_heads + kvh) * max_slots * head_dim;
       const K* vb = values + (b * kv_heads + kvh) * max_slots * head_dim;
-      for (int64_t row = visible.runs[run]; row < visible.runs[run + 1]; ++row) {
-        const int64_t first = visible.offsets[row] + chunk * kChunk;
-        const int64_t n = std::min<int64_t>(kChunk, visible.offsets[row + 1] - first);  // keys in this chunk
-        for (int64_t g0 = 0; g0 < group; g0 += kTile) {
-          const int tile = int(std::min<int64_t>(kTile, group - g0));
-          const float* qv[kTile];
-          float* part[kTile];
-          for (int g = 0; g < tile; ++g) {
-            qv[g] = q + (row * heads + kvh * group + g0 + g) * head_dim;
-            part[g] = partials + (((row * kv_heads + kvh) * chunks + chunk) * group + g0 + g) * stride;
-          }
-          if (n <= 0) {  // fewer visible keys than this chunk starts at
-            for (int g = 0; g < tile; ++g) part[g][0] = -INFINITY;
-            continue;
-          }
-          const int32_t* chunk_slots = visible.slots.data() + first;
-          switch (tile) {  // the same arithmetic per query for any tile
-            case 1: chunk_partials<NV, 1>(qv, kb, vb, chunk_slots, n, scale, part); break;
-#ifdef __AVX512F__
-            case 2: chunk_partials<NV, 2>(qv, kb, vb, chunk_slots, n, scale, part); break;
-            case 3: chunk_partials<NV, 3>(qv, kb, vb, chunk_slots, n, scale, part); break;
-            case 4: chunk_partials<NV, 4>(qv, kb, vb, chunk_slots, n, scale, part); break;
-#endif
-          }
+      const auto keys_of = [&](int64_t row) {  // the row's visible keys in this chunk (<= 0: none)
+        return std::min<int64_t>(kChunk, visible.offsets[row + 1] - visible.offsets[row] - chunk * kChunk);
+      };
+      const auto query = [&](int64_t row, int64_t g, int64_t n) {
+        const int64_t h = kvh * group + g;
+        return ChunkQuery{q + (row * heads + h) * head_dim,
+                          partials + (((row * kv_heads + kvh) * chunks + chunk) * group + g) * stride, n};
+      };
+      // 1. The reference: the chunk of the run's row that sees the most keys there.
+      int64_t reference = first_row, reference_n = keys_of(first_row);
+      for (int64_t row = first_row + 1; row < end_row; ++row)
+        if (keys_of(row) > reference_n) reference = row, reference_n = keys_of(row);
+      const int32_t* reference_slots = visible.slots.data() + visible.offsets[reference] + chunk * kChunk;
+      // 2. Each row's queries share the reference's keys (its keys there are the reference's
+      // first n), or are scored on their own.
+      sharing.clear(), own_rows.clear();
+      for (int64_t row = first_row; row < end_row; ++row) {
+        const int64_t n = keys_of(row);
+        if (n <= 0) {  // fewer visible keys than this chunk starts at
+          for (int64_t g = 0; g < group; ++g) query(row, g, 0).part[0] = -INFINITY;
+          continue;
         }
+        const int32_t* row_slots = visible.slots.data() + visible.offsets[row] + chunk * kChunk;
+        if (std::equal(row_slots, row_slots + n, reference_slots)) {
+          for (int64_t g = 0; g < group; ++g) sharing.push_back(query(row, g, n));
+        } else {
+          own_rows.push_back(row);
+        }
+      }
+      // 3. The shared keys: transposed into a tile once where more than one block of queries
+      // reads them.
+      const int64_t count = int64_t(sharing.size());
+      const bool tiled = !direct || count > kScoreQueries;
+      if (tiled && count > 0) transpose_keys<NV>(kb, reference_slots, reference_n, 0, (reference_n + 15) / 16, shared_tile);
+      if (count > 0) chunk_partials<NV>(sharing.data(), count, tiled ? shared_tile : nullptr, kb, vb, reference_slots, scale);
+      // 4. The rows that share nothing: their own keys (in a tile: the shared one's whole blocks
+      // of 16 equal to theirs copied, the rest transposed).
+      for (int64_t row : own_rows) {
+        const int64_t n = keys_of(row);
+        const int32_t* row_slots = visible.slots.data() + visible.offsets[row] + chunk * kChunk;
+        for (int64_t g = 0; g < group; ++g) own[g] = query(row, g, n);
+        if (direct && group <= kScoreQueries) {
+          chunk_partials<NV>(own.data(), group, nullptr, kb, vb, row_slots, scale);
+          continue;
+        }
+        int64_t copied = 0;
+        if (tiled && count > 0)
+          while (copied < n / 16 && std::equal(row_slots + 16 * copied, row_slots + 16 * copied + 16, reference_slots + 16 * copied))
+            ++copied;
+        for (int64_t d = 0; d < head_dim; ++d)
+          std::copy(shared_tile + d * kChunk, shared_tile + d * kChunk + 16 * copied, own_tile + d * kChunk);
+        transpose_keys<NV>(kb, row_slots, n, copied, (n + 15) / 16, own_tile);
+        chunk_partials<NV>(own.data(), group, own_tile, kb, vb, row_slots, scale);
       }
     }
   });

@@ -485,8 +485,42 @@ Tensor int4_decoder_layer(const Tensor& x, const Tensor& norm_in, const Tensor& 
   return out;
 }
 
+// The layers' attention alone (attention.cpp), for tests and measurements: q [N, Hq, D] float32
+// over keys, values [B, KV, S, D] (float32 or float16), row n reading cache row sequences[n]
+// and the slots mask[n] [N, kv_len] marks -> [N, Hq, D] float32.
+Tensor attention_only(const Tensor& q, const Tensor& keys, const Tensor& values, const Tensor& mask,
+                      const Tensor& sequences) {
+  TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat, "q: [N, Hq, D] float32");
+  TORCH_CHECK(keys.dim() == 4 && keys.sizes() == values.sizes() && keys.scalar_type() == values.scalar_type() &&
+                  (keys.scalar_type() == at::kFloat || keys.scalar_type() == at::kHalf),
+              "keys, values: [B, KV, S, D] float32 or float16, alike");
+  const int64_t rows = q.size(0), heads = q.size(1), head_dim = q.size(2), kv_heads = keys.size(1);
+  TORCH_CHECK(keys.size(3) == head_dim && heads % kv_heads == 0, "q and the cache disagree on heads or head_dim");
+  TORCH_CHECK(mask.dim() == 2 && mask.size(0) == rows && mask.scalar_type() == at::kBool && mask.size(1) <= keys.size(2),
+              "mask: [N, kv_len] bool, kv_len <= S");
+  TORCH_CHECK(sequences.dim() == 1 && sequences.numel() == rows && sequences.scalar_type() == at::kLong,
+              "sequences: [N] int64");
+  const Tensor q_c = q.contiguous(), k_c = keys.contiguous(), v_c = values.contiguous(), mask_c = mask.contiguous();
+  const Tensor sequences_c = sequences.contiguous();
+  std::vector<int64_t> row_sequences(sequences_c.data_ptr<int64_t>(), sequences_c.data_ptr<int64_t>() + rows);
+  for (int64_t b : row_sequences) TORCH_CHECK(b >= 0 && b < keys.size(0), "sequences: cache rows 0 .. B - 1");
+  const eyas::Visibility visible(mask_c.data_ptr<bool>(), mask.size(1), std::move(row_sequences));
+  Tensor out = at::empty({rows, heads, head_dim}, q.options());
+  if (keys.scalar_type() == at::kHalf) {
+    eyas::attention(q_c.data_ptr<float>(), k_c.data_ptr<at::Half>(), v_c.data_ptr<at::Half>(), visible, heads,
+                    kv_heads, head_dim, keys.size(2), out.data_ptr<float>());
+  } else {
+    eyas::attention(q_c.data_ptr<float>(), k_c.data_ptr<float>(), v_c.data_ptr<float>(), visible, heads, kv_heads,
+                    head_dim, keys.size(2), out.data_ptr<float>());
+  }
+  return out;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int4_decoder_layer", &int4_decoder_layer, "One int4 decoder layer (see the file's header)");
+  m.def("attention", &attention_only, "The layers' attention alone (see attention_only)", pybind11::arg("q"),
+        pybind11::arg("keys"), pybind11::arg("values"), pybind11::arg("mask"), pybind11::arg("sequences"),
+        pybind11::call_guard<pybind11::gil_scoped_release>());
   pybind11::class_<Int4Stack>(m, "Int4Stack", "The decoder layers of an int4 model, one call per pass")
       .def(pybind11::init<const std::vector<Tensor>&, int64_t, double, int64_t, int64_t>())
       .def("__len__", &Int4Stack::size)
