@@ -71,7 +71,19 @@ def reference(q, keys, values, mask, sequences) -> torch.Tensor:
     return out
 
 
+def gapped_block_mask() -> torch.Tensor:
+    """Three rows over 64 shared slots whose next chunk holds slots 64, 66, 79 (one short block
+    whose first and last slots are 15 apart over gaps) or its first one or two: rows enough to
+    share a transposed tile, which must not read the block as 16 consecutive slots."""
+    mask = torch.zeros(3, 80, dtype=torch.bool)
+    mask[:, :64] = True
+    for row, seen in enumerate(([64, 66, 79], [64], [64, 66])):
+        mask[row, seen] = True
+    return mask
+
+
 CASES = {
+    "a short block over gaps, first and last slots 15 apart": gapped_block_mask,
     "one token": lambda: causal_mask(257, 1),
     "prefill chunk of 256 rows after 256": lambda: causal_mask(256, 256),
     "prefill chunk of 37 rows after 5": lambda: causal_mask(5, 37),

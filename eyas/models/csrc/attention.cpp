@@ -184,7 +184,10 @@ void transpose_keys(const K* kb, const int32_t* slots, int64_t n, int64_t first,
         for (int e = 0; e < 4; ++e) _mm512_store_ps(kt + (d + e) * kChunk + 16 * block, dims[e]);
       }
     };
-    if (k[15] - k[0] == 15 * 16 * NV) {  // 16 consecutive slots
+    // 16 consecutive slots: a whole block (a short one repeats its last key, so its first and
+    // last pointers may be 15 rows apart over a gap) whose slots run without a gap
+    const int64_t start = 16 * block;
+    if (start + 15 < n && slots[start + 15] - slots[start] == 15) {
       transpose(ConsecutiveKeys<K, 16 * NV>{k[0]});
     } else {
       transpose(ScatteredKeys<K>{k});
