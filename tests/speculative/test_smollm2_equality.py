@@ -33,6 +33,7 @@ def test_ngram_tree_greedy_equals_plain(smollm_target, mtbench_prompt_ids, plain
     assert totals["draft_tokens"] > 0  # the proposer really proposed
 
 
+@pytest.mark.slow  # float32; the int4 target's counterpart runs by default
 def test_self_drafting_accepts_every_draft_and_equals_plain(smollm_target, mtbench_prompt_ids,
                                                             plain_outputs):
     proposer = DraftModelProposer(smollm_target, name="self")
@@ -62,6 +63,7 @@ def _shipped_head_proposer(target, tree: str, graft: str = ""):
     return build_proposer("eagle3:smollm2-135m" + graft, target, tree=tree)
 
 
+@pytest.mark.slow  # float32; the int4 target's counterpart runs by default
 def test_shipped_eagle3_head_greedy_equals_plain(smollm_target, mtbench_prompt_ids, plain_outputs):
     proposer = _shipped_head_proposer(smollm_target, "4,3,8")
     totals = assert_greedy_equals_plain(smollm_target, mtbench_prompt_ids, proposer, 8, NEW_TOKENS,
@@ -82,6 +84,7 @@ def test_shipped_eagle3_head_int4_equals_int4_plain(smollm_int4_target, mtbench_
     assert totals["accepted_tokens"] > 4 * NEW_TOKENS // 4
 
 
+@pytest.mark.slow  # float32; grafts run by default on a tiny target and, with suffix, on this model
 def test_shipped_head_with_an_ngram_graft_equals_plain(smollm_target, mtbench_prompt_ids,
                                                        plain_outputs):
     """The n-gram branch grafted onto the head's tree (`eagle3:smollm2-135m+ngram`)."""
