@@ -40,16 +40,14 @@ def tree_mask(context: int, size: int, seed: int):
     """[1, T, context + T]: a random tree (each node a child of an earlier one) after the context."""
     import torch
 
+    from eyas.engine.speculative.draft import DraftTree
+    from eyas.engine.speculative.tree import tree_mask as draft_tree_mask
+
     generator = torch.Generator().manual_seed(seed)
-    mask = torch.zeros(size, context + size, dtype=torch.bool)
-    mask[:, :context] = True
-    parents = [-1] + [int(torch.randint(0, node, (1,), generator=generator)) for node in range(1, size)]
-    for node in range(size):
-        ancestor = node
-        while ancestor >= 0:
-            mask[node, context + ancestor] = True
-            ancestor = parents[ancestor]
-    return mask[None]
+    parents = torch.tensor([int(torch.randint(0, node, (1,), generator=generator)) for node in range(1, size)],
+                           dtype=torch.long)
+    tree = DraftTree(torch.zeros(size - 1, dtype=torch.long), parents)
+    return torch.cat([torch.ones(size, context, dtype=torch.bool), draft_tree_mask(tree)], dim=1)[None]
 
 
 def worker(model: str) -> None:

@@ -9,6 +9,8 @@ import shutil
 import pytest
 import torch
 
+from eyas.engine.speculative.draft import DraftTree
+from eyas.engine.speculative.tree import tree_mask as draft_tree_mask
 from eyas.models import extension
 
 pytestmark = pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None,
@@ -42,17 +44,13 @@ def causal_mask(context: int, rows: int) -> torch.Tensor:
 
 
 def tree_mask(context: int, size: int, seed: int) -> torch.Tensor:
-    """A random draft tree of `size` nodes after `context`: each node sees the context and its ancestors."""
+    """A random draft tree of `size` nodes after `context` (node 0 the root, each later node a
+    child of an earlier one): each node sees the context, its ancestors and itself."""
     generator = torch.Generator().manual_seed(seed)
-    mask = torch.zeros(size, context + size, dtype=torch.bool)
-    mask[:, :context] = True
-    parents = [-1] + [int(torch.randint(0, node, (1,), generator=generator)) for node in range(1, size)]
-    for node in range(size):
-        ancestor = node
-        while ancestor >= 0:
-            mask[node, context + ancestor] = True
-            ancestor = parents[ancestor]
-    return mask
+    parents = torch.tensor([int(torch.randint(0, node, (1,), generator=generator)) for node in range(1, size)],
+                           dtype=torch.long)
+    tree = DraftTree(torch.zeros(size - 1, dtype=torch.long), parents)
+    return torch.cat([torch.ones(size, context, dtype=torch.bool), draft_tree_mask(tree)], dim=1)  # [T, context + T]
 
 
 def bits(x: torch.Tensor) -> torch.Tensor:

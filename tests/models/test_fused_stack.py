@@ -10,6 +10,8 @@ import time
 import pytest
 import torch
 
+from eyas.engine.speculative.draft import DraftTree
+from eyas.engine.speculative.tree import node_depths, tree_mask
 from eyas.models import extension, fused_cpu
 from eyas.models.kv_cache import KVCache
 from eyas.models.quant import int4_available
@@ -49,17 +51,11 @@ def random_tree(size: int, context: int, seed: int) -> tuple[torch.Tensor, torch
     """A tree of `size` nodes after `context` tokens: node 0 the root, each later node a child
     of an earlier one. Returns positions [1, T] and the mask [1, T, context + T]."""
     generator = torch.Generator().manual_seed(seed)
-    parents = [-1] + [int(torch.randint(0, i, (1,), generator=generator)) for i in range(1, size)]
-    depth = [0] * size
-    mask = torch.zeros(size, context + size, dtype=torch.bool)
-    mask[:, :context] = True
-    for node in range(size):
-        ancestor = node
-        while ancestor >= 0:
-            mask[node, context + ancestor] = True
-            ancestor = parents[ancestor]
-        depth[node] = 0 if parents[node] < 0 else depth[parents[node]] + 1
-    return torch.tensor([depth]) + context, mask[None]
+    parents = torch.tensor([int(torch.randint(0, i, (1,), generator=generator)) for i in range(1, size)],
+                           dtype=torch.long)
+    tree = DraftTree(torch.zeros(size - 1, dtype=torch.long), parents)
+    mask = torch.cat([torch.ones(size, context, dtype=torch.bool), tree_mask(tree)], dim=1)
+    return torch.tensor([[0] + node_depths(tree)]) + context, mask[None]
 
 
 def test_the_stack_in_one_call_gives_the_bits_of_one_call_per_layer(smollm_int4_target):
