@@ -14,11 +14,16 @@ from eyas.engine.speculative.decode import speculative_generate
 from eyas.engine.speculative.methods import build_proposer
 from eyas.engine.speculative.policy import PolicyConfig
 from eyas.engine.speculative.proposers.suffix import SuffixConfig, SuffixProposer
+from eyas.engine.speculative.sizing import CostModel
 from eyas.models.tokenizer import chat_prompt_ids
 from spec_checks import assert_greedy_equals_plain
 from stat_checks import exact_joint, goodness_of_fit
 
 NEW_TOKENS = 32
+# a fixed cost curve (SmolLM2 int4 on 2 cores: a one-token pass, then ~1.8 ms per extra row), so
+# that where the trees are cut, and so the step counts asserted below, do not follow whatever
+# curve a benchmark last cached on this machine
+FIXED_COSTS = CostModel({1: 5.0e-3, 16: 5.0e-3 + 15 * 1.8e-3, 64: 5.0e-3 + 63 * 1.8e-3})
 
 
 @pytest.fixture(scope="module")
@@ -36,15 +41,21 @@ def plain_outputs(smollm_target, prompts):
 def test_suffix_greedy_equals_plain_and_the_store_drafts_the_second_ask(smollm_target, prompts,
                                                                           plain_outputs):
     proposer = build_proposer("suffix:4", smollm_target)
-    first = assert_greedy_equals_plain(smollm_target, prompts, proposer, 16, NEW_TOKENS, plain_outputs)
+    proposer.use_costs(FIXED_COSTS)
+    counters = ("draft_tokens", "accepted_tokens", "verification_steps", "plain_steps")
+    first = assert_greedy_equals_plain(smollm_target, prompts, proposer, 16, NEW_TOKENS, plain_outputs,
+                                       counters=counters)
     assert proposer.store.stats()["documents"] == len(prompts)  # every output was stored
-    second = assert_greedy_equals_plain(smollm_target, prompts, proposer, 16, NEW_TOKENS, plain_outputs)
+    second = assert_greedy_equals_plain(smollm_target, prompts, proposer, 16, NEW_TOKENS, plain_outputs,
+                                        counters=counters)
     assert first["draft_tokens"] > 0
     # the same prompts again: the answers are in the store, most of them are drafted
     assert second["accepted_tokens"] > 0.6 * len(prompts) * NEW_TOKENS
-    # fewer target passes; how many fewer depends on where this machine's measured cost curve
-    # cuts the trees (16 -> 7-12 seen)
-    assert second["verification_steps"] < first["verification_steps"]
+    # fewer target passes: steps that verified a tree plus steps with nothing to draft (the
+    # first ask has many of those: its store is empty, only the request's own text matches)
+    passes = [run["verification_steps"] + run["plain_steps"] for run in (first, second)]
+    assert passes[1] < passes[0]
+    assert passes[1] <= len(prompts) * NEW_TOKENS // 4  # 13 of 128 tokens' passes seen (97 first)
 
 
 def test_suffix_on_the_tiny_model_equals_plain_and_the_store_helps_the_second_ask(tiny_target):
