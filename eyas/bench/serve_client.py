@@ -191,15 +191,14 @@ async def _read_stream(client: httpx.AsyncClient, url: str, payload: dict[str, A
 
 
 async def _read_stream_raw(url: str, payload: dict[str, Any], record: StreamRecord) -> None:
-    events = post_events(url, payload)
     try:
-        async for arrived, data in events:
-            if take_event(record, arrived, data):
-                return
+        events = await post_events(url, payload)  # JSON is parsed once the answer is complete
     except HTTPStatusError as error:
         record.error = str(error)
-    finally:
-        await events.aclose()
+        return
+    for arrived, data in events:
+        if take_event(record, arrived, data):
+            return
 
 
 async def stream_request(client: httpx.AsyncClient, url: str, payload: dict[str, Any],
