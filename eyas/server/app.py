@@ -300,6 +300,10 @@ def create_app(engine: Engine, settings: ServerSettings, metrics: ServerMetrics,
                             chunk = protocol.with_speculative(chunk, output.speculative)
                         yield sse(chunk)
                     continue
+                line = view.text_event(choice, output, response_id, model, created, include_usage)
+                if line is not None:  # the common case: a text delta, its JSON framing made once
+                    yield line
+                    continue
                 chunk = view.chunk(choice, output, response_id, model, created, include_usage)
                 if chunk is not None:
                     if output.finished and len(choices.choices) == 1:
