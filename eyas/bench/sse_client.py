@@ -1,4 +1,4 @@
-"""A small asyncio HTTP/1.1 client for streamed completions: the load generator's hot path.
+"""A small HTTP/1.1 client for streamed completions: the load generator's hot path.
 
 Usage:
     for arrived, data in await post_events("http://127.0.0.1:8000/v1/chat/completions", payload):
@@ -7,12 +7,14 @@ Usage:
 The load generator shares the machine with the server it measures. A general client (httpx:
 httpcore + h11 events + a line decoder, then the caller's JSON, a few hundred microseconds of
 Python per streamed chunk) takes CPU from the server at every token, and with one request in
-flight that is a visible share of a decode step. While a response streams, this client only
-reads: each read's bytes are kept with their arrival time, and the stream is over at
-`data: [DONE]` or when the server closes the connection (`Connection: close`). The chunked
-framing and the SSE lines are taken apart once the response is complete, each `data:` line
-with the arrival time of the read that completed it; JSON is left to the caller. No proxies,
-redirects or compression (the benchmark's `--client httpx` has those).
+flight that is a visible share of a decode step. Here each streamed request is read by a
+blocking socket on a thread of its own (the event loop waits for the whole answer, not for
+every chunk), and while a response streams the thread only receives: each read's bytes are
+kept with their arrival time, and the stream is over at `data: [DONE]` or when the server
+closes the connection (`Connection: close`). The chunked framing and the SSE lines are taken
+apart once the response is complete, each `data:` line with the arrival time of the read that
+completed it; JSON is left to the caller. No proxies, redirects or compression (the
+benchmark's `--client httpx` has those).
 
 A status other than 200 raises `HTTPStatusError` with the body (as text).
 """
@@ -21,12 +23,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import ssl
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import urlsplit
 
-READ_LIMIT = 1 << 20  # the longest line the reader accepts (a status line, a header, a chunk size)
+READ_SIZE = 1 << 16  # bytes asked of each recv
+MAX_HEAD = 1 << 20  # the longest status line + headers accepted
+MAX_STREAMS = 4096  # threads of the readers' pool (made as needed: one per request in flight)
+DONE = b"\ndata: [DONE]"  # a line start: inside a JSON string a newline is escaped
 
 
 class HTTPStatusError(Exception):
@@ -61,19 +69,86 @@ def request_head(url: str, length: int) -> tuple[str, int, bool, bytes]:
     return parts.hostname, parts.port or (443 if https else 80), https, head.encode("latin-1")
 
 
-async def read_head(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]:
-    """The status code and the headers (lower-case names) of a response."""
-    status_line = await reader.readline()
+def parse_head(head: bytes) -> tuple[int, dict[str, str]]:
+    """The status code and the headers (lower-case names) of a response head."""
+    status_line, *lines = head.decode("latin-1").split("\r\n")
     fields = status_line.split(None, 2)
-    if len(fields) < 2 or not fields[0].startswith(b"HTTP/"):
+    if len(fields) < 2 or not fields[0].startswith("HTTP/"):
         raise ConnectionError(f"not an HTTP response: {status_line[:80]!r}")
-    headers: dict[str, str] = {}
-    while True:
-        line = await reader.readline()
-        if line in (b"\r\n", b"\n", b""):
-            return int(fields[1]), headers
-        name, _, value = line.decode("latin-1").partition(":")
+    headers = {}
+    for line in lines:
+        name, _, value = line.partition(":")
         headers[name.strip().lower()] = value.strip()
+    return int(fields[1]), headers
+
+
+class BlockingStream:
+    """One request on a blocking socket: `run` (on a reader thread) sends it and returns the
+    status, the headers and the body's reads; `abort` (any thread) ends a `run` in progress."""
+
+    def __init__(self, url: str, payload: dict[str, Any], connect_timeout: float = 30.0) -> None:
+        body = json.dumps(payload).encode()
+        self.host, self.port, self.https, head = request_head(url, len(body))
+        self.request = head + body
+        self.connect_timeout = connect_timeout
+        self.sock: socket.socket | None = None
+        self.aborted = threading.Event()
+
+    def abort(self) -> None:
+        self.aborted.set()
+        sock = self.sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # a recv in progress returns b""
+            except OSError:
+                pass
+
+    def run(self) -> tuple[int, dict[str, str], list[tuple[float, bytes]]]:
+        sock = socket.create_connection((self.host, self.port), timeout=self.connect_timeout)
+        if self.https:
+            sock = ssl.create_default_context().wrap_socket(sock, server_hostname=self.host)
+        sock.settimeout(None)
+        self.sock = sock
+        try:
+            if self.aborted.is_set():
+                raise ConnectionAbortedError("the request was cancelled")
+            sock.sendall(self.request)
+            received = b""
+            while b"\r\n\r\n" not in received:
+                piece = sock.recv(READ_SIZE)
+                if not piece or len(received) > MAX_HEAD:
+                    raise ConnectionError("the connection ended before a complete response head")
+                received += piece
+            head, rest = received.split(b"\r\n\r\n", 1)
+            status, headers = parse_head(head)
+            reads = [(time.perf_counter(), rest)] if rest else []
+            return status, headers, read_body(sock.recv, headers, reads, until_done=status == 200)
+        finally:
+            self.sock = None
+            sock.close()
+
+
+def read_body(recv, headers: dict[str, str], reads: list[tuple[float, bytes]],
+              until_done: bool) -> list[tuple[float, bytes]]:
+    """The response body's reads as they came, (arrival time, bytes still framed): `reads`
+    (made with the head), then `recv(size)` until the close, the Content-Length, or (until_done)
+    the read that brings `data: [DONE]`."""
+    left = int(headers["content-length"]) if "content-length" in headers else -1
+    tail, index = b"\n", 0  # the body starts a line
+    while left != 0:
+        if index < len(reads):
+            piece = reads[index][1]
+        else:
+            piece = recv(READ_SIZE)
+            if not piece:
+                break
+            reads.append((time.perf_counter(), piece))
+        index += 1
+        left = max(left - len(piece), 0) if left > 0 else left
+        if until_done and DONE in tail + piece:
+            break
+        tail = piece[-len(DONE):]
+    return reads
 
 
 class ChunkedBody:
@@ -112,28 +187,6 @@ class ChunkedBody:
         return b"".join(out)
 
 
-DONE = b"\ndata: [DONE]"  # a line start: inside a JSON string a newline is escaped
-
-
-async def read_body(reader: asyncio.StreamReader, headers: dict[str, str],
-                    until_done: bool) -> list[tuple[float, bytes]]:
-    """The response body's reads as they came, (arrival time, bytes still framed), up to the
-    close, the Content-Length, or (until_done) the read that brings `data: [DONE]`."""
-    reads: list[tuple[float, bytes]] = []
-    left = int(headers["content-length"]) if "content-length" in headers else -1
-    tail = b"\n"  # the body starts a line
-    while left != 0:
-        piece = await reader.read(1 << 16)
-        if not piece:
-            break
-        reads.append((time.perf_counter(), piece))
-        left = max(left - len(piece), 0) if left > 0 else left
-        if until_done and DONE in tail + piece:
-            break
-        tail = piece[-len(DONE):]
-    return reads
-
-
 def body_of(reads: list[tuple[float, bytes]], headers: dict[str, str]) -> list[tuple[float, bytes]]:
     """The reads with the chunked framing taken off (when the response is chunked)."""
     if "chunked" not in headers.get("transfer-encoding", "").lower():
@@ -151,18 +204,26 @@ def sse_data(body: list[tuple[float, bytes]]) -> list[tuple[float, str]]:
     return events
 
 
+_readers: ThreadPoolExecutor | None = None
+
+
+def readers() -> ThreadPoolExecutor:
+    """The reader threads (one per request in flight, kept for the next requests)."""
+    global _readers
+    if _readers is None:
+        _readers = ThreadPoolExecutor(MAX_STREAMS, thread_name_prefix="sse-reader")
+    return _readers
+
+
 async def post_events(url: str, payload: dict[str, Any]) -> list[tuple[float, str]]:
-    """POST `payload` as JSON; the (arrival time, data) of every SSE `data:` line of the answer."""
-    body = json.dumps(payload).encode()
-    host, port, https, head = request_head(url, len(body))
-    reader, writer = await asyncio.open_connection(
-        host, port, ssl=ssl.create_default_context() if https else None, limit=READ_LIMIT)
+    """POST `payload` as JSON; the (arrival time, data) of every SSE `data:` line of the answer.
+    Cancelling the call (a timeout) closes the connection."""
+    stream = BlockingStream(url, payload)
     try:
-        writer.write(head + body)
-        status, headers = await read_head(reader)
-        reads = await read_body(reader, headers, until_done=status == 200)
-    finally:
-        writer.close()
+        status, headers, reads = await asyncio.get_running_loop().run_in_executor(readers(), stream.run)
+    except asyncio.CancelledError:
+        stream.abort()
+        raise
     decoded = body_of(reads, headers)
     if status != 200:
         text = b"".join(piece for _, piece in decoded).decode(errors="replace")

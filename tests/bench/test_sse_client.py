@@ -49,24 +49,23 @@ def test_sse_lines_skip_comments_and_keep_an_unterminated_last_line():
 
 
 def test_reading_stops_at_done_and_not_at_done_inside_a_text():
-    async def run(pieces: list[bytes], until_done: bool) -> list[bytes]:
-        reader = asyncio.StreamReader()
+    def run(pieces: list[bytes], until_done: bool, headers: dict | None = None,
+            first: list[bytes] = ()) -> list[bytes]:
+        queue = list(pieces)
 
-        async def feed() -> None:  # one piece per read
-            for piece in pieces:
-                reader.feed_data(piece)
-                for _ in range(3):
-                    await asyncio.sleep(0)
-            reader.feed_eof()
+        def recv(size: int) -> bytes:  # one piece per read, then the close
+            return queue.pop(0) if queue else b""
 
-        feeder = asyncio.create_task(feed())
-        reads = await read_body(reader, {}, until_done)
-        await feeder
+        reads = read_body(recv, headers or {}, [(0.0, piece) for piece in first], until_done)
         return [piece for _, piece in reads]
 
     pieces = [BODY[0], BODY[2], BODY[4], b"data: late\n\n"]
-    assert asyncio.run(run(pieces, True)) == pieces[:3]  # BODY[2]'s text says data: [DONE]
-    assert asyncio.run(run(pieces, False)) == pieces
+    assert run(pieces, True) == pieces[:3]  # BODY[2]'s text says data: [DONE]
+    assert run(pieces, False) == pieces
+    assert run(pieces[1:], True, first=pieces[:1]) == pieces[:3]  # bytes that came with the head
+    assert run(pieces[2:], True, first=pieces[:2]) == pieces[:3]
+    sized = {"content-length": str(len(BODY[0]) + 3)}
+    assert run([BODY[0], b"abc", b"never read"], False, sized) == [BODY[0], b"abc"]
 
 
 def test_against_a_server_and_an_error_body():
