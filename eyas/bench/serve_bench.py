@@ -70,6 +70,10 @@ def summarize(level: LevelRecords, count_tokens: TokenCounter | None) -> dict[st
     summary = {"max_concurrency": level.concurrency,
                **summarize_level(metrics, level.duration),
                **acceptance_from_counters(level.counters_before, level.counters_after)}
+    if level.client_cpu_s is not None:  # the load generator's own CPU (it may share the server's cores)
+        summary["client_cpu_s"] = level.client_cpu_s
+        tokens = summary["total_output_tokens"]
+        summary["client_cpu_ms_per_output_token"] = 1e3 * level.client_cpu_s / tokens if tokens else None
     if level.turns is not None:  # multiturn: first turns apart from the later ones
         from eyas.bench.multiturn import hit_rate, turn_summary
 
@@ -130,6 +134,7 @@ def run_serve_benchmark(config: ServeBenchConfig, progress: bool = True,
         "tokenizer_id": sweep.tokenizer,
         "dataset_name": "sharegpt-multiturn" if sweep.workload == "multiturn" else sweep.dataset,
         "workload": sweep.workload,
+        "client": sweep.client,
         "num_prompts": sweep.num_prompts,
         "max_tokens": sweep.max_tokens,
         "temperature": sweep.temperature,

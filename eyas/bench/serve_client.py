@@ -13,7 +13,10 @@ with an infinite request rate), then a second scrape. The client only records wh
 delays a stream that is still running (definitions in `eyas.bench.latency`).
 
 Works with eyas, vLLM and SGLang: `stream: true` with `stream_options.include_usage`, content
-from `choices[0].delta.content` (chat) or `choices[0].text` (completions).
+from `choices[0].delta.content` (chat) or `choices[0].text` (completions). The streamed
+requests go through a small asyncio client by default (`sse_client.py`; `client="httpx"` for
+httpx), so that the load generator takes little CPU from a server on the same cores; each
+level records the client's own CPU seconds (`client_cpu_s`).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import httpx
 from eyas.bench.datasets import BenchPrompt, check_dataset_spec
 from eyas.bench.latency import StreamRecord
 from eyas.bench.metrics_scrape import SpecDecodeCounters, scrape_spec_counters
+from eyas.bench.sse_client import HTTPStatusError, post_events
 from eyas.errors import EyasError
 
 ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
@@ -38,6 +42,7 @@ MAX_CONCURRENCY = 4096
 WARMUP_MAX_TOKENS = 16
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 WORKLOADS = ("single", "multiturn")  # one request per prompt | conversations turn by turn
+CLIENTS = ("raw", "httpx")  # the streamed requests' HTTP client (sse_client.py | httpx)
 
 
 @dataclass
@@ -60,9 +65,12 @@ class SweepConfig:
     level_timeout: float = 3600.0  # seconds per level; requests still running are cancelled
     workload: str = "single"  # multiturn: ShareGPT conversations turn by turn (multiturn.py)
     max_turns: int = 4  # multiturn: most user turns per conversation
+    client: str = "raw"  # raw: eyas.bench.sse_client, little CPU per chunk; httpx: proxies, HTTP/2
 
     def __post_init__(self) -> None:
         check_dataset_spec(self.dataset)
+        if self.client not in CLIENTS:
+            raise EyasError(f"unknown client '{self.client}'; accepted: {', '.join(CLIENTS)}")
         if not 1 <= self.num_prompts <= MAX_PROMPTS:
             raise EyasError(f"--num-prompts must be in [1, {MAX_PROMPTS}], got {self.num_prompts}")
         if not self.concurrency or any(not 1 <= c <= MAX_CONCURRENCY for c in self.concurrency):
@@ -116,6 +124,7 @@ class LevelRecords:
     turns: list[int] | None = None  # multiturn: each record's turn (1-based)
     prefix_before: tuple[float, float] | None = None  # prefix cache (queries, hits) scraped
     prefix_after: tuple[float, float] | None = None
+    client_cpu_s: float | None = None  # CPU seconds of this process while the level's requests ran
 
 
 def build_payload(prompt: BenchPrompt, model: str, sweep: SweepConfig,
@@ -147,6 +156,27 @@ def chunk_text(chunk: dict[str, Any]) -> str:
     return choice.get("text") or ""
 
 
+def take_event(record: StreamRecord, arrived: float, data: str) -> bool:
+    """Fold one SSE `data:` field into the record; True when the stream is over ([DONE] or an
+    error event)."""
+    if data == "[DONE]":
+        return True
+    chunk = json.loads(data)
+    if chunk.get("error"):
+        record.error = f"error in stream: {json.dumps(chunk['error'])[:300]}"
+        return True
+    usage = chunk.get("usage") or None
+    text = chunk_text(chunk)
+    if text:
+        record.chunk_times.append(arrived)
+        record.chunk_texts.append(text)
+        record.chunk_usage_tokens.append(usage.get("completion_tokens") if usage else None)
+    if usage:
+        record.prompt_tokens = usage.get("prompt_tokens", record.prompt_tokens)
+        record.completion_tokens = usage.get("completion_tokens", record.completion_tokens)
+    return False
+
+
 async def _read_stream(client: httpx.AsyncClient, url: str, payload: dict[str, Any],
                        record: StreamRecord) -> None:
     async with client.stream("POST", url, json=payload) as response:
@@ -156,33 +186,30 @@ async def _read_stream(client: httpx.AsyncClient, url: str, payload: dict[str, A
             return
         async for line in response.aiter_lines():
             now = time.perf_counter()
-            if not line.startswith("data:"):
-                continue  # blank separators, comments and event names
-            data = line[len("data:"):].strip()
-            if data == "[DONE]":
-                break
-            chunk = json.loads(data)
-            if chunk.get("error"):
-                record.error = f"error in stream: {json.dumps(chunk['error'])[:300]}"
+            if line.startswith("data:") and take_event(record, now, line[len("data:"):].strip()):
                 return
-            usage = chunk.get("usage") or None
-            text = chunk_text(chunk)
-            if text:
-                record.chunk_times.append(now)
-                record.chunk_texts.append(text)
-                record.chunk_usage_tokens.append(usage.get("completion_tokens") if usage else None)
-            if usage:
-                record.prompt_tokens = usage.get("prompt_tokens", record.prompt_tokens)
-                record.completion_tokens = usage.get("completion_tokens", record.completion_tokens)
+
+
+async def _read_stream_raw(url: str, payload: dict[str, Any], record: StreamRecord) -> None:
+    try:
+        events = await post_events(url, payload)  # JSON is parsed once the answer is complete
+    except HTTPStatusError as error:
+        record.error = str(error)
+        return
+    for arrived, data in events:
+        if take_event(record, arrived, data):
+            return
 
 
 async def stream_request(client: httpx.AsyncClient, url: str, payload: dict[str, Any],
-                         prompt: BenchPrompt, timeout: float) -> StreamRecord:
-    """Send one streaming request and record when each content chunk arrived."""
+                         prompt: BenchPrompt, timeout: float, raw: bool = False) -> StreamRecord:
+    """Send one streaming request and record when each content chunk arrived (raw: through
+    eyas.bench.sse_client instead of `client`)."""
     record = StreamRecord(start=time.perf_counter(), input_tokens_hint=prompt.input_tokens,
                           prompt_text=prompt.counted_text())
+    reading = _read_stream_raw(url, payload, record) if raw else _read_stream(client, url, payload, record)
     try:
-        await asyncio.wait_for(_read_stream(client, url, payload, record), timeout)
+        await asyncio.wait_for(reading, timeout)
     except asyncio.TimeoutError:
         record.error = f"timed out after {timeout:g} s (--request-timeout)"
     except Exception as error:  # one failed request must not stop the benchmark: it is recorded
@@ -199,7 +226,8 @@ async def send_all(client: httpx.AsyncClient, url: str, jobs: list[tuple[dict[st
 
     async def one(payload: dict[str, Any], prompt: BenchPrompt) -> StreamRecord:
         async with semaphore:
-            record = await stream_request(client, url, payload, prompt, sweep.request_timeout)
+            record = await stream_request(client, url, payload, prompt, sweep.request_timeout,
+                                          raw=sweep.client == "raw")
         if on_done:
             on_done()
         return record
@@ -262,10 +290,12 @@ async def run_level(client: httpx.AsyncClient, config: ServeBenchConfig, model: 
     jobs = [(build_payload(prompt, model, sweep, sweep.max_tokens), prompt) for prompt in prompts]
     with tqdm(total=len(jobs), desc=f"{config.label} c={concurrency}", disable=not progress,
               leave=False) as bar:
+        cpu = time.process_time()
         records, duration = await send_all(client, url, jobs, concurrency, sweep,
                                            on_done=lambda: bar.update(1))
+        cpu = time.process_time() - cpu
     after = await scrape_spec_counters(client, config.url)
-    return LevelRecords(concurrency, records, duration, before, after)
+    return LevelRecords(concurrency, records, duration, before, after, client_cpu_s=cpu)
 
 
 async def _run_sessions_level(client: httpx.AsyncClient, config: ServeBenchConfig, model: str,
@@ -286,7 +316,8 @@ async def _run_sessions_level(client: httpx.AsyncClient, config: ServeBenchConfi
         records, turns, duration = await run_sessions(
             client, url, model, sessions, concurrency,
             lambda prompt: build_payload(prompt, model, sweep, sweep.max_tokens),
-            lambda c, u, payload, prompt: stream_request(c, u, payload, prompt, sweep.request_timeout),
+            lambda c, u, payload, prompt: stream_request(c, u, payload, prompt, sweep.request_timeout,
+                                                         raw=sweep.client == "raw"),
             on_done=lambda: bar.update(1))
     after = await scrape_spec_counters(client, config.url)
     prefix_after = await scrape_prefix_counters(client, config.url)

@@ -312,6 +312,10 @@ def _add_sweep_args(parser: argparse.ArgumentParser) -> None:
                              "apart (default: %(default)s)")
     parser.add_argument("--max-turns", type=int, default=d.max_turns,
                         help="multiturn: most user turns per conversation (default: %(default)s)")
+    parser.add_argument("--client", choices=["raw", "httpx"], default=d.client,
+                        help="HTTP client of the streamed requests: raw (a small asyncio client, "
+                             "little CPU per chunk, for a load generator on the server's own "
+                             "cores) or httpx (honours proxy settings) (default: %(default)s)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -325,7 +329,7 @@ def _sweep_from_args(args: argparse.Namespace) -> SweepConfig:
                        input_len=args.input_len, seed=args.seed, warmup=args.warmup,
                        tokenizer=args.tokenizer, request_timeout=args.request_timeout,
                        level_timeout=args.level_timeout, workload=args.workload,
-                       max_turns=args.max_turns)
+                       max_turns=args.max_turns, client=args.client)
 
 
 def _register_serve(sub: argparse._SubParsersAction) -> None:

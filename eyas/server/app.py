@@ -11,7 +11,9 @@ GET /openapi.json. A request reaches the engine only after the guards (API key, 
 body size and depth), strict schema validation, the model name, the unsupported-parameter
 check and the context check; every refusal is an OpenAI-style error body (errors.py). Fields
 the schema does not know are ignored and named in the `x-eyas-ignored-fields` header. The engine runs on its own thread; its
-outputs come back to the event loop through a per-request asyncio.Queue.
+outputs come back to the event loop through one relay per loop (relay.py: one wake-up per
+engine step), and a stream that falls behind sends the outputs it has not sent yet as one
+event (choices.py, `next(merge=True)`).
 """
 
 from __future__ import annotations
@@ -278,8 +280,8 @@ def create_app(engine: Engine, settings: ServerSettings, metrics: ServerMetrics,
                     yield sse(protocol.chat_chunk(response_id, model, created,
                                                   {"role": "assistant", "content": ""},
                                                   include_usage=include_usage, index=choice.index))
-            while not choices.finished:
-                choice, output = await choices.next()
+            while not choices.finished:  # outputs the client has not read yet go out as one
+                choice, output = await choices.next(merge=True)
                 if output.finish_reason == "error":  # this request alone failed
                     yield sse(engine_failure(output).body())
                     yield sse("[DONE]")
@@ -297,6 +299,10 @@ def create_app(engine: Engine, settings: ServerSettings, metrics: ServerMetrics,
                         if len(choices.choices) == 1:
                             chunk = protocol.with_speculative(chunk, output.speculative)
                         yield sse(chunk)
+                    continue
+                line = view.text_event(choice, output, response_id, model, created, include_usage)
+                if line is not None:  # the common case: a text delta, its JSON framing made once
+                    yield line
                     continue
                 chunk = view.chunk(choice, output, response_id, model, created, include_usage)
                 if chunk is not None:

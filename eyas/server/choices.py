@@ -9,14 +9,18 @@ Usage (inside a route):
     choices = ChoiceSet(engine, asyncio.get_running_loop())
     choices.submit(prompts, n, params_for, processors_for)   # RequestRejected / QueueFull
     while not choices.finished:
-        choice, output = await choices.next()
+        choice, output = await choices.next()                # or next(merge=True): see there
     choices.usage()
+
+Outputs reach the event loop through the loop's `OutputRelay` (relay.py): one wake-up per
+engine step, whatever the number of requests in it.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from collections import deque
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from eyas.engine.logits_process import LogitsProcessor
@@ -25,6 +29,7 @@ from eyas.engine.sampling import SamplingParams
 from eyas.scheduler.engine import Engine
 from eyas.scheduler.request import Request as EngineRequest
 from eyas.scheduler.request import RequestOutput
+from eyas.server.relay import OutputRelay
 
 
 @dataclass
@@ -48,8 +53,9 @@ class Choice:
 class ChoiceSet:
     def __init__(self, engine: Engine, loop: asyncio.AbstractEventLoop) -> None:
         self.engine = engine
-        self.loop = loop
-        self.queue: asyncio.Queue[tuple[int, RequestOutput]] = asyncio.Queue()
+        self.relay = OutputRelay.of(loop)
+        self.pending: deque[tuple[int, RequestOutput]] = deque()  # delivered, not yet taken
+        self.arrived = asyncio.Event()
         self.choices: list[Choice] = []
 
     def submit(self, prompts: list[list[int]], n: int,
@@ -72,13 +78,29 @@ class ChoiceSet:
                 self.choices.append(choice)
 
     def _callback(self, index: int) -> Callable[[RequestOutput], None]:
-        def on_output(output: RequestOutput) -> None:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, (index, output))
+        def on_output(output: RequestOutput) -> None:  # on the engine thread
+            self.relay.post(self, (index, output))
         return on_output
 
-    async def next(self) -> tuple[Choice, RequestOutput]:
-        """The next output of any choice, folded into that choice's text and logprobs."""
-        index, output = await self.queue.get()
+    def deliver(self, items: list[tuple[int, RequestOutput]]) -> None:
+        """On the event loop (the relay): outputs in the order the engine emitted them."""
+        self.pending.extend(items)
+        self.arrived.set()
+
+    async def next(self, merge: bool = False) -> tuple[Choice, RequestOutput]:
+        """The next output of any choice, folded into that choice's text and logprobs.
+
+        merge: with a single choice, every output already delivered comes back as one (texts,
+        tokens and logprobs joined; the totals and the finish of the last), so that a stream
+        that falls behind the engine sends one event for several steps, not one per step. An
+        output that failed is never merged into another."""
+        while not self.pending:
+            self.arrived.clear()
+            await self.arrived.wait()
+        index, output = self.pending.popleft()
+        if merge and len(self.choices) == 1:
+            while self.pending and not output.finished and self.pending[0][1].finish_reason != "error":
+                output = merged(output, self.pending.popleft()[1])
         choice = self.choices[index]
         choice.texts.append(output.text)
         if output.logprobs:
@@ -121,3 +143,15 @@ class ChoiceSet:
         steps = summed["verification_steps"]
         summed["acceptance_length"] = round(1 + summed["accepted_tokens"] / steps, 4) if steps else 1.0
         return summed
+
+
+def merged(first: RequestOutput, second: RequestOutput) -> RequestOutput:
+    """Two successive outputs of one request as one: the new text, tokens and logprobs of both;
+    the totals, finish and statistics of the second."""
+    logprobs = first.logprobs
+    if second.logprobs is not None:
+        logprobs = (first.logprobs or []) + second.logprobs
+    return replace(second, text=first.text + second.text, token_ids=first.token_ids + second.token_ids,
+                   logprobs=logprobs,
+                   prompt_logprobs=first.prompt_logprobs if first.prompt_logprobs is not None
+                   else second.prompt_logprobs)

@@ -5,10 +5,12 @@ Usage (inside a route):
     view = ChoiceView(parsed, tokenizer, chat=False)
     body_choices = [view.whole(choice) for choice in choices.choices]
     chunk = view.chunk(choice, output, response_id, model, created, include_usage)
+    line = view.text_event(choice, output, response_id, model, created, include_usage)  # or None
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from eyas.engine.logprobs import TokenLogprob
@@ -26,6 +28,7 @@ class ChoiceView:
         self.logprobs = parsed.output_logprobs is not None
         self.echo = not chat and bool(parsed.echo)
         self.raw_prompts = [] if chat else parsed.prompts()
+        self._framing: dict[int, tuple[str, str]] = {}  # text_event's, per choice index
 
     def prompt_text(self, choice: Choice) -> str:
         """The prompt as sent (a string), or its token ids decoded."""
@@ -79,6 +82,23 @@ class ChoiceView:
             choice.offset += sum(len(self.strings(token)) for token in tokens)
         return protocol.completion_chunk(response_id, model, created, text, reason, include_usage,
                                          choice.index, logprobs)
+
+    def text_event(self, choice: Choice, output: RequestOutput, response_id: str, model: str,
+                   created: int, include_usage: bool) -> str | None:
+        """The SSE event of an unfinished chat output that carries only text, as the bytes
+        `sse(chunk(...))` would send, without building and encoding the chunk each token
+        (the JSON around the text is made once per choice); None for any other output."""
+        if not self.chat or self.logprobs or output.finished or not output.text:
+            return None
+        framing = self._framing.get(choice.index)
+        if framing is None:
+            marker = "\x00"
+            whole = json.dumps(protocol.chat_chunk(response_id, model, created, {"content": marker},
+                                                   None, include_usage, choice.index),
+                               separators=(",", ":"))
+            head, tail = whole.rsplit(json.dumps(marker), 1)  # the content is the last string
+            framing = self._framing[choice.index] = ("data: " + head, tail + "\n\n")
+        return framing[0] + json.dumps(output.text) + framing[1]
 
     def _prompt_entries(self, choice: Choice) -> tuple[list[TokenLogprob | None], list[int]]:
         """The prompt's logprob entries (None for the first token) and its token ids."""

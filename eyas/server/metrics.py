@@ -36,7 +36,7 @@ Every series carries model_name and engine="0" labels, as vLLM's do.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -58,6 +58,7 @@ class ServerMetrics:
         self.registry = CollectorRegistry()
         labels = ["model_name", "engine"]
         self.label_values = {"model_name": model_name, "engine": "0"}
+        self._children: dict[tuple, Any] = {}  # _l
         r = self.registry
         self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token",
                               labels, buckets=TTFT_BUCKETS, registry=r)
@@ -123,7 +124,13 @@ class ServerMetrics:
             self._l(self.accepted_per_position, position=str(position))
 
     def _l(self, metric, **extra):
-        return metric.labels(**self.label_values, **extra)
+        """The metric's child for this model (and `extra` labels), looked up once: the engine
+        thread updates several gauges after every step."""
+        key = (id(metric), *extra.items())
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(**self.label_values, **extra)
+        return child
 
     # ---- EngineObserver --------------------------------------------------------------
     def step_finished(self, stats: StepStats) -> None:

@@ -172,3 +172,21 @@ def test_url_is_checked_and_normalised():
     assert ServeBenchConfig(url="http://127.0.0.1:8000/v1/").url == "http://127.0.0.1:8000"
     with pytest.raises(EyasError, match="http://HOST:PORT"):
         ServeBenchConfig(url="127.0.0.1:8000")
+
+
+@pytest.mark.parametrize("client", ["raw", "httpx"])
+def test_both_clients_record_the_same_stream(prompts_file, client):
+    behaviour = Behaviour(ttft_ms=20, itl_ms=10, tokens=6, tokens_per_chunk=2)
+    with SyntheticServer(behaviour) as server:
+        run = run_serve_benchmark(ServeBenchConfig(url=server.url, sweep=sweep_for(prompts_file, client=client)),
+                                  progress=False, count_tokens=words)
+    result = run["results"][0]
+    assert run["client"] == client
+    assert result["completed"] == 4 and result["output_lens"] == [6] * 4
+    assert LOW * 5 <= result["median_itl_ms"] <= HIGH * 5  # 2 tokens per 10 ms chunk
+    assert 0 < result["client_cpu_s"] and result["client_cpu_ms_per_output_token"] > 0
+
+
+def test_unknown_client_is_refused():
+    with pytest.raises(EyasError, match="unknown client 'curl'; accepted: raw, httpx"):
+        SweepConfig(client="curl")
