@@ -395,20 +395,18 @@ void chunk_partials(const ChunkQuery* queries, int64_t count, const float* kt, c
     for (int m = 0; m < size; ++m) {
       float* row = scores[m];
       for (int64_t c = 0; c < vectors; ++c) (Floats16::load(row + 16 * c) * Floats16::fill(scale)).store(row + 16 * c);
-      for (int64_t i = block[m].n; i < kChunk; ++i) row[i] = -INFINITY;
+      for (int64_t i = block[m].n; i < 16 * vectors; ++i) row[i] = -INFINITY;
+      // The vectors past `vectors` hold padding alone: max(x, -inf) = x, e^-inf = 0 (as exp16
+      // gives it) and x + 0 = x, so they are skipped with the same bits.
       Floats16 top = Floats16::load(row);
-      for (int c = 1; c < kChunk / 16; ++c) top = max(top, Floats16::load(row + 16 * c));
-      alignas(64) float lanes[16];
-      top.store(lanes);
-      const float best = *std::max_element(lanes, lanes + 16);  // a max is exact in any order
+      for (int64_t c = 1; c < vectors; ++c) top = max(top, Floats16::load(row + 16 * c));
+      const float best = top.max_lane();  // a max is exact in any order
       const Floats16 shift = Floats16::fill(best);
-      Floats16 probs[kChunk / 16];
-      for (int c = 0; c < kChunk / 16; ++c) probs[c] = exp16(Floats16::load(row + 16 * c) - shift);
+      Floats16 probs[kChunk / 16] = {Floats16::zero(), Floats16::zero(), Floats16::zero(), Floats16::zero()};
+      for (int64_t c = 0; c < vectors; ++c) probs[c] = exp16(Floats16::load(row + 16 * c) - shift);
       const Floats16 sum = (probs[0] + probs[1]) + (probs[2] + probs[3]);
-      __m256 eight[8] = {sum.half_sum()};
-      for (int j = 1; j < 8; ++j) eight[j] = _mm256_setzero_ps();
       block[m].part[0] = best;
-      block[m].part[1] = _mm256_cvtss_f32(reduce8(eight));
+      block[m].part[1] = sum8_tree(sum.half_sum());
       for (int c = 0; c < kChunk / 16; ++c) probs[c].store(row + 16 * c);  // scores -> probabilities
     }
     // 3. Weighted sums of the value rows.

@@ -138,6 +138,8 @@ struct Floats16 {
   }
   // lanes i + lanes i + 8, for i < 8
   __m256 half_sum() const { return _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)); }
+  // the largest lane (exact in any order)
+  float max_lane() const { return _mm512_reduce_max_ps(v); }
 #else
   __m256 lo, hi;
   static Floats16 zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
@@ -183,6 +185,12 @@ struct Floats16 {
             _mm256_and_ps(a.hi, _mm256_cmp_ps(x.hi, minus, _CMP_NEQ_OQ))};
   }
   __m256 half_sum() const { return _mm256_add_ps(lo, hi); }
+  float max_lane() const {
+    const __m256 m = _mm256_max_ps(lo, hi);
+    __m128 four = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    four = _mm_max_ps(four, _mm_movehl_ps(four, four));
+    return _mm_cvtss_f32(_mm_max_ss(four, _mm_movehdup_ps(four)));
+  }
 #endif
 };
 
@@ -208,6 +216,14 @@ inline __m256 reduce8(const __m256 in[8]) {
   const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(in[0], in[1]), _mm256_hadd_ps(in[2], in[3]));
   const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(in[4], in[5]), _mm256_hadd_ps(in[6], in[7]));
   return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
+
+// Lane 0 of reduce8 with `in` first and seven zero vectors: ((0 + 1) + (2 + 3)) + ((4 + 5) +
+// (6 + 7)) over in's lanes, in 4 instructions instead of 10.
+inline float sum8_tree(__m256 in) {
+  const __m256 pairs = _mm256_hadd_ps(in, in);  // [0 + 1, 2 + 3, ., . | 4 + 5, 6 + 7, ., .]
+  const __m256 quads = _mm256_hadd_ps(pairs, pairs);
+  return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(quads), _mm256_extractf128_ps(quads, 1)));
 }
 
 // reduce8 of the half sums of eight Floats16: lane j = the sum of in[j]'s 16 lanes as
