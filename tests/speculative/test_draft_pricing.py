@@ -127,6 +127,10 @@ def test_a_vocabulary_subset_drafts_its_own_argmax_and_output_stays_plain(tiny_t
     vocabulary = DraftVocabulary.build(tiny_target, 16384)
     assert vocabulary is not None and DraftVocabulary.build(tiny_target, 32768) is None
     assert set(tiny_target.tokenizer.all_special_ids) <= set(vocabulary.ids.tolist())
+    # padded with the next ids to whole blocks of 16 rows: the extension's screen, where the
+    # whole output layer's runs there (PyTorch's costs more than the whole vocabulary's)
+    assert len(vocabulary.ids) % 16 == 0 and vocabulary.ids.tolist()[:16384] == list(range(16384))
+    assert vocabulary.screened_in_extension == bool(tiny_target.model.lm_head.int8dot)
     hidden = torch.randn(8, tiny_target.config.hidden_size)
     with torch.inference_mode():
         full = tiny_target.model.lm_head(hidden)  # [8, V]
@@ -180,3 +184,13 @@ def test_a_skipping_draft_is_first_priced_by_the_layers_it_runs(tmp_path, smollm
     assert proposer.pricing.draft_pass == pytest.approx(full * 3 / 4)
     proposer.single_stream(target, fallback=False)
     assert proposer.pricing is None
+
+
+def test_a_vocabulary_subset_is_padded_with_the_lowest_missing_ids():
+    import numpy as np
+
+    from eyas.engine.speculative.proposers.draft_vocabulary import padded
+
+    assert padded(np.array([0, 1, 2, 100]), 200).tolist() == list(range(15)) + [100]
+    assert padded(np.arange(32), 200).tolist() == list(range(32))
+    assert padded(np.array([0, 5]), 4).tolist() == [0, 1, 2, 3, 5]  # the vocabulary has no more
