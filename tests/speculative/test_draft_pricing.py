@@ -53,8 +53,22 @@ def test_a_draft_as_dear_as_the_target_never_drafts_not_even_to_explore():
     for _ in range(10):
         cheap.acceptance.record(4, 0)
     assert [cheap.length(4) for _ in range(17)] == [0] * 16 + [4]  # a probe after 16 plain steps
-    cheap.new_request()
+    assert cheap.new_request(4)  # a draft never measured is trusted: read the prompt, explore
     assert cheap.length(4) == 4  # a new request explores once
+
+
+def test_a_priced_out_pair_skips_new_requests_and_its_probes_back_off():
+    pricing = ChainPricing(TARGET, draft_pass=0.2, explore_steps=0)
+    pricing.measured("draft", 0.2, 0.2)  # measured: the prices are trusted from now on
+    for _ in range(10):
+        pricing.acceptance.record(4, 0)
+    assert not pricing.new_request(4)  # no exploring step, no prefill of the draft
+    lengths = [pricing.length(4) for _ in range(16 + 1 + 32 + 1 + 64 + 1)]
+    assert [i for i, n in enumerate(lengths) if n] == [16, 49, 114]  # 16, then 32, then 64 plain
+    assert not pricing.new_request(4) and pricing.probe_wait == 16  # a request starts at 16 again
+    for _ in range(40):
+        pricing.acceptance.record(4, 4)  # the text turned predictable: chains pay
+    assert pricing.new_request(4) and pricing.length(4) == 4
 
 
 def test_measured_ratios_move_the_prices_together():
