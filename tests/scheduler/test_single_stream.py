@@ -142,6 +142,37 @@ def test_timed_policy_spans_the_requests_of_one_proposer() -> None:
     assert policy_for(first, PolicyConfig(backoff=4)) is not policy  # another rule starts afresh
 
 
+def test_a_window_judged_against_an_old_plain_time_measures_plain_again_first() -> None:
+    from eyas.engine.speculative.policy import SpeculationPolicy
+
+    config = PolicyConfig()
+
+    def slow_window_after_a_long_run() -> SpeculationPolicy:
+        policy = SpeculationPolicy(config)
+        for _ in range(config.warmup_plain_steps):
+            policy.record_plain(0.010)  # 10 ms a plain token, at the start
+        for _ in range(3 * config.window):
+            policy.record_speculative(0.024, 4)  # 6 ms a token: pays
+        assert policy.speculate_now() and policy.fallbacks == 0
+        for _ in range(config.window):
+            policy.record_speculative(0.060, 4)  # 15 ms a token: slower than the old plain time
+        assert not policy.speculate_now() and policy.fallbacks == 0  # plain steps first
+        assert policy.plain_left == config.refresh_steps
+        return policy
+
+    busier = slow_window_after_a_long_run()
+    for _ in range(config.refresh_steps):
+        busier.record_plain(0.030)  # the machine is busier: plain takes 30 ms a token now
+    assert busier.speculate_now() and busier.fallbacks == 0
+    assert busier.plain_seconds_per_token == pytest.approx(0.030)
+
+    slower = slow_window_after_a_long_run()
+    for _ in range(config.refresh_steps):
+        slower.record_plain(0.010)  # plain is still 10 ms: speculation really is slower now
+    assert not slower.speculate_now() and slower.fallbacks == 1
+    assert slower.plain_left == config.backoff
+
+
 def test_fallbacks_are_counted_per_request(tiny_target) -> None:
     params = SamplingParams(max_tokens=6, ignore_eos=True)
     plain = generate(tiny_target, PROMPT, params)

@@ -53,8 +53,22 @@ def test_a_draft_as_dear_as_the_target_never_drafts_not_even_to_explore():
     for _ in range(10):
         cheap.acceptance.record(4, 0)
     assert [cheap.length(4) for _ in range(17)] == [0] * 16 + [4]  # a probe after 16 plain steps
-    cheap.new_request()
+    assert cheap.new_request(4)  # a draft never measured is trusted: read the prompt, explore
     assert cheap.length(4) == 4  # a new request explores once
+
+
+def test_a_priced_out_pair_skips_new_requests_and_its_probes_back_off():
+    pricing = ChainPricing(TARGET, draft_pass=0.2, explore_steps=0)
+    pricing.measured("draft", 0.2, 0.2)  # measured: the prices are trusted from now on
+    for _ in range(10):
+        pricing.acceptance.record(4, 0)
+    assert not pricing.new_request(4)  # no exploring step, no prefill of the draft
+    lengths = [pricing.length(4) for _ in range(16 + 1 + 32 + 1 + 64 + 1)]
+    assert [i for i, n in enumerate(lengths) if n] == [16, 49, 114]  # 16, then 32, then 64 plain
+    assert not pricing.new_request(4) and pricing.probe_wait == 16  # a request starts at 16 again
+    for _ in range(40):
+        pricing.acceptance.record(4, 4)  # the text turned predictable: chains pay
+    assert pricing.new_request(4) and pricing.length(4) == 4
 
 
 def test_measured_ratios_move_the_prices_together():
@@ -127,6 +141,10 @@ def test_a_vocabulary_subset_drafts_its_own_argmax_and_output_stays_plain(tiny_t
     vocabulary = DraftVocabulary.build(tiny_target, 16384)
     assert vocabulary is not None and DraftVocabulary.build(tiny_target, 32768) is None
     assert set(tiny_target.tokenizer.all_special_ids) <= set(vocabulary.ids.tolist())
+    # padded with the next ids to whole blocks of 16 rows: the extension's screen, where the
+    # whole output layer's runs there (PyTorch's costs more than the whole vocabulary's)
+    assert len(vocabulary.ids) % 16 == 0 and vocabulary.ids.tolist()[:16384] == list(range(16384))
+    assert vocabulary.screened_in_extension == bool(tiny_target.model.lm_head.int8dot)
     hidden = torch.randn(8, tiny_target.config.hidden_size)
     with torch.inference_mode():
         full = tiny_target.model.lm_head(hidden)  # [8, V]
@@ -180,3 +198,13 @@ def test_a_skipping_draft_is_first_priced_by_the_layers_it_runs(tmp_path, smollm
     assert proposer.pricing.draft_pass == pytest.approx(full * 3 / 4)
     proposer.single_stream(target, fallback=False)
     assert proposer.pricing is None
+
+
+def test_a_vocabulary_subset_is_padded_with_the_lowest_missing_ids():
+    import numpy as np
+
+    from eyas.engine.speculative.proposers.draft_vocabulary import padded
+
+    assert padded(np.array([0, 1, 2, 100]), 200).tolist() == list(range(15)) + [100]
+    assert padded(np.arange(32), 200).tolist() == list(range(32))
+    assert padded(np.array([0, 5]), 4).tolist() == [0, 1, 2, 3, 5]  # the vocabulary has no more

@@ -7,6 +7,13 @@ compared with it. Speculation that is slower falls back to plain decoding for `b
 (doubling, up to `max_backoff`, each time it fails again), then is tried again: acceptance
 changes along a response (code being copied, then prose).
 
+The plain time a window is judged against may be old: a proposer that pays drafts every step,
+so the plain speed is the one measured before speculation began, while the context grew and
+the machine's load changed. A window judged slower against a plain time measured more than
+`stale_after` steps before is not a fallback yet: `refresh_steps` plain steps measure the plain
+speed again, and the window is judged against them (a busy moment had cost a speculating
+request `backoff` plain tokens, a quarter of a 64-token answer, although it paid).
+
 The requests one proposer drafts for, one after another (a benchmark's prompts, an eval set),
 are one stream to the policy (`policy_for`): a method that did not pay on the last request
 starts the next one in plain decoding with its backoff carried over, instead of paying the
@@ -29,10 +36,14 @@ class PolicyConfig:
     backoff: int = 16  # plain tokens after a failed window
     max_backoff: int = 256
     margin: float = 1.0  # speculation must be at least this many times faster than plain
+    stale_after: int = 12  # steps after which a plain time is measured again before a fallback
+    refresh_steps: int = 2  # plain steps that measure it again
 
     def __post_init__(self) -> None:
         if self.window < 1 or self.backoff < 1 or self.margin <= 0:
             raise EyasError("policy window, backoff and margin must be positive")
+        if self.stale_after < 1 or self.refresh_steps < 1:
+            raise EyasError("policy stale_after and refresh_steps must be positive")
 
 
 class SpeculationPolicy:
@@ -45,6 +56,9 @@ class SpeculationPolicy:
         self.window_tokens = 0
         self.window_steps = 0
         self.fallbacks = 0
+        self.plain_age = 0  # steps since a plain step last measured the plain speed
+        self.pending: float | None = None  # a window's seconds per token, awaiting fresh plain steps
+        self.fresh: list[float] = []  # the plain steps measured for it
 
     def speculate_now(self) -> bool:
         return self.plain_left <= 0
@@ -53,23 +67,40 @@ class SpeculationPolicy:
         previous = self.plain_seconds_per_token
         self.plain_seconds_per_token = seconds if previous is None else 0.8 * previous + 0.2 * seconds
         self.plain_left -= 1
+        self.plain_age = 0
+        if self.pending is None:
+            return
+        self.fresh.append(seconds)
+        if len(self.fresh) >= self.config.refresh_steps:  # the window judged against fresh plain steps
+            self.plain_seconds_per_token = sum(self.fresh) / len(self.fresh)
+            speculative, self.pending, self.fresh = self.pending, None, []
+            self._judge(speculative)
 
     def record_speculative(self, seconds: float, emitted: int) -> None:
         if not self.config.enabled:
             return
+        self.plain_age += 1
         self.window_seconds += seconds
         self.window_tokens += emitted
         self.window_steps += 1
         if self.window_steps < self.config.window or self.plain_seconds_per_token is None:
             return
         speculative = self.window_seconds / max(self.window_tokens, 1)
+        self.window_seconds, self.window_tokens, self.window_steps = 0.0, 0, 0
+        if speculative * self.config.margin > self.plain_seconds_per_token and self.plain_age > self.config.stale_after:
+            self.pending, self.fresh = speculative, []  # measure plain again before judging
+            self.plain_left = self.config.refresh_steps
+            return
+        self._judge(speculative)
+
+    def _judge(self, speculative: float) -> None:
+        """A window's seconds per token against the plain speed: a fallback if slower."""
         if speculative * self.config.margin > self.plain_seconds_per_token:
             self.plain_left = self.current_backoff
             self.current_backoff = min(self.current_backoff * 2, self.config.max_backoff)
             self.fallbacks += 1
         else:
             self.current_backoff = self.config.backoff
-        self.window_seconds, self.window_tokens, self.window_steps = 0.0, 0, 0
 
 
 _SHARED: WeakKeyDictionary[object, SpeculationPolicy] = WeakKeyDictionary()

@@ -16,8 +16,14 @@ this decoding measures (`ChainPricing.measured`: plain steps, the verification p
 speculative steps, draft passes), so that a busy machine, whose passes all run slower, moves
 the prices together. Where the pair could pay at all (`could_pay`: at 90% acceptance), the
 first `explore_steps` steps draft the whole budget, as does the first step of each request
-(acceptance differs from prompt to prompt) and one step after every `probe_every` plain ones,
-so that a pair priced out on one stretch of text is tried again on the next.
+(acceptance differs from prompt to prompt) and one step after `probe_every` plain ones, so
+that a pair priced out on one stretch of text is tried again on the next.
+
+A pair priced out must cost next to nothing: a request that begins while the prices say no
+chain pays neither explores nor has the draft read its prompt (the draft catches up at its
+first probe), and each probe after which the prices still say no waits twice as long for the
+next (up to `max_probe_every` plain steps; a new request or a chain that pays starts again
+from `probe_every`).
 """
 
 from __future__ import annotations
@@ -37,16 +43,21 @@ class ChainPricing:
     draft_pass: float  # seconds of one draft pass over one token after a context, measured alike
     explore_steps: int = 3  # steps that draft the whole budget before any price is trusted
     probe_every: int = 16  # plain steps in a row after which one step drafts the whole budget
+    max_probe_every: int = 128  # the longest wait between probes that found no paying chain
     # P(a draft model's token accepted): the first; each later one once the one before was
     acceptance: BranchStats = field(default_factory=lambda: BranchStats(LONGEST, prior=(0.7, 0.8),
                                                                         relax_rate=0.95))
     ratios: dict[str, float] = field(default_factory=dict)  # measured / modelled, by RATIO_KINDS
     explored: int = 0
     plain_in_a_row: int = 0
+    probe_wait: int = 0  # plain steps before the next probe (0: probe_every)
 
     def __post_init__(self) -> None:
         if self.draft_pass <= 0 or self.cost.verify(1) <= 0:
             raise ValueError("a chain is priced from positive pass times")
+        if not 1 <= self.probe_every <= self.max_probe_every:
+            raise ValueError("probe_every must be at least 1 and at most max_probe_every")
+        self.probe_wait = self.probe_wait or self.probe_every
 
     def measured(self, kind: str, seconds: float, modelled: float) -> None:
         """A measured time of what the cost model prices at `modelled` seconds (a running ratio)."""
@@ -83,23 +94,37 @@ class ChainPricing:
         """Whether some chain pays if `rate` of each position's drafts were accepted."""
         return self.best_length(max_nodes, [rate]) > 0
 
-    def new_request(self) -> None:
-        """A request begins: its first step explores (where the pair could pay)."""
+    def new_request(self, max_nodes: int) -> bool:
+        """A request begins: its first step explores where the pair could pay and the prices
+        do not say that no chain pays (a pair never measured is trusted). Returns whether the
+        draft should read the prompt now (it explores or a chain pays)."""
+        self.probe_wait, self.plain_in_a_row = self.probe_every, 0
+        if not self.could_pay(max_nodes):
+            return False
+        if "draft" in self.ratios and self.best_length(max_nodes) == 0:
+            self.explored = max(self.explored, self.explore_steps)
+            return False
         self.explored = min(self.explored, self.explore_steps - 1)
+        return True
 
     def length(self, max_nodes: int) -> int:
         """The chain to draft now: the whole budget while exploring or probing, else the
         priced length."""
-        exploring = self.explored < self.explore_steps or self.plain_in_a_row >= self.probe_every
+        probe_due = self.plain_in_a_row >= self.probe_wait
+        exploring = self.explored < self.explore_steps or probe_due
         # a probe also re-measures a draft priced out by what it measured (a busy moment can
         # price one draft pass above a target pass); one never measured is trusted
-        probing = self.plain_in_a_row >= self.probe_every and "draft" in self.ratios
+        probing = probe_due and "draft" in self.ratios
         if exploring and (probing or self.could_pay(max_nodes)):
             self.explored += 1
             self.plain_in_a_row = 0
+            if probe_due:  # the next probe waits longer, unless a chain pays before it
+                self.probe_wait = min(2 * self.probe_wait, self.max_probe_every)
             return max_nodes
         length = self.best_length(max_nodes)
         self.plain_in_a_row = 0 if length else self.plain_in_a_row + 1
+        if length:
+            self.probe_wait = self.probe_every
         return length
 
     def stats(self) -> dict:

@@ -126,9 +126,7 @@ class DraftModelProposer:
         self.cache = self._new_cache(min(self.slot_limit, len(prompt_ids) + INITIAL_SPARE_SLOTS))
         self.cached_ids = []
         self.after_prefill = True
-        if self.pricing is not None:
-            self.pricing.new_request()
-        if self.pricing is not None and self.pricing.could_pay(self.max_draft_tokens or 8):
+        if self.pricing is not None and self.pricing.new_request(self.max_draft_tokens or 8):
             with torch.inference_mode():  # the draft's prefill, beside the target's
                 self._forward(list(prompt_ids), 0)
             self.cached_ids = list(prompt_ids)
