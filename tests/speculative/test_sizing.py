@@ -83,27 +83,3 @@ def test_timed_passes_read_text_so_the_screen_leaves_decodings_few_candidates(sm
         approx, bound = lm.screen(hidden.float().contiguous())  # [32, V] each
     candidates = ((approx + bound) >= (approx - bound).amax(dim=1, keepdim=True)).sum(dim=1)
     assert int(candidates.median()) <= 2 and int(candidates.max()) <= 16
-
-
-def test_verify_costs_are_timed_in_interleaved_rounds(monkeypatch):
-    """Every size once a round, each round starting one size later, the median per size: a busy
-    stretch (three consecutive passes at 10x) lands on different sizes, and no size's median
-    moves, where timing each size's repeats back to back would have put it all on one size."""
-    from eyas.engine.speculative import sizing
-
-    clock = [0.0]
-    monkeypatch.setattr(sizing.time, "perf_counter", lambda: clock[0])
-    calls: list[int] = []
-    busy = {7, 8, 9}  # the 8th-10th timed passes (after 3 warm-ups) are slow
-
-    def step_of(size: int):
-        def step() -> None:
-            calls.append(size)
-            timed = len(calls) - 3  # passes after the warm-ups
-            clock[0] += size * 1e-3 * (10 if timed in busy else 1)
-        return step
-
-    medians = sizing._interleaved_medians({1: step_of(1), 2: step_of(2), 4: step_of(4)}, repeats=5)
-    assert calls[:3] == [1, 2, 4]  # warm-ups
-    assert calls[3:] == [1, 2, 4, 2, 4, 1, 4, 1, 2, 1, 2, 4, 2, 4, 1]  # rotating rounds
-    assert medians == pytest.approx({1: 1e-3, 2: 2e-3, 4: 4e-3})

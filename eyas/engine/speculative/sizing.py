@@ -35,7 +35,7 @@ from eyas.utils.io import cache_dir, write_json_atomic
 
 TOKEN_SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64)
 PRIOR_RANKS = (0.55, 0.12, 0.05, 0.03)  # P(target token = rank-r child), before any data
-COST_VERSION = "7"  # part of the cache key: bumped when what a measurement times, or how, changes
+COST_VERSION = "6"  # part of the cache key: bumped when what a measurement times changes
 
 
 @dataclass
@@ -140,25 +140,7 @@ def measure_verify_costs(target, context: int = 256, sizes=TOKEN_SIZES, repeats:
 
     cache = new_cache(target, 1, context + max(sizes) + 1)
     prefill_context(target, cache, context)
-    return _interleaved_medians({size: verify_pass(target, cache, context, size) for size in sizes}, repeats)
-
-
-def _interleaved_medians(steps: dict[int, Callable[[], None]], repeats: int) -> dict[int, float]:
-    """The median seconds of each step, timed in `repeats` rounds that each run every step once
-    (each round starting one step later): a busy moment of a shared machine then lands on every
-    size alike, not on the few sizes timed back to back during it, which bent the curve (a
-    one-token pass timed at 7.6-7.9 ms in a quiet hour whose decode loop ran at 5.1 ms a token)."""
-    keys = list(steps)
-    for key in keys:
-        steps[key]()  # warm-up
-    times: dict[int, list[float]] = {key: [] for key in keys}
-    for round_index in range(repeats):
-        shift = round_index % len(keys)
-        for key in keys[shift:] + keys[:shift]:
-            started = time.perf_counter()
-            steps[key]()
-            times[key].append(time.perf_counter() - started)
-    return {key: sorted(values)[len(values) // 2] for key, values in times.items()}
+    return {size: _median_seconds(verify_pass(target, cache, context, size), repeats) for size in sizes}
 
 
 def verify_pass(target, cache, context: int, size: int) -> Callable[[], None]:
