@@ -23,6 +23,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from eyas.scheduler.request import RequestOutput
+from eyas.utils.thread_cpu import thread_cpu_seconds
 
 
 class StandInEngine:
@@ -71,15 +72,7 @@ class StandInEngine:
 
 
 def thread_cpu(name: str) -> float:
-    import os
-
-    ticks = os.sysconf("SC_CLK_TCK")
-    ids = [t.native_id for t in threading.enumerate() if t.name == name]
-    total = 0.0
-    for native in ids:
-        fields = Path(f"/proc/self/task/{native}/stat").read_text().rsplit(")", 1)[1].split()
-        total += (int(fields[11]) + int(fields[12])) / ticks
-    return total
+    return thread_cpu_seconds().get(name, 0.0)
 
 
 def main() -> int:

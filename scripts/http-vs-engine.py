@@ -21,30 +21,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections import defaultdict
 from pathlib import Path
 
-
-def thread_cpu_seconds() -> dict[str, float]:
-    """CPU seconds (user + system) of each thread of this process, by thread name."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    seconds: dict[str, float] = defaultdict(float)
-    names = {thread.native_id: thread.name for thread in threading.enumerate()}
-    for task in Path("/proc/self/task").iterdir():
-        try:
-            name = names.get(int(task.name), "openmp")
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        seconds[name] += (int(fields[11]) + int(fields[12])) / ticks
-    return seconds
+from eyas.utils.thread_cpu import thread_cpu_seconds
 
 
 def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:

@@ -31,6 +31,10 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from eyas.utils.thread_cpu import thread_cpu_seconds
+
+UNNAMED = "other threads (OpenMP workers)"  # how the threads Python did not start are listed
+
 STAGES = {  # stage name -> (module, qualified function) timed on the engine thread
     "schedule": ("eyas.scheduler.scheduler", "Scheduler.schedule"),
     "executor": ("eyas.scheduler.executor", "StepExecutor.run"),
@@ -74,21 +78,6 @@ class Clock:
 
     def snapshot(self) -> tuple[dict[str, float], dict[str, float]]:
         return dict(self.wall), dict(self.cpu)
-
-
-def thread_cpu_seconds() -> dict[str, float]:
-    """CPU seconds (user + system) of each thread of this process, by thread name."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    seconds: dict[str, float] = defaultdict(float)
-    names = {thread.native_id: thread.name for thread in threading.enumerate()}
-    for task in Path("/proc/self/task").iterdir():
-        try:
-            name = names.get(int(task.name), "other threads (OpenMP workers)")
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        seconds[name] += (int(fields[11]) + int(fields[12])) / ticks
-    return seconds
 
 
 def profiled(function, path: str | None):
@@ -176,7 +165,7 @@ def main() -> int:
     params = SamplingParams(max_tokens=args.max_tokens)
     run_closed_loop(engine, prompts[:1], SamplingParams(max_tokens=8), 1)  # warm-up
     steps.clear()
-    threads_before = thread_cpu_seconds()
+    threads_before = thread_cpu_seconds(UNNAMED)
     client_cpu = 0.0
     if args.http:
         from eyas.server.app import ServerSettings, create_app
@@ -188,7 +177,7 @@ def main() -> int:
             server.thread = threading.Thread(target=profiled(server.server.run, args.profile + ".http"),
                                              name="eyas-http", daemon=True)
         server.start()
-        threads_before = thread_cpu_seconds()
+        threads_before = thread_cpu_seconds(UNNAMED)
         output_dir = tempfile.mkdtemp(prefix="step-overhead-")
         command = [sys.executable, "-m", "eyas", "bench", "serve", "--url", server.url,
                    "--dataset", "repeated", "--num-prompts", str(args.num_prompts),
@@ -204,7 +193,7 @@ def main() -> int:
             return 1
         result = json.loads((Path(output_dir) / "result.json").read_text())["results"][0]
         tokens_per_s = result["output_throughput"]
-        threads_after = thread_cpu_seconds()
+        threads_after = thread_cpu_seconds(UNNAMED)
         server.stop()
         usage = resource.getrusage(resource.RUSAGE_CHILDREN)
         client_cpu = (usage.ru_utime + usage.ru_stime) - (children.ru_utime + children.ru_stime)
@@ -214,7 +203,7 @@ def main() -> int:
         run = profiled(run_closed_loop, args.profile)(engine, prompts, params, args.concurrency)
         seconds = time.perf_counter() - started
         tokens_per_s, tpot = run["tokens_per_s"], None
-        threads_after = thread_cpu_seconds()
+        threads_after = thread_cpu_seconds(UNNAMED)
     engine.shutdown()
 
     full = [s for s in steps if s["stats"].decode_rows == args.concurrency and s["stats"].prefill_tokens == 0]
