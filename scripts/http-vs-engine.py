@@ -40,6 +40,48 @@ def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, fl
     return dict(delta)
 
 
+class StepTrace:
+    """Each step's pass as the engine thread ran it: wall and thread-CPU seconds at its start
+    and end, decode rows, prefill chunks and prompt tokens (a wrapper around the engine's
+    StepExecutor.run)."""
+
+    def __init__(self, engine) -> None:
+        self.steps: list[tuple[float, float, float, float, int, int, int]] = []
+        run = engine.executor.run
+
+        def traced(plan):
+            started, started_cpu = time.perf_counter(), time.thread_time()
+            try:
+                return run(plan)
+            finally:
+                self.steps.append((started, time.perf_counter(), started_cpu, time.thread_time(),
+                                   len(plan.decode), len(plan.prefill),
+                                   sum(chunk.end - chunk.start for chunk in plan.prefill)))
+        engine.executor.run = traced
+
+    def take(self, tokens: int) -> dict[str, float]:
+        """Summary of the steps since the last take: how many, their rows, the median pass, and
+        the engine thread's time between passes (one pass's end to the next one's start): within
+        a request's decoding (the next step decodes), wall and the thread's own CPU, and before
+        a step that only prefills (the engine idle until a request arrived)."""
+        steps, self.steps = self.steps, []
+        if not steps:
+            return {}
+        within = [(b[0] - a[1], b[2] - a[3]) for a, b in zip(steps, steps[1:]) if b[4]]
+        idle = [b[0] - a[1] for a, b in zip(steps, steps[1:]) if not b[4]]
+        prefill = [s for s in steps if s[5]]
+        ms = lambda values: round(1e3 * statistics.median(values), 3) if values else 0.0  # noqa: E731
+        return {"steps": len(steps), "prefill_steps": len(prefill),
+                "decode_rows_per_step": round(statistics.mean(s[4] for s in steps), 2),
+                "prompt_tokens_per_prefill_step": round(statistics.mean(s[6] for s in prefill), 1) if prefill else 0,
+                "pass_ms": ms([s[1] - s[0] for s in steps]),
+                "gap_ms": ms([wall for wall, _ in within]),
+                "gap_cpu_ms": ms([cpu for _, cpu in within]),
+                "gap_ms_per_token": round(1e3 * sum(wall for wall, _ in within) / max(tokens, 1), 3),
+                "idle_before_prefill_ms": ms(idle),
+                "idle_ms_per_token": round(1e3 * sum(idle) / max(tokens, 1), 3)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
@@ -51,6 +93,12 @@ def main() -> int:
     parser.add_argument("--clients", nargs="+", default=["raw"],
                         help="bench serve --client values; 'default' passes no flag")
     parser.add_argument("--json", default=None, help="write every round here")
+    parser.add_argument("--http", nargs="+", default=["auto"],
+                        help="uvicorn HTTP implementations to serve with, one server each (auto, h11, httptools)")
+    parser.add_argument("--switch-interval-ms", nargs="+", type=float, default=[],
+                        help="also serve under these sys.setswitchinterval values (the GIL's)")
+    parser.add_argument("--trace", action="store_true",
+                        help="also report steps, rows per step and the engine's time between passes")
     args = parser.parse_args()
 
     from eyas.engine.sampling import SamplingParams
@@ -74,22 +122,27 @@ def main() -> int:
     prompts = load_prompts(target, "mtbench", args.num_prompts)
     params = SamplingParams(max_tokens=args.max_tokens)
     run_closed_loop(plain, prompts[:2], SamplingParams(max_tokens=8), 1)  # warm-up
-    server = BackgroundServer(create_app(served, ServerSettings(model_name=args.model), metrics,
-                                         start_engine=False)).start()
+    servers = {http: BackgroundServer(create_app(served, ServerSettings(model_name=args.model), metrics,
+                                              start_engine=False), http=http).start()
+               for http in args.http}
     output_dir = Path(tempfile.mkdtemp(prefix="http-vs-engine-"))
+    traces = {"in-process": StepTrace(plain), "http": StepTrace(served)} if args.trace else {}
 
     def in_process(concurrency: int) -> dict:
         before = thread_cpu_seconds()
         run = run_closed_loop(plain, prompts, params, concurrency)
         return {"tokens_per_s": run["tokens_per_s"], "tpot_ms": run["tpot_ms"], "tokens": run["tokens"],
-                "cpu_s": cpu_delta(before, thread_cpu_seconds())}
+                "cpu_s": cpu_delta(before, thread_cpu_seconds()),
+                "steps": traces["in-process"].take(run["tokens"]) if traces else {}}
 
-    def over_http(concurrency: int, client: str) -> dict:
+    def over_http(concurrency: int, client: str, http: str, num_prompts: int = args.num_prompts,
+                  max_tokens: int = args.max_tokens) -> dict:
         out = output_dir / f"{client}-{concurrency}-{time.monotonic_ns()}"
-        command = [sys.executable, "-m", "eyas", "bench", "serve", "--url", server.url,
-                   "--dataset", "mtbench", "--num-prompts", str(args.num_prompts),
-                   "--max-tokens", str(args.max_tokens), "--concurrency", str(concurrency),
-                   "--warmup", "1", "--tokenizer", "none", "--output-dir", str(out), "--no-progress"]
+        # No warm-up requests of the client's: the engine's CPU counts the measured requests alone.
+        command = [sys.executable, "-m", "eyas", "bench", "serve", "--url", servers[http].url,
+                   "--dataset", "mtbench", "--num-prompts", str(num_prompts),
+                   "--max-tokens", str(max_tokens), "--concurrency", str(concurrency),
+                   "--warmup", "0", "--tokenizer", "none", "--output-dir", str(out), "--no-progress"]
         if client != "default":
             command += ["--client", client]
         process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -99,21 +152,40 @@ def main() -> int:
         if process.wait():
             raise SystemExit(process.stderr.read().decode()[-3000:])
         result = json.loads((out / "result.json").read_text())["results"][0]
-        cpu = cpu_delta(before, after)  # includes the warm-up round (short requests)
+        cpu = cpu_delta(before, after)
         if "client_cpu_s" in result:
             cpu["client"] = result["client_cpu_s"]
+        tokens = result["total_output_tokens"]
         return {"tokens_per_s": result["output_throughput"], "tpot_ms": result["median_tpot_ms"],
-                "tokens": result["total_output_tokens"], "cpu_s": cpu}
+                "tokens": tokens, "cpu_s": cpu, "steps": traces["http"].take(tokens) if traces else {}}
 
-    configs = ["in-process"] + [f"http-{client}" for client in args.clients]
+    default_interval = sys.getswitchinterval()
+
+    def over_http_switching(concurrency: int, client: str, http: str, interval_s: float) -> dict:
+        sys.setswitchinterval(interval_s)
+        try:
+            return over_http(concurrency, client, http)
+        finally:
+            sys.setswitchinterval(default_interval)
+
+    configs = {"in-process": None}
+    for client in args.clients:
+        for http in args.http:
+            name = f"http-{client}" + (f"-{http}" if len(args.http) > 1 else "")
+            configs[name] = (client, http, default_interval)
+            for interval_ms in args.switch_interval_ms:
+                configs[f"{name}-switch{interval_ms:g}ms"] = (client, http, interval_ms / 1e3)
+            over_http(1, client, http, num_prompts=2, max_tokens=8)  # warm-up: first requests, imports
+
     rows = []
     for concurrency in args.concurrency:
         runs: dict[str, list[dict]] = {name: [] for name in configs}
         for round_index in range(args.rounds):
             shift = round_index % len(configs)
-            for name in configs[shift:] + configs[:shift]:
+            names = list(configs)
+            for name in names[shift:] + names[:shift]:
                 run = in_process(concurrency) if name == "in-process" else \
-                    over_http(concurrency, name.removeprefix("http-"))
+                    over_http_switching(concurrency, *configs[name])
                 runs[name].append(run)
                 print(json.dumps({"concurrency": concurrency, "config": name, "round": round_index,
                                   "tokens_per_s": round(run["tokens_per_s"], 2)}), flush=True)
@@ -129,9 +201,14 @@ def main() -> int:
                    "rounds_tokens_per_s": [round(r["tokens_per_s"], 2) for r in rounds],
                    "tpot_ms": round(statistics.median(r["tpot_ms"] for r in rounds), 2),
                    "cpu_ms_per_token": {part: round(statistics.median(v), 3) for part, v in per_token.items()}}
+            if traces:
+                keys = rounds[0]["steps"].keys()
+                row["steps"] = {key: round(statistics.median(r["steps"].get(key, 0) for r in rounds), 3)
+                                for key in keys}
             rows.append(row)
             print(json.dumps(row), flush=True)
-    server.stop()
+    for server in servers.values():
+        server.stop()
     plain.shutdown()
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
