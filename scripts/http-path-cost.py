@@ -82,6 +82,8 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--step-ms", type=float, default=8.0)
     parser.add_argument("--client", default="raw", help="bench serve --client ('default': no flag)")
+    parser.add_argument("--http", default="auto", help="uvicorn's HTTP implementation (auto, h11, httptools)")
+    parser.add_argument("--loop", default="auto", help="uvicorn's event loop (auto, asyncio, uvloop)")
     parser.add_argument("--profile", default=None, help="cProfile (thread CPU clock) of the event loop thread to PATH")
     args = parser.parse_args()
 
@@ -93,7 +95,7 @@ def main() -> int:
     engine = StandInEngine(load_tokenizer("smollm2-135m"), args.step_ms / 1e3, args.max_tokens)
     app = create_app(engine, ServerSettings(model_name="smollm2-135m"), ServerMetrics("smollm2-135m"),
                      start_engine=False)
-    server = BackgroundServer(app)
+    server = BackgroundServer(app, http=args.http, loop=args.loop)
     if args.profile:
         import cProfile
 
@@ -120,7 +122,8 @@ def main() -> int:
         engine_s = thread_cpu("stand-in-engine") - engine_before
         result = json.loads((out / "result.json").read_text())["results"][0]
         tokens = result["total_output_tokens"] + concurrency * min(16, args.max_tokens)  # + warm-up
-        print(json.dumps({"concurrency": concurrency, "client": args.client,
+        print(json.dumps({"concurrency": concurrency, "client": args.client, "http": args.http,
+                          "loop": args.loop,
                           "http_thread_ms_per_token": round(1e3 * http_s / tokens, 4),
                           "engine_thread_ms_per_token": round(1e3 * engine_s / tokens, 4),
                           "client_ms_per_token": round(result.get("client_cpu_ms_per_output_token") or -1, 4),

@@ -13,6 +13,9 @@ sweep (the client process's own measure, start-up excluded).
 Usage:
     PYTHONPATH=$PWD python scripts/http-vs-engine.py --concurrency 1 4 16 --rounds 3
     PYTHONPATH=$PWD python scripts/http-vs-engine.py --concurrency 1 --clients raw httpx
+    PYTHONPATH=$PWD python scripts/http-vs-engine.py --concurrency 1 16 --trace \
+        --servers h11/asyncio httptools/uvloop         # two servers in front of one engine
+    PYTHONPATH=$PWD python scripts/http-vs-engine.py --switch-interval-ms 0.5   # the GIL's, too
     PYTHONPATH=OTHER_TREE python scripts/http-vs-engine.py --clients default   # a tree whose
                                                    # `bench serve` has no --client flag
 """
@@ -93,8 +96,9 @@ def main() -> int:
     parser.add_argument("--clients", nargs="+", default=["raw"],
                         help="bench serve --client values; 'default' passes no flag")
     parser.add_argument("--json", default=None, help="write every round here")
-    parser.add_argument("--http", nargs="+", default=["auto"],
-                        help="uvicorn HTTP implementations to serve with, one server each (auto, h11, httptools)")
+    parser.add_argument("--servers", nargs="+", default=["auto/auto"],
+                        help="one server each, as HTTP/LOOP: uvicorn's HTTP implementation (auto, h11, "
+                             "httptools) and event loop (auto, asyncio, uvloop)")
     parser.add_argument("--switch-interval-ms", nargs="+", type=float, default=[],
                         help="also serve under these sys.setswitchinterval values (the GIL's)")
     parser.add_argument("--trace", action="store_true",
@@ -122,9 +126,10 @@ def main() -> int:
     prompts = load_prompts(target, "mtbench", args.num_prompts)
     params = SamplingParams(max_tokens=args.max_tokens)
     run_closed_loop(plain, prompts[:2], SamplingParams(max_tokens=8), 1)  # warm-up
-    servers = {http: BackgroundServer(create_app(served, ServerSettings(model_name=args.model), metrics,
-                                              start_engine=False), http=http).start()
-               for http in args.http}
+    servers = {spec: BackgroundServer(create_app(served, ServerSettings(model_name=args.model), metrics,
+                                              start_engine=False), http=spec.split("/")[0],
+                                      loop=spec.split("/")[-1]).start()
+               for spec in args.servers}
     output_dir = Path(tempfile.mkdtemp(prefix="http-vs-engine-"))
     traces = {"in-process": StepTrace(plain), "http": StepTrace(served)} if args.trace else {}
 
@@ -170,8 +175,8 @@ def main() -> int:
 
     configs = {"in-process": None}
     for client in args.clients:
-        for http in args.http:
-            name = f"http-{client}" + (f"-{http}" if len(args.http) > 1 else "")
+        for http in args.servers:
+            name = f"http-{client}" + (f"-{http}" if len(args.servers) > 1 else "")
             configs[name] = (client, http, default_interval)
             for interval_ms in args.switch_interval_ms:
                 configs[f"{name}-switch{interval_ms:g}ms"] = (client, http, interval_ms / 1e3)

@@ -39,11 +39,11 @@ log = logging.getLogger("eyas.serve")
 
 
 def uvicorn_config(app: FastAPI, host: str, port: int, log_level: str = "info",
-                   http: str = "auto") -> uvicorn.Config:
-    """http: uvicorn's HTTP/1.1 implementation; auto takes httptools where it is installed
-    (a C parser and a leaner send path than h11's: less of the event loop's CPU a token)."""
+                   http: str = "auto", loop: str = "auto") -> uvicorn.Config:
+    """http, loop: uvicorn's HTTP/1.1 implementation (h11, httptools) and event loop (asyncio,
+    uvloop); auto takes httptools and uvloop where they are installed."""
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
-                          timeout_graceful_shutdown=None, lifespan="on", http=http)
+                          timeout_graceful_shutdown=None, lifespan="on", http=http, loop=loop)
 
 
 def serve_with_engine(app: FastAPI, engine: Engine, host: str = "127.0.0.1", port: int = 8000,
@@ -95,10 +95,10 @@ class BackgroundServer:
     """uvicorn on a daemon thread, bound to 127.0.0.1 on a free port."""
 
     def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int | None = None,
-                 log_level: str = "warning", http: str = "auto") -> None:
+                 log_level: str = "warning", http: str = "auto", loop: str = "auto") -> None:
         self.host = host
         self.port = port or free_port(host)
-        self.server = uvicorn.Server(uvicorn_config(app, self.host, self.port, log_level, http))
+        self.server = uvicorn.Server(uvicorn_config(app, self.host, self.port, log_level, http, loop))
         self.thread = threading.Thread(target=self.server.run, name="eyas-http", daemon=True)
 
     @property

@@ -8,6 +8,8 @@ import asyncio
 import threading
 from types import SimpleNamespace
 
+import pytest
+
 from eyas.engine.logprobs import TokenLogprob
 from eyas.engine.sampling import SamplingParams
 from eyas.scheduler.request import RequestOutput
@@ -45,7 +47,15 @@ class Receiver:
         self.deliveries.append(items)
 
 
-def test_a_burst_from_another_thread_is_one_delivery_per_receiver_in_order():
+def new_loop(kind: str) -> asyncio.AbstractEventLoop:
+    """asyncio's own loop, or uvloop's (what uvicorn runs where uvloop is installed)."""
+    if kind == "uvloop":
+        return pytest.importorskip("uvloop").new_event_loop()
+    return asyncio.new_event_loop()
+
+
+@pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
+def test_a_burst_from_another_thread_is_one_delivery_per_receiver_in_order(loop_kind):
     async def run() -> tuple[Receiver, Receiver, int]:
         loop = asyncio.get_running_loop()
         relay = OutputRelay.of(loop)
@@ -75,7 +85,11 @@ def test_a_burst_from_another_thread_is_one_delivery_per_receiver_in_order():
         await asyncio.sleep(0)
         return first, second, wakeups
 
-    first, second, wakeups = asyncio.run(run())
+    loop = new_loop(loop_kind)
+    try:
+        first, second, wakeups = loop.run_until_complete(run())
+    finally:
+        loop.close()
     assert wakeups == 2
     assert first.deliveries == [[0, 2, 4, 6, 8, 10, 12, 14], [16]]
     assert second.deliveries == [[1, 3, 5, 7, 9, 11, 13, 15]]
