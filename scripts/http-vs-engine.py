@@ -13,8 +13,8 @@ sweep (the client process's own measure, start-up excluded).
 Usage:
     PYTHONPATH=$PWD python scripts/http-vs-engine.py --concurrency 1 4 16 --rounds 3
     PYTHONPATH=$PWD python scripts/http-vs-engine.py --concurrency 1 --clients raw httpx
-    PYTHONPATH=$PWD python scripts/http-vs-engine.py --concurrency 1 16 --trace \
-        --servers h11/asyncio httptools/uvloop         # two servers in front of one engine
+    PYTHONPATH=$PWD python scripts/http-vs-engine.py --concurrency 1 16 --trace --servers h11/asyncio httptools/uvloop
+                                                   # two servers in front of one engine
     PYTHONPATH=$PWD python scripts/http-vs-engine.py --switch-interval-ms 0.5   # the GIL's, too
     PYTHONPATH=OTHER_TREE python scripts/http-vs-engine.py --clients default   # a tree whose
                                                    # `bench serve` has no --client flag
