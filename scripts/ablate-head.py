@@ -46,6 +46,7 @@ ARMS: dict[str, list[str]] = {
     "noise-uniform": ["--feature-noise", "uniform", "--feature-noise-std", "0.2"],
     "init-from-target": ["--init-layer-from-target"],
     "lr-schedule-linear": ["--lr-schedule", "linear"],
+    "bf16-autocast": ["--precision", "bfloat16"],
 }
 COST_FLAGS = ("ttt_steps", "draft_vocab_size", "precision", "micro_batch_size", "grad_accum")
 EVAL_TTT_STEPS = 5
