@@ -10,6 +10,7 @@ diagnose` scores heads). Prints one table and the baseline's held-out curve.
     OMP_NUM_THREADS=1 eyas features --model smollm2-135m --data $RUN/train.jsonl --out $RUN/features --max-length 256
     OMP_NUM_THREADS=1 nice -n 10 python scripts/ablate-head.py $RUN --cpu-seconds 200
     OMP_NUM_THREADS=1 python scripts/ablate-head.py $RUN --arms baseline,hard    # some arms only
+    OMP_NUM_THREADS=1 python scripts/ablate-head.py $RUN --paired     # step-0 deltas, paired by position
 
 The budget: each arm's optimizer steps are chosen so that its training steps cost --cpu-seconds
 of process CPU time (set-up and evaluation excluded): the CPU seconds per training token are
@@ -148,6 +149,28 @@ def run_arm(run: Path, features: str, arm: str, flags: list[str], seconds_per_to
     return result
 
 
+def paired_deltas(run: Path, target, lm_head: torch.Tensor, sequences, arms: list[str]) -> str:
+    """Step-0 accuracy of each finished arm's head minus the baseline's, over the same held-out
+    positions, with the standard error of that paired difference."""
+    from eyas.bench.diagnose.measure import measure_split
+    from eyas.eagle3 import load_head
+
+    hits = {}
+    for arm in ["baseline", *[a for a in arms if a != "baseline"]]:
+        folder = run / "ablation" / arm / "head"
+        if not folder.is_dir():
+            continue
+        head = load_head(folder, embedding=target.model.embed_tokens.weight.float())
+        split = measure_split(target, head, lm_head, sequences, ttt_steps=1)
+        hits[arm] = split.head_first_hits.double()
+    lines = ["| arm | step-0 accuracy | paired delta vs baseline | standard error |", "|---|---|---|---|"]
+    for arm, arm_hits in hits.items():
+        difference = arm_hits - hits["baseline"]
+        error = difference.std() / difference.numel() ** 0.5
+        lines.append(f"| {arm} | {arm_hits.mean():.4f} | {difference.mean():+.4f} | {error:.4f} |")
+    return "\n".join(lines)
+
+
 def held_out_sequences(run: Path, target, prompts: int, max_tokens: int):
     from eyas.bench.diagnose.data import pick, prepared_sharegpt, read_conversations
     from eyas.bench.diagnose.measure import Sequence, greedy_answers
@@ -197,6 +220,9 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=32, help="held-out prompts")
     parser.add_argument("--max-tokens", type=int, default=96, help="greedy answer tokens per prompt")
     parser.add_argument("--curve-points", type=int, default=5, help="baseline: held-out points")
+    parser.add_argument("--paired", action="store_true",
+                        help="no training: the finished arms' step-0 accuracy minus the baseline's, "
+                             "position by position, with its standard error")
     args = parser.parse_args()
     from eyas.engine.target import load_target
     from eyas.features.target_io import describe_target, load_output_weights
@@ -209,6 +235,11 @@ def main() -> None:
     _, lm_head = load_output_weights(describe_target("smollm2-135m"))
     sequences = held_out_sequences(args.run, target, args.prompts, args.max_tokens)
     print(f"held-out: {len(sequences)} prompts, {sum(len(s.answer) for s in sequences)} answer tokens", flush=True)
+    if args.paired:
+        text = paired_deltas(args.run, target, lm_head, sequences, args.arms.split(","))
+        (args.run / "ablation" / "paired.md").write_text(text + "\n")
+        print(text)
+        return
     costs: dict[tuple, float] = {}
     results = []
     for arm in args.arms.split(","):
