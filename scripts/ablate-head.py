@@ -8,7 +8,7 @@ diagnose` scores heads). Prints one table and the baseline's held-out curve.
         --min-chars 16 --max-chars 4000 --limit 400 --workers 1
     eyas data render --model smollm2-135m --input $RUN/prepared/train.jsonl --output $RUN/train.jsonl --max-length 256
     OMP_NUM_THREADS=1 eyas features --model smollm2-135m --data $RUN/train.jsonl --out $RUN/features --max-length 256
-    OMP_NUM_THREADS=1 nice -n 10 python scripts/ablate-head.py $RUN --cpu-seconds 200
+    OMP_NUM_THREADS=1 nice -n 10 python scripts/ablate-head.py $RUN --cpu-seconds 150 --curve-points 4
     OMP_NUM_THREADS=1 python scripts/ablate-head.py $RUN --arms baseline,hard    # some arms only
     OMP_NUM_THREADS=1 python scripts/ablate-head.py $RUN --paired     # step-0 deltas, paired by position
 
