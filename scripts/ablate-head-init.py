@@ -20,7 +20,9 @@ steps and the learning rate. The target-initialised arm copies the target's last
 into `midlayer` (its q/k/v read the normed feature through the second half of their inputs; the
 embedding half keeps its random start), the target's final norm into `norm` and `hidden_norm`,
 and starts `fc` as the identity on the deepest tap. `eval` scores heads on the target's greedy
-answers to held-out prompts, as `eyas eval diagnose` does. Result (docs/training.md, section 11):
+answers to held-out prompts, as `eyas eval diagnose` does. (`eyas train
+--init-layer-from-target` starts a head this way; scripts/ablate-head.py compares it with the
+other recipe arms at a fixed CPU budget.) Result (docs/training.md, section 11):
 held-out accuracy per step 0.153, 0.101, 0.073, 0.062, 0.057 (random) against 0.132, 0.099,
 0.085, 0.064, 0.056 (the target's last layer): no gain at this budget.
 """
@@ -35,19 +37,17 @@ import torch
 
 
 def init_heads(run: Path) -> None:
+    from eyas.eagle3 import load_head
     from eyas.eagle3.checkpoint import save_head
     from eyas.eagle3.config import Eagle3Config
     from eyas.eagle3.head import Eagle3Head
     from eyas.eagle3.shipped import shipped_head_dir
-    from eyas.eagle3 import load_head
-    from eyas.engine.target import load_weights
-    from eyas.features.target_io import describe_target
+    from eyas.features.target_io import describe_target, load_output_weights
+    from eyas.training.heads import init_layer_from_target
 
     info = describe_target("smollm2-135m")
-    weights = load_weights(info.folder)
+    _, lm_head = load_output_weights(info)
     vocab = load_head(shipped_head_dir("smollm2-135m")).draft_vocab
-    lm_head = weights.get("lm_head.weight", weights["model.embed_tokens.weight"]).float()
-    last = f"model.layers.{info.config.num_hidden_layers - 1}."
     for arm in ("random", "target"):
         torch.manual_seed(0)  # the same random start in both arms
         head = Eagle3Head(Eagle3Config.for_target(info.config, vocab.size, target_model="smollm2-135m",
@@ -55,22 +55,8 @@ def init_heads(run: Path) -> None:
         head.set_vocab(vocab)
         with torch.no_grad():
             head.lm_head.weight.copy_(lm_head[vocab.kept_ids])
-            if arm == "target":
-                layer, hidden = head.midlayer, info.config.hidden_size
-                for name in ("q_proj", "k_proj", "v_proj"):
-                    # inputs: [normed embedding (H) | normed feature (H)]; the feature half is the layer's
-                    getattr(layer.self_attn, name).weight[:, hidden:].copy_(
-                        weights[f"{last}self_attn.{name}.weight"].float())
-                layer.self_attn.o_proj.weight.copy_(weights[f"{last}self_attn.o_proj.weight"].float())
-                for name in ("gate_proj", "up_proj", "down_proj"):
-                    getattr(layer.mlp, name).weight.copy_(weights[f"{last}mlp.{name}.weight"].float())
-                layer.hidden_norm.weight.copy_(weights[f"{last}input_layernorm.weight"].float())
-                layer.input_layernorm.weight.copy_(weights[f"{last}input_layernorm.weight"].float())
-                layer.post_attention_layernorm.weight.copy_(
-                    weights[f"{last}post_attention_layernorm.weight"].float())
-                head.norm.weight.copy_(weights["model.norm.weight"].float())
-                head.fc.weight.zero_()
-                head.fc.weight[:, 2 * hidden:].copy_(torch.eye(hidden))  # the deepest tap
+        if arm == "target":  # what `eyas train --init-layer-from-target` does
+            init_layer_from_target(head, info)
         save_head(head, run / f"init-{arm}")
         print(f"wrote {run / f'init-{arm}'}")
 

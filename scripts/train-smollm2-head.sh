@@ -9,8 +9,12 @@
 # written when the same regeneration was resumed in a later session (--init-from); steps 11-15
 # (a third session) trained it further again on answers to the prompts after the first 2,400.
 # MT-Bench is the evaluation set: it is never read here.
+#
+# TTT depth: 3 is the recipe's default (at the same CPU budget it beat 5 and 7 at every draft
+# step, docs/training.md section 11); the shipped head was trained with TTT_STEPS=5.
 set -euo pipefail
 RUN=${1:-runs/head}
+TTT_STEPS=${TTT_STEPS:-3}
 EYAS=${EYAS:-.venv/bin/eyas}
 mkdir -p "$RUN"
 
@@ -60,9 +64,9 @@ head -2400 "$RUN/prepared/train.jsonl" | regenerate_halves "$RUN" A B 32
 # 3-4. Template and features.
 render_and_extract "$RUN/regenerated.jsonl" "$RUN/train.tokenized.jsonl" "$RUN/features"
 
-# 5. The head: training-time test with 5 steps, an 8,192-token draft vocabulary.
+# 5. The head: training-time test with $TTT_STEPS steps, an 8,192-token draft vocabulary.
 "$EYAS" train --model smollm2-135m --features "$RUN/features" --out "$RUN/train" \
-    --draft-vocab-size 8192 --ttt-steps 5 --epochs 3 --lr 5e-4 --save-every 200 \
+    --draft-vocab-size 8192 --ttt-steps "$TTT_STEPS" --epochs 3 --lr 5e-4 --save-every 200 \
     --eval-fraction 0.03 --resume
 
 # 6. Evaluate on MT-Bench (tau, acceptance by position, speedup per category).
@@ -84,7 +88,7 @@ render_and_extract "$RUN/regenerated2.jsonl" "$RUN/train2.tokenized.jsonl" "$RUN
 
 # 8. The first head, trained further on the new answers only (its held-out split is new to it).
 "$EYAS" train --model smollm2-135m --features "$RUN/features2" --out "$RUN/train2" \
-    --init-from "$RUN/train/head" --ttt-steps 5 --epochs 1.5 --lr 3e-4 --save-every 200 \
+    --init-from "$RUN/train/head" --ttt-steps "$TTT_STEPS" --epochs 1.5 --lr 3e-4 --save-every 200 \
     --eval-fraction 0.05 --resume
 
 # 9. Evaluate it as in step 6.
@@ -105,7 +109,7 @@ render_and_extract "$RUN/stage3/regenerated.jsonl" "$RUN/stage3/train.tokenized.
 
 # 13. The second-stage head, trained further on these answers only.
 "$EYAS" train --model smollm2-135m --features "$RUN/stage3/features" --out "$RUN/stage3/train" \
-    --init-from "$RUN/train2/head" --ttt-steps 5 --epochs 1 --lr 3e-4 --save-every 200 \
+    --init-from "$RUN/train2/head" --ttt-steps "$TTT_STEPS" --epochs 1 --lr 3e-4 --save-every 200 \
     --eval-fraction 0.03 --resume
 
 # 14. Evaluate it as in step 9.

@@ -74,10 +74,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help=f"eagle3: K (default: {_default('ttt_steps')})")
     head.add_argument("--ttt-decay", type=float, default=s,
                       help=f"step k (medusa: head k + 1) weighs decay^k (default: {_default('ttt_decay')})")
+    head.add_argument("--labels", default=s, choices=("soft", "hard"),
+                      help="soft: cross-entropy against the target's probabilities over the draft "
+                           "vocabulary (EAGLE-3's loss); hard: against its argmax "
+                           f"(default: {_default('labels')})")
+    head.add_argument("--feature-noise", default=s, choices=("none", "uniform", "gaussian"),
+                      help="noise added to the target features the head is fed while training "
+                           f"(default: {_default('feature_noise')})")
+    head.add_argument("--feature-noise-std", type=float, default=s,
+                      help=f"its scale: gaussian standard deviation or uniform half-width "
+                           f"(default: {_default('feature_noise_std')})")
     head.add_argument("--max-length", type=int, default=s,
                       help=f"online: tokens per sample (default: {_default('max_length')})")
     head.add_argument("--no-init-lm-head", dest="init_lm_head_from_target", action="store_false",
                       default=s, help="start lm_head at random instead of the target's kept rows")
+    head.add_argument("--init-layer-from-target", action="store_true", default=s,
+                      help="eagle3: start the decoder layer and norms from the target's last layer "
+                           "and final norm, fc as the identity on the deepest tap")
     head.add_argument("--init-from", default=s, metavar="HEAD_DIR",
                       help="eagle3: start from this head (weights and draft vocabulary), e.g. to "
                            "train a shipped head further on new data")
@@ -90,8 +103,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     opt.add_argument("--max-steps", type=int, default=s, help="optimizer steps (overrides --epochs)")
     opt.add_argument("--lr", dest="learning_rate", type=float, default=s,
                      help=f"peak AdamW learning rate (default: {_default('learning_rate')})")
+    opt.add_argument("--lr-schedule", default=s, choices=("cosine", "linear", "constant"),
+                     help=f"decay after the warmup, to --min-lr-ratio x peak at the last step "
+                          f"(default: {_default('lr_schedule')})")
     opt.add_argument("--min-lr-ratio", type=float, default=s,
-                     help=f"cosine floor / peak (default: {_default('min_lr_ratio')})")
+                     help=f"decay floor / peak (default: {_default('min_lr_ratio')})")
     opt.add_argument("--warmup-ratio", type=float, default=s,
                      help=f"share of steps in linear warmup (default: {_default('warmup_ratio')})")
     opt.add_argument("--weight-decay", type=float, default=s,

@@ -14,9 +14,12 @@ from typing import Any
 import torch
 
 from eyas.errors import EyasError
+from eyas.training.schedule import DECAYS as LR_SCHEDULES  # after the linear warmup
 
 PRECISIONS = ("auto", "float32", "bfloat16")
 METHODS = ("eagle3", "medusa")  # what `eyas train --method` trains
+LABELS = ("soft", "hard")  # soft: the target's distribution over the draft vocabulary; hard: its argmax
+NOISES = ("none", "uniform", "gaussian")  # noise added to the fed target features while training
 
 # Settings that change the result: a resumed run must use the same values.
 RESULT_SETTINGS = (
@@ -25,7 +28,11 @@ RESULT_SETTINGS = (
     "max_length", "epochs", "max_steps", "learning_rate", "min_lr_ratio", "warmup_ratio",
     "weight_decay", "adam_beta1", "adam_beta2", "max_grad_norm", "precision",
     "init_lm_head_from_target", "init_from", "eval_fraction", "eval_max_samples", "seed",
+    "labels", "feature_noise", "feature_noise_std", "lr_schedule", "init_layer_from_target",
 )
+# The value of each setting added after the first checkpoints were written, as those ran.
+SETTINGS_BEFORE_THEY_EXISTED = {"labels": "soft", "feature_noise": "none", "feature_noise_std": 0.2,
+                                "lr_schedule": "cosine", "init_layer_from_target": False}
 
 
 @dataclass
@@ -44,12 +51,18 @@ class TrainConfig:
     target_layer_ids: list[int] | None = None  # boundary ids; default {2, L//2, L-3}
     ttt_steps: int = 7  # K
     ttt_decay: float = 0.8  # step k weighs decay^k (medusa: head k + 1 weighs decay^k)
+    labels: str = "soft"  # soft: cross-entropy against the target's probabilities over the draft
+    #                       vocabulary (EAGLE-3's loss); hard: against its argmax (one-hot)
+    feature_noise: str = "none"  # none, uniform or gaussian: added to the fed target features
+    #                              (eagle3: the taps; medusa: the last hidden state), training only
+    feature_noise_std: float = 0.2  # gaussian: standard deviation; uniform: half-width
     max_length: int = 2048  # online mode: tokens per sample
     micro_batch_size: int = 1
     grad_accum: int = 1
     epochs: float = 1.0
     max_steps: int | None = None  # overrides epochs
     learning_rate: float = 1e-4
+    lr_schedule: str = "cosine"  # after the warmup: cosine, linear (to the floor) or constant
     min_lr_ratio: float = 0.0
     warmup_ratio: float = 0.02
     weight_decay: float = 0.0
@@ -60,6 +73,9 @@ class TrainConfig:
     target_dtype: str = "float32"  # online mode: precision of the target forward (load_target's)
     device: str = "cpu"
     init_lm_head_from_target: bool = True  # start lm_head from the target's rows of the kept ids
+    init_layer_from_target: bool = False  # eagle3: the decoder layer and norms start as the
+    #                                       target's last layer and final norm, fc as the
+    #                                       identity on the deepest tap
     init_from: str | None = None  # eagle3: start from this head folder (its weights and draft
     #                               vocabulary): more training of a head on new data
     save_every: int = 500  # checkpoint every N optimizer steps (0: only at the end)
@@ -80,6 +96,16 @@ class TrainConfig:
             raise EyasError(f"unknown training method '{self.method}'; accepted: {', '.join(METHODS)}")
         if self.init_from is not None and self.method != "eagle3":
             raise EyasError("init_from (--init-from) starts from an EAGLE-3 head: --method eagle3 only")
+        if self.init_layer_from_target and (self.method != "eagle3" or self.init_from is not None):
+            raise EyasError("init_layer_from_target (--init-layer-from-target) starts a new EAGLE-3 "
+                            "head: --method eagle3 without --init-from")
+        for name, value, accepted in (("labels", self.labels, LABELS),
+                                      ("feature_noise", self.feature_noise, NOISES),
+                                      ("lr_schedule", self.lr_schedule, LR_SCHEDULES)):
+            if value not in accepted:
+                raise EyasError(f"{name} '{value}' is not supported; accepted: {', '.join(accepted)}")
+        if self.feature_noise_std < 0:
+            raise EyasError(f"feature_noise_std must be >= 0, got {self.feature_noise_std}")
         if self.share_lm_head and self.method != "medusa":
             raise EyasError("share_lm_head (--share-lm-head) applies to --method medusa only")
         if self.precision not in PRECISIONS:

@@ -15,7 +15,9 @@ from torch import Tensor, nn
 from eyas.eagle3.config import Eagle3Config
 from eyas.eagle3.head import Eagle3Head
 from eyas.eagle3.vocab import DraftVocab
+from eyas.errors import EyasError
 from eyas.features.target_io import TargetInfo
+from eyas.models.weight_source import open_weights
 from eyas.medusa.config import MedusaConfig
 from eyas.medusa.head import MedusaHeads
 from eyas.training.config import TrainConfig
@@ -35,9 +37,44 @@ def build_eagle3(config: TrainConfig, info: TargetInfo, layer_ids: list[int], vo
     if config.init_lm_head_from_target:
         with torch.no_grad():
             head.lm_head.weight.copy_(lm_head_weight.cpu()[vocab.kept_ids])
+    if config.init_layer_from_target:
+        init_layer_from_target(head, info)
     head = head.to(device)
     head.set_embedding(embedding.to(device))
     return head, TrainingTimeTest(head, config.ttt_steps)
+
+
+@torch.no_grad()
+def init_layer_from_target(head: Eagle3Head, info: TargetInfo) -> None:
+    """Start the head's decoder layer as the target's last layer: its q/k/v read the normed
+    feature through the second half of their inputs (the embedding half keeps its random start),
+    o_proj and the MLP are the target's, `hidden_norm` and `input_layernorm` the target's input
+    norm, `norm` the target's final norm; `fc` starts as the identity on the deepest tap."""
+    source = open_weights(info.folder, heads=info.config.num_attention_heads,
+                          kv_heads=info.config.num_key_value_heads)
+    names = set(source.names())
+    last = f"model.layers.{info.config.num_hidden_layers - 1}."
+
+    def weight(name: str) -> Tensor:
+        if name not in names:
+            raise EyasError(f"--init-layer-from-target: no tensor {name} in the weights of "
+                            f"{info.folder}")
+        return source.get(name).float()
+
+    layer, hidden = head.midlayer, info.config.hidden_size
+    if layer.self_attn.q_proj.weight.shape[1] != 2 * hidden:
+        raise EyasError("--init-layer-from-target needs a head as wide as its target")
+    for name in ("q_proj", "k_proj", "v_proj"):
+        getattr(layer.self_attn, name).weight[:, hidden:].copy_(weight(f"{last}self_attn.{name}.weight"))
+    layer.self_attn.o_proj.weight.copy_(weight(f"{last}self_attn.o_proj.weight"))
+    for name in ("gate_proj", "up_proj", "down_proj"):
+        getattr(layer.mlp, name).weight.copy_(weight(f"{last}mlp.{name}.weight"))
+    layer.hidden_norm.weight.copy_(weight(f"{last}input_layernorm.weight"))
+    layer.input_layernorm.weight.copy_(weight(f"{last}input_layernorm.weight"))
+    layer.post_attention_layernorm.weight.copy_(weight(f"{last}post_attention_layernorm.weight"))
+    head.norm.weight.copy_(weight("model.norm.weight"))
+    head.fc.weight.zero_()  # [H, 3H]: the taps are concatenated shallow to deep
+    head.fc.weight[:, 2 * hidden:].copy_(torch.eye(hidden))
 
 
 def build_medusa(config: TrainConfig, info: TargetInfo, layer_ids: list[int], vocab: DraftVocab,

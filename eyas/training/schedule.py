@@ -1,9 +1,11 @@
-"""Learning-rate schedule: linear warmup, then cosine decay to `min_lr_ratio * base_lr`.
+"""Learning-rate schedule: linear warmup, then a decay to `min_lr_ratio * base_lr` at the last
+step: cosine (the default), linear, or none (constant at the peak).
 
 A pure function of the optimizer step, so that resuming needs only the step number.
 
 Usage:
-    schedule = WarmupCosine(base_lr=1e-4, total_steps=1000, warmup_steps=20)
+    schedule = WarmupSchedule(base_lr=1e-4, total_steps=1000, warmup_steps=20)
+    schedule = WarmupSchedule(base_lr=1e-4, total_steps=1000, warmup_steps=20, decay="linear")
     schedule.apply(optimizer, step)      # before optimizer.step() of step `step` (0-based)
 """
 
@@ -17,13 +19,16 @@ from torch.optim import Optimizer
 
 from eyas.errors import EyasError
 
+DECAYS = ("cosine", "linear", "constant")
+
 
 @dataclass
-class WarmupCosine:
+class WarmupSchedule:
     base_lr: float
     total_steps: int
     warmup_steps: int = 0
     min_lr_ratio: float = 0.0
+    decay: str = "cosine"
 
     def __post_init__(self) -> None:
         if self.total_steps <= 0:
@@ -32,14 +37,21 @@ class WarmupCosine:
             raise EyasError(f"warmup_steps must be in 0..{self.total_steps}, got {self.warmup_steps}")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise EyasError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        if self.decay not in DECAYS:
+            raise EyasError(f"learning-rate decay '{self.decay}' is not supported; accepted: "
+                            f"{', '.join(DECAYS)}")
 
     def lr_at(self, step: int) -> float:
         """Learning rate of optimizer step `step` (0-based)."""
         if step < self.warmup_steps:
             return self.base_lr * (step + 1) / self.warmup_steps
+        if self.decay == "constant":
+            return self.base_lr
         decay_steps = max(1, self.total_steps - self.warmup_steps)
         progress = min(1.0, (step - self.warmup_steps) / decay_steps)
         floor = self.min_lr_ratio * self.base_lr
+        if self.decay == "linear":
+            return self.base_lr + (floor - self.base_lr) * progress
         return floor + (self.base_lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
     def apply(self, optimizer: Optimizer, step: int) -> float:
@@ -52,7 +64,9 @@ class WarmupCosine:
         return asdict(self)
 
     def check_state(self, state: dict[str, Any]) -> None:
-        """A resumed run must continue the same schedule."""
+        """A resumed run must continue the same schedule (checkpoints written before the decay
+        could be chosen ran the cosine one)."""
+        state = {"decay": "cosine", **state}
         if state != self.state_dict():
             raise EyasError(f"the checkpoint's schedule {state} differs from this run's "
                             f"{self.state_dict()}; resume with the same settings")

@@ -8,7 +8,10 @@ One optimizer step = one global batch (micro batch x accumulation x ranks):
   2. per micro batch: the target's taps and last hidden state (stored, or computed now), its
      distribution over the draft vocabulary, the K-step TTT unroll (or the K Medusa heads),
      backward (DDP syncs gradients on the last micro batch only);
-  3. clip, AdamW step with the warmup + cosine rate; log; checkpoint every N steps.
+  3. clip, AdamW step with the warmup + decay rate (schedule.py); log; checkpoint every N steps.
+
+Recipe options (TrainConfig): soft or hard labels, noise on the fed features (noise.py), the
+learning-rate decay, the decoder layer started from the target's last layer (heads.py).
 
 Usage:
     trainer = Trainer(TrainConfig(model="smollm2-135m", data="train.jsonl", output="runs/a"))
@@ -42,16 +45,18 @@ from eyas.training.checkpoints import (
     save_checkpoint,
     write_head,
 )
-from eyas.training.config import TrainConfig
+from eyas.training.config import SETTINGS_BEFORE_THEY_EXISTED, TrainConfig
 from eyas.training.data import Batch, BatchPlan, OfflineSource, OnlineSource, collate, split_held_out
 from eyas.training.distributed import DistributedContext
 from eyas.training.heads import build_eagle3, build_medusa
 from eyas.training.metrics import MetricsLogger, acceptance_length
-from eyas.training.schedule import WarmupCosine
+from eyas.training.noise import add_feature_noise
+from eyas.training.schedule import WarmupSchedule
 from eyas.training.ttt import (
     TargetLabels,
     TargetOutputLayer,
     answer_count,
+    hard_labels,
     scored_target_rows,
     target_distribution,
     weighted_loss,
@@ -189,14 +194,16 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(
             parameters, lr=config.learning_rate, weight_decay=config.weight_decay,
             betas=(config.adam_beta1, config.adam_beta2), fused=self.device.type in ("cpu", "cuda"))
-        self.schedule = WarmupCosine(config.learning_rate, self.total_steps,
-                                     int(config.warmup_ratio * self.total_steps), config.min_lr_ratio)
+        self.schedule = WarmupSchedule(config.learning_rate, self.total_steps,
+                                       int(config.warmup_ratio * self.total_steps), config.min_lr_ratio,
+                                       config.lr_schedule)
         self.start_step = 0
         if config.resume:  # the newest checkpoint that verifies (skipped ones are named on stderr)
             found = restore_newest_checkpoint(self.output, self.head, self.optimizer,
                                               is_main=self.context.is_main)
             if found is not None:
                 folder, state = found
+                state["settings"] = {**SETTINGS_BEFORE_THEY_EXISTED, **state.get("settings", {})}
                 check_resume_settings(state, config.result_settings(), self.global_batch)
                 self.schedule.check_state(state["schedule"])
                 self.start_step = int(state["step"])
@@ -204,9 +211,10 @@ class Trainer:
                     print(f"[eyas] resuming from {folder} (step {self.start_step})", flush=True)
 
     # ---- one micro batch -----------------------------------------------------------------------
-    def _micro_batch(self, batch: Batch, indices: list[int]) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:
+    def _micro_batch(self, batch: Batch, indices: list[int], noise_key: tuple[int, int] | None = None
+                     ) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:
         """(weighted loss sum, loss_sums [K], correct [K], counted [K], tokens) of a micro batch of
-        the samples `indices`."""
+        the samples `indices`; noise_key (step, micro batch) while training: the feature noise's."""
         input_ids = batch.input_ids.to(self.device)
         loss_mask = batch.loss_mask.to(self.device)
         if batch.taps is None:  # online: the target runs now
@@ -223,6 +231,14 @@ class Trainer:
                 length = int(batch.lengths[row])
                 self.label_cache[index] = (target.in_draft[row, :length].cpu(),
                                            target.argmax_draft[row, :length].cpu().int())
+        if self.config.labels == "hard":
+            target = hard_labels(target)
+        if noise_key is not None:  # the target itself is computed from the clean features
+            config = self.config
+            fed = hidden if config.method == "medusa" else taps
+            fed = add_feature_noise(fed, config.feature_noise, config.feature_noise_std, config.seed,
+                                    *noise_key)
+            taps, hidden = (taps, fed) if config.method == "medusa" else (fed, hidden)
         autocast_dtype = self.config.autocast_dtype(self.device)
         autocast = (torch.autocast(self.device.type, dtype=autocast_dtype) if autocast_dtype
                     else nullcontext())
@@ -264,7 +280,8 @@ class Trainer:
             last = number == len(micro_batches) - 1
             sync = nullcontext() if last or not context.is_distributed else self.model.no_sync()
             with sync:
-                loss, loss_sums, correct, counted, tokens = self._micro_batch(batch, indices)
+                noise_key = (step, context.rank * len(micro_batches) + number)
+                loss, loss_sums, correct, counted, tokens = self._micro_batch(batch, indices, noise_key)
                 # DDP averages gradients over ranks: scale by world size to sum them instead.
                 (loss * context.world_size / normalizer).backward()
             sums += torch.cat([loss_sums.cpu(), correct.cpu().float(), counted.cpu().float(),

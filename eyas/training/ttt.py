@@ -83,6 +83,14 @@ class TargetDistribution:
         return TargetLabels(self.in_draft, self.argmax_draft)
 
 
+def hard_labels(target: TargetDistribution) -> TargetDistribution:
+    """The same target with its distribution replaced by the one-hot of its argmax (zero rows
+    where the argmax is not drafted: those rows weigh nothing in the loss anyway)."""
+    onehot = F.one_hot(target.argmax_draft, target.probs.shape[-1]).to(target.probs.dtype)  # [B, T, N]
+    onehot *= target.in_draft[..., None]
+    return TargetDistribution(onehot, target.in_draft, target.argmax_draft)
+
+
 @torch.no_grad()
 def target_distribution(hidden: Tensor, lm_head: Tensor | TargetOutputLayer, vocab: DraftVocab,
                         chunk_tokens: int = 1024, rows: Tensor | None = None,

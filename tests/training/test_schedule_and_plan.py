@@ -11,18 +11,18 @@ from eyas.errors import EyasError
 from eyas.training.config import TrainConfig
 from eyas.training.data import BatchPlan, split_held_out
 from eyas.training.metrics import acceptance_length
-from eyas.training.schedule import WarmupCosine
+from eyas.training.schedule import WarmupSchedule
 
 
 def test_warmup_then_cosine() -> None:
-    schedule = WarmupCosine(base_lr=1.0, total_steps=10, warmup_steps=2, min_lr_ratio=0.1)
+    schedule = WarmupSchedule(base_lr=1.0, total_steps=10, warmup_steps=2, min_lr_ratio=0.1)
     assert schedule.lr_at(0) == pytest.approx(0.5)
     assert schedule.lr_at(1) == pytest.approx(1.0)
     assert schedule.lr_at(2) == pytest.approx(1.0)  # start of the cosine
     assert schedule.lr_at(6) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
     assert schedule.lr_at(10) == pytest.approx(0.1)
     with pytest.raises(EyasError, match="warmup_steps must be in 0..10"):
-        WarmupCosine(base_lr=1.0, total_steps=10, warmup_steps=11)
+        WarmupSchedule(base_lr=1.0, total_steps=10, warmup_steps=11)
 
 
 def test_the_batch_order_is_a_function_of_the_step() -> None:
