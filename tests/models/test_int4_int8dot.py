@@ -138,6 +138,36 @@ def test_a_row_gets_the_same_bits_alone_and_in_any_batch(name):
         assert torch.equal(ext.int4_linear(x[5:9], packed), together[5:9])
 
 
+@IMPLEMENTATIONS
+@pytest.mark.parametrize("bits", [14, 8])
+def test_one_row_at_the_integer_extremes_gets_the_bits_of_its_row_in_a_tile(name, bits):
+    """A one-row product has its own tile (int4_gemm.cpp one_row: the high nibbles multiplied in
+    place, 16 times too large, and shifted back once): at the largest codes and activations of
+    either sign, over Qwen2.5-1.5B's widest input (8,960), its integers stay exact, so the row
+    equals the same row inside a tile of several rows, and the documented arithmetic."""
+    groups = 280
+    codes = torch.full((32, 32 * groups), 15, dtype=torch.int32)
+    codes[:, 5::7] = 0
+    codes[16:, 16:32] = 9  # other high nibbles in the second block of columns
+    scale, minimum = torch.full((32, groups), 1e-3), torch.full((32, groups), -1e-2)
+    x = torch.ones(4, 32 * groups)  # max|x| everywhere: xq = 8191 (or 127), hi = 64
+    x[1] = -1.0
+    x[2, ::2] = -1.0
+    x[3] = torch.linspace(-3.0, 2.0, 32 * groups)
+    with kernel(name) as ext:
+        packed = ext.int4_pack(codes, scale, minimum)
+        ext.set_int4_activation_bits(bits)
+        try:
+            together = ext.int4_linear(x, packed)  # [4, 32]
+            alone = [ext.int4_linear(x[row : row + 1], packed)[0] for row in range(4)]
+        finally:
+            ext.set_int4_activation_bits(14)
+    for row in range(4):
+        assert torch.equal(alone[row], together[row])
+    expected = reference(x, codes, scale, minimum, levels=8191 if bits == 14 else 127)
+    assert (together.double() - expected).abs().max() <= 1e-4 * expected.abs().max()
+
+
 def eight_bit_screen_reference(x, codes, scale):
     """csrc/int8_screen.cpp's 8-bit arithmetic in float64 and exact integers: per group g of 32
     inputs the largest shift s_g <= cap with 2^s_g max|x_g| <= max|x|, xq = round(x *

@@ -173,9 +173,57 @@ void tile(const uint8_t* block, int64_t groups, const int8_t* codes, int64_t in,
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(y + r * out, acc[r]);
 }
 
+// The tile for one row (R = 1: a one-token step), where the unpacking of the weights is not
+// shared by several rows and competes with the row's own dot products. The high nibbles stay in
+// place (byte & 0xF0 = 16 * code: no shift), so their dot products come out 16 times too large:
+// with L and H the low and high nibbles' dots of the activations' parts (hi then lo, 14 bits),
+// codes . xq = ((L_hi << 7) + L_lo) + (((16 H_hi) << 7) + 16 H_lo) >> 4, the last shift exact.
+// 14 vector operations besides the dot products instead of 16, four independent chains of
+// vpdpbusd as in tile<>: ~4% less time per block on data in the cache (Xeon model 207). Every
+// integer is exact in int32 (|16 * codes . xq| <= 16 * 32 * 15 * 8191 < 2^31) and the float
+// operations are tile<1>'s, so a row gets the same bits as in a tile of several rows (and as
+// on AVX2).
+template <int Parts>
+void one_row(const uint8_t* block, int64_t groups, const int8_t* codes, int64_t, const float* scales,
+             const float* sums, float* y, int64_t) {
+  const __m512i low = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8(int8_t(0xF0));
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g, block += kBlockBytes) {
+    __m512i w[8];  // w[p]: codes of inputs 4p..4p+3; w[p + 4]: 16 * codes of inputs 16+4p..16+4p+3
+    for (int p = 0; p < 4; ++p) {
+      const __m512i chunk = _mm512_loadu_si512(block + 64 * p);
+      w[p] = _mm512_and_si512(chunk, low);
+      w[p + 4] = _mm512_and_si512(chunk, high);
+    }
+    const __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 256)));
+    const __m512 minimum = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 288)));
+    const int8_t* xg = codes + g * kGroup * Parts;  // 14 bits: hi[32] then lo[32]
+    __m512i lows[Parts], highs[Parts];  // per part: L, 16 H
+    for (int part = 0; part < Parts; ++part) {
+      __m512i l = _mm512_setzero_si512(), h = _mm512_setzero_si512();
+      for (int j = 0; j < 4; ++j) {
+        int32_t quad_low, quad_high;
+        std::memcpy(&quad_low, xg + part * kGroup + 4 * j, sizeof(quad_low));
+        std::memcpy(&quad_high, xg + part * kGroup + 16 + 4 * j, sizeof(quad_high));
+        l = _mm512_dpbusd_epi32(l, w[j], _mm512_set1_epi32(quad_low));
+        h = _mm512_dpbusd_epi32(h, w[j + 4], _mm512_set1_epi32(quad_high));
+      }
+      lows[part] = l;
+      highs[part] = h;
+    }
+    const __m512i l = Parts == 1 ? lows[0] : _mm512_add_epi32(_mm512_slli_epi32(lows[0], 7), lows[Parts - 1]);
+    const __m512i h = Parts == 1 ? highs[0] : _mm512_add_epi32(_mm512_slli_epi32(highs[0], 7), highs[Parts - 1]);
+    const __m512i dot = _mm512_add_epi32(l, _mm512_srai_epi32(h, 4));
+    const __m512 d = _mm512_mul_ps(scale, _mm512_set1_ps(scales[g]));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), d, acc);
+    acc = _mm512_fmadd_ps(minimum, _mm512_set1_ps(sums[g]), acc);
+  }
+  _mm512_storeu_ps(y, acc);
+}
+
 using TileFn = void (*)(const uint8_t*, int64_t, const int8_t*, int64_t, const float*, const float*, float*, int64_t);
 template <int Parts>
-constexpr TileFn kTiles[kTileRows + 1] = {nullptr, tile<1, Parts>, tile<2, Parts>, tile<3, Parts>, tile<4, Parts>,
+constexpr TileFn kTiles[kTileRows + 1] = {nullptr, one_row<Parts>, tile<2, Parts>, tile<3, Parts>, tile<4, Parts>,
                                           tile<5, Parts>, tile<6, Parts>, tile<7, Parts>, tile<8, Parts>};
 
 // Columns [block * 16, block * 16 + 16) of y for every row.
