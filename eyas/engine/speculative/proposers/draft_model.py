@@ -19,6 +19,14 @@ from that window alone (RoPE attention depends only on relative positions), and 
 a window's pass instead of the whole context's. The same restart lets a draft with a shorter
 context than the target's go on drafting. Output is unchanged: the target verifies every draft.
 
+The prices are measured in this thread's CPU seconds (`time.thread_time`: a step from the end
+of the one before, each draft pass alone), not in wall time: on a shared machine the waits for a
+core fall on whichever pass is running and, counted, priced a draft out for whole requests
+(one busy stretch measured its passes at 6x their price while plain steps had been measured
+before it). With more threads the calling thread's CPU time still covers each whole pass (its
+share of the work, then its wait for the other threads), so a draft whose small passes spread
+worse over the threads than the target's is priced at what it costs there.
+
 `layerskip` (layerskip.py) is this proposer with the target as its own draft, some decoder
 layers left out.
 """
@@ -40,7 +48,7 @@ from eyas.models.kv_cache import LayerSubsetKVCache
 from eyas.models.llama import ForwardOutput
 
 INITIAL_SPARE_SLOTS = 256  # draft cache slots beyond the prompt at the start of a request
-CATCH_UP_WINDOW = 64  # the most tokens one catch-up feeds the draft (module docstring)
+CATCH_UP_WINDOW = 32  # the most tokens one catch-up feeds the draft (module docstring)
 
 
 def check_same_tokenizer(target: Target, draft: Target) -> None:
@@ -90,7 +98,8 @@ class DraftModelProposer:
         self.checked_targets: set[int] = set()
         self.priced = priced
         self.pricing: ChainPricing | None = None  # single_stream, priced only
-        self.pass_seconds = 0.0  # draft passes of the last propose(), catch-up included
+        self.pass_seconds = 0.0  # draft passes of the last propose(), catch-up included (CPU)
+        self.step_clock = 0.0  # this thread's CPU seconds when the last step ended
         self.after_prefill = False  # the next step follows the prefill: not a price
         self.vocabulary = DraftVocabulary.build(draft, vocabulary_size) if vocabulary_size > 0 else None
 
@@ -112,11 +121,14 @@ class DraftModelProposer:
             self.pricing = ChainPricing(load_or_measure(target), draft_pass)
 
     def step_seconds(self, size: int, seconds: float) -> None:
-        """The wall time of one decode step that verified `size` draft tokens (0: plain),
-        against the prices (single_stream only)."""
+        """A decode step that verified `size` draft tokens (0: plain) ended: its CPU seconds
+        since the last one ended, against the prices (single_stream only; the wall `seconds`
+        are the fallback judge's, policy.py)."""
         pricing = self.pricing
         if pricing is None:
             return
+        now = time.thread_time()
+        seconds, self.step_clock = now - self.step_clock, now
         if self.after_prefill:  # right after the prefill: dearer than a steady step
             self.after_prefill = False
         elif size:
@@ -170,12 +182,12 @@ class DraftModelProposer:
         # int8 cost (a 150k-token vocabulary in float32 would cost more than the draft's layers)
         argmax_only = self._argmax_only()
         subset = self.vocabulary if argmax_only else None
-        started = time.perf_counter()
+        started = time.thread_time()
         out = self.draft.model(tensor, cache=self.cache, write_at=write_at,
                                logits_at=None if subset else "last", skip_layers=self.skip_layers,
                                greedy=argmax_only)
         logits = subset.logits(out.hidden[:, -1]) if subset else out.logits[:, -1]
-        seconds = time.perf_counter() - started
+        seconds = time.thread_time() - started
         self.pass_seconds += seconds
         if self.pricing is not None and len(ids) <= 2:  # a step's pass, not a catch-up's
             self.pricing.measured("draft", seconds, self.pricing.draft_pass)
