@@ -251,3 +251,19 @@ def test_a_request_that_starts_plain_from_a_learned_prior_gives_plain_output(tin
     assert spec["verification_steps"] <= 2 and spec["plain_steps"] >= 37  # at most the probes
     # the draft never read the prompt whole: a probe's catch-up is the last 16 tokens
     assert proposer.offset > 0 if spec["verification_steps"] else proposer.cached_ids == []
+
+
+def test_steps_are_priced_in_the_threads_cpu_seconds_not_in_waits(tiny_target):
+    """A step's price is this thread's CPU time since the last step ended: a wait for a core
+    (here a sleep) and the wall seconds the engine reports are not charged to it."""
+    import time
+
+    proposer = DraftModelProposer(tiny_target, priced=True)
+    proposer.pricing = ChainPricing(TARGET, draft_pass=1 / 3)  # verify(1) priced at 1 s
+    proposer.after_prefill, proposer.step_clock = False, time.thread_time()
+    time.sleep(0.3)
+    started = time.thread_time()
+    while time.thread_time() - started < 0.05:  # 50 ms of work
+        pass
+    proposer.step_seconds(0, 5.0)
+    assert 0.05 <= proposer.pricing.ratios["plain"] < 0.15
