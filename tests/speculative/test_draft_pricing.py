@@ -267,3 +267,18 @@ def test_steps_are_priced_in_the_threads_cpu_seconds_not_in_waits(tiny_target):
         pass
     proposer.step_seconds(0, 5.0)
     assert 0.05 <= proposer.pricing.ratios["plain"] < 0.15
+
+
+def test_a_chain_that_pays_a_little_starts_a_request_without_the_drafts_prefill():
+    """Priced at less than start_margin over plain, a request neither explores nor has the
+    draft read its prompt; the chain that pays is still drafted (from a window of the context)."""
+    marginal = settled(0.6, 1 / 3)
+    marginal.measured("draft", 1 / 3, 1 / 3)
+    assert 1.0 < marginal.speed_up(4) < marginal.start_margin  # 1.6 / (1.19 + 1 / 3) = 1.05
+    assert not marginal.new_request(4) and marginal.length(4) == 1
+    clear = settled(0.9, 1 / 3)
+    clear.measured("draft", 1 / 3, 1 / 3)
+    assert clear.speed_up(4) > clear.start_margin and clear.new_request(4) and clear.length(4) == 4
+    assert settled(0.3, 1 / 3).speed_up(4) == 1.0
+    with pytest.raises(ValueError, match="start_margin"):
+        ChainPricing(TARGET, 1 / 3, start_margin=0.9)

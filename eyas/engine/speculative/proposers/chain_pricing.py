@@ -25,7 +25,8 @@ rates decay toward it (not toward a fixed prior), so that a new request starts f
 pair has done on this stream: on text where it has not paid, the first step is plain.
 
 A pair priced out must cost next to nothing: a request that begins while the prices say no
-chain pays neither explores nor has the draft read its prompt (the draft catches up at its
+chain pays, or that the best pays less than `start_margin` (too little to earn back the draft's
+read of a whole prompt), neither explores nor has the draft read its prompt (the draft catches up at its
 first probe, over a window of the context: draft_model.py), and each probe after which the
 prices still say no waits twice as long for the next (up to `max_probe_every` plain steps). The
 wait and the plain steps toward it carry over to the next request while the pair stays priced
@@ -54,6 +55,9 @@ class ChainPricing:
     explore_steps: int = 3  # steps that draft the whole budget before any price is trusted
     probe_every: int = 16  # plain steps in a row after which one step drafts the whole budget
     max_probe_every: int = 128  # the longest wait between probes that found no paying chain
+    # a request's draft reads the whole prompt (and explores) only where the best chain is
+    # priced at least this much faster than plain: the draft's prefill is a third of the target's
+    start_margin: float = 1.1
     # P(a draft model's token accepted): the first; each later one once the one before was
     acceptance: BranchStats = field(default_factory=lambda: BranchStats(LONGEST, prior=PRIOR,
                                                                         relax_rate=0.95))
@@ -68,6 +72,8 @@ class ChainPricing:
     def __post_init__(self) -> None:
         if self.draft_pass <= 0 or self.cost.verify(1) <= 0:
             raise ValueError("a chain is priced from positive pass times")
+        if self.start_margin < 1:
+            raise ValueError("start_margin must be at least 1 (a chain that pays)")
         if not 1 <= self.probe_every <= self.max_probe_every:
             raise ValueError("probe_every must be at least 1 and at most max_probe_every")
         self.probe_wait = self.probe_wait or self.probe_every
@@ -114,6 +120,17 @@ class ChainPricing:
             return whole
         return best_prefix(on_path, cost, draft_per_token=draft)
 
+    def speed_up(self, max_nodes: int) -> float:
+        """Expected tokens per second of the best chain (1..max_nodes) over a plain step's, at
+        the observed rates and measured prices (1.0 where no chain beats plain)."""
+        cost, draft = self.calibrated(), self.draft_seconds()
+        best, tokens, reach = 1.0, 1.0, 1.0
+        for length in range(1, min(max_nodes, LONGEST) + 1):
+            reach *= self.acceptance.rate(length - 1)
+            tokens += reach
+            best = max(best, tokens * cost.verify(1) / (cost.verify(length + 1) + length * draft))
+        return best
+
     def could_pay(self, max_nodes: int, rate: float = 0.9) -> bool:
         """Whether some chain pays if `rate` of each position's drafts were accepted."""
         return self.best_length(max_nodes, [rate]) > 0
@@ -125,7 +142,9 @@ class ChainPricing:
         chain pays). Priced out, the probes' wait carries over from the last request."""
         if not self.could_pay(max_nodes):
             return False
-        if "draft" in self.ratios and self.best_length(max_nodes) == 0:
+        if "draft" in self.ratios and self.speed_up(max_nodes) < self.start_margin:
+            # no chain pays, or too little to earn back the draft's read of the whole prompt:
+            # no exploring step; a chain priced to pay still drafts, from a window (draft_model.py)
             self.explored = max(self.explored, self.explore_steps)
             return False
         self.probe_wait, self.plain_in_a_row = self.probe_every, 0
