@@ -26,13 +26,13 @@ pair has done on this stream: on text where it has not paid, the first step is p
 
 A pair priced out must cost next to nothing: a request that begins while the prices say no
 chain pays, or that the best pays less than `start_margin` (too little to earn back the draft's
-read of a whole prompt), neither explores nor has the draft read its prompt (the draft catches up at its
-first probe, over a window of the context: draft_model.py), and each probe after which the
-prices still say no waits twice as long for the next (up to `max_probe_every` plain steps). The
-wait and the plain steps toward it carry over to the next request while the pair stays priced
-out (one probe every `max_probe_every` steps of the stream, whatever the length of its
-requests); a request that begins with a paying chain, or a chain that pays, starts again from
-`probe_every`.
+read of a whole prompt), neither explores nor has the draft read its prompt (the draft catches
+up when it first drafts, over a window of the context: draft_model.py), and each probe after
+which the prices still say no waits twice as long for the next (up to `max_probe_every` plain
+steps). The wait and the plain steps toward it carry over to the next request while the pair
+stays priced out (one probe every `max_probe_every` steps of the stream, whatever the length of
+its requests); a request that begins with a paying chain, or a chain that pays, starts again
+from `probe_every`.
 """
 
 from __future__ import annotations

@@ -205,9 +205,9 @@ class DraftModelProposer:
     def _catch_up_from(self, token_ids: list[int], max_nodes: int) -> int:
         """The first slot to feed; restarts the cache from the last `catch_up_window` tokens
         where the catch-up would be longer or the chain would not fit the draft's slots."""
-        valid = self._common_prefix(token_ids) if len(token_ids) > self.offset else 0
-        unseen = len(token_ids) - self.offset - valid
-        if unseen > self.catch_up_window or len(token_ids) - self.offset + max_nodes >= self.slot_limit:
+        seen = len(token_ids) - self.offset
+        valid = self._common_prefix(token_ids) if seen > 0 else 0
+        if seen <= 0 or seen - valid > self.catch_up_window or seen + max_nodes >= self.slot_limit:
             self.offset, self.cached_ids, valid = max(0, len(token_ids) - self.catch_up_window), [], 0
         return valid
 
