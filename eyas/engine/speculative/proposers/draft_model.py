@@ -12,9 +12,9 @@ acceptance (chain_pricing.py), 0 (a plain step, no draft pass) where no chain pa
 pair that cannot pay decodes at plain speed; the draft reads the prompt while the target
 prefills it (`begin`), so that the first speculative step is not charged for it.
 
-A catch-up longer than `catch_up_window` tokens (a probe after a stretch of plain steps, the
-first probe of a request whose prompt the draft did not read) restarts the draft's cache from
-the last `catch_up_window` tokens of the context, at positions from 0: the draft then drafts
+Priced, a catch-up longer than `catch_up_window` tokens (a probe after a stretch of plain
+steps, the first probe of a request whose prompt the draft did not read) restarts the draft's
+cache from the last `catch_up_window` tokens of the context, at positions from 0: it drafts
 from that window alone (RoPE attention depends only on relative positions), and a probe costs
 a window's pass instead of the whole context's. The same restart lets a draft with a shorter
 context than the target's go on drafting. Output is unchanged: the target verifies every draft.
@@ -72,7 +72,8 @@ class DraftModelProposer:
     `vocabulary_size` > 0: greedy drafts are the argmax over the first that many token ids and
     the special tokens (draft_vocabulary.py), where the draft's vocabulary is far larger.
     `catch_up_window`: a longer catch-up restarts the cache from that many last tokens (module
-    docstring).
+    docstring); None: CATCH_UP_WINDOW where priced, else every catch-up reads the whole context
+    (an unpriced draft reads the prompt at its first step, as every step drafts).
     """
 
     tap_layers: tuple[int, ...] = ()
@@ -80,8 +81,8 @@ class DraftModelProposer:
     def __init__(self, draft: Target, name: str = "model", slots: int = 4096,
                  skip_layers: Collection[int] = (), min_confidence: float = 0.0,
                  max_draft_tokens: int | None = None, priced: bool = False,
-                 vocabulary_size: int = 0, catch_up_window: int = CATCH_UP_WINDOW) -> None:
-        if catch_up_window < 1:
+                 vocabulary_size: int = 0, catch_up_window: int | None = None) -> None:
+        if catch_up_window is not None and catch_up_window < 1:
             raise ValueError(f"catch_up_window must be at least 1, got {catch_up_window}")
         self.draft = draft
         self.name = name
@@ -205,10 +206,13 @@ class DraftModelProposer:
     def _catch_up_from(self, token_ids: list[int], max_nodes: int) -> int:
         """The first slot to feed; restarts the cache from the last `catch_up_window` tokens
         where the catch-up would be longer or the chain would not fit the draft's slots."""
+        window = self.catch_up_window or (CATCH_UP_WINDOW if self.pricing is not None else None)
         seen = len(token_ids) - self.offset
         valid = self._common_prefix(token_ids) if seen > 0 else 0
-        if seen <= 0 or seen - valid > self.catch_up_window or seen + max_nodes >= self.slot_limit:
-            self.offset, self.cached_ids, valid = max(0, len(token_ids) - self.catch_up_window), [], 0
+        longer = window is not None and seen - valid > window
+        if seen <= 0 or longer or seen + max_nodes >= self.slot_limit:
+            window = window or CATCH_UP_WINDOW
+            self.offset, self.cached_ids, valid = max(0, len(token_ids) - window), [], 0
         return valid
 
     @torch.inference_mode()
