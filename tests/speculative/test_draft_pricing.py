@@ -65,7 +65,10 @@ def test_a_priced_out_pair_skips_new_requests_and_its_probes_back_off():
     assert not pricing.new_request(4)  # no exploring step, no prefill of the draft
     lengths = [pricing.length(4) for _ in range(16 + 1 + 32 + 1 + 64 + 1)]
     assert [i for i, n in enumerate(lengths) if n] == [16, 49, 114]  # 16, then 32, then 64 plain
-    assert not pricing.new_request(4) and pricing.probe_wait == 16  # a request starts at 16 again
+    # still priced out: the next request keeps the wait (128) and the plain steps counted toward it
+    pricing.length(4)
+    assert not pricing.new_request(4) and pricing.probe_wait == 128 and pricing.plain_in_a_row == 1
+    assert [i for i, n in enumerate(pricing.length(4) for _ in range(128)) if n] == [127]
     for _ in range(40):
         pricing.acceptance.record(4, 4)  # the text turned predictable: chains pay
     assert pricing.new_request(4) and pricing.length(4) == 4
@@ -208,3 +211,74 @@ def test_a_vocabulary_subset_is_padded_with_the_lowest_missing_ids():
     assert padded(np.array([0, 1, 2, 100]), 200).tolist() == list(range(15)) + [100]
     assert padded(np.arange(32), 200).tolist() == list(range(32))
     assert padded(np.array([0, 5]), 4).tolist() == [0, 1, 2, 3, 5]  # the vocabulary has no more
+
+
+def test_acceptance_learned_on_earlier_requests_starts_a_new_request_in_plain_steps():
+    """Chains that missed on earlier requests are remembered across requests: a new request
+    neither reads its prompt with the draft nor explores, and plain steps do not decay the
+    request's evidence back to the optimistic prior (they decay toward the learned rates)."""
+    pricing = ChainPricing(TARGET, draft_pass=1 / 3, explore_steps=1)
+    pricing.measured("draft", 1 / 3, 1 / 3)
+    assert pricing.new_request(4) and pricing.length(4) == 4  # never seen: trusted, explores
+    for _ in range(30):  # the pair's chains miss at their first token
+        pricing.record(4, 0)
+        pricing.relax()
+    assert pricing.history.rate(0) < 0.15 and pricing.acceptance.prior[0] == pricing.history.rate(0)
+    for _ in range(200):  # plain steps: the request's evidence decays toward the learned rates
+        pricing.relax()
+    assert pricing.best_length(4) == 0
+    assert not pricing.new_request(4) and pricing.length(4) == 0
+    fresh = ChainPricing(TARGET, draft_pass=1 / 3, explore_steps=1)  # the fixed prior alone pays
+    fresh.measured("draft", 1 / 3, 1 / 3)
+    assert fresh.best_length(4) > 0 and fresh.new_request(4)
+    for _ in range(60):  # the text turned predictable: the learned rates follow
+        pricing.record(4, 4)
+    assert pricing.history.rate(0) > 0.8 and pricing.new_request(4) and pricing.length(4) == 4
+
+
+def test_a_request_that_starts_plain_from_a_learned_prior_gives_plain_output(tiny_target, stranger_draft):
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    plain = generate(tiny_target, PROMPT, params).token_ids
+    proposer = DraftModelProposer(stranger_draft, priced=True, catch_up_window=16)
+    proposer.pricing = FrozenPricing(TARGET, draft_pass=1 / 3, explore_steps=2)
+    proposer.pricing.ratios["draft"] = 1.0  # measured: the prices are trusted
+    first = speculative_generate(tiny_target, PROMPT, params, proposer, 4)
+    assert first.token_ids == plain and first.stats["speculative"]["verification_steps"] >= 2
+    assert proposer.pricing.history.rate(0) < 0.5  # learned from the first request's misses
+    second = speculative_generate(tiny_target, PROMPT, params, proposer, 4)
+    assert second.token_ids == plain
+    spec = second.stats["speculative"]
+    assert spec["verification_steps"] <= 2 and spec["plain_steps"] >= 37  # at most the probes
+    # the draft never read the prompt whole: a probe's catch-up is the last 16 tokens
+    assert proposer.offset > 0 if spec["verification_steps"] else proposer.cached_ids == []
+
+
+def test_steps_are_priced_in_the_threads_cpu_seconds_not_in_waits(tiny_target):
+    """A step's price is this thread's CPU time since the last step ended: a wait for a core
+    (here a sleep) and the wall seconds the engine reports are not charged to it."""
+    import time
+
+    proposer = DraftModelProposer(tiny_target, priced=True)
+    proposer.pricing = ChainPricing(TARGET, draft_pass=1 / 3)  # verify(1) priced at 1 s
+    proposer.after_prefill, proposer.step_clock = False, time.thread_time()
+    time.sleep(0.3)
+    started = time.thread_time()
+    while time.thread_time() - started < 0.05:  # 50 ms of work
+        pass
+    proposer.step_seconds(0, 5.0)
+    assert 0.05 <= proposer.pricing.ratios["plain"] < 0.15
+
+
+def test_a_chain_that_pays_a_little_starts_a_request_without_the_drafts_prefill():
+    """Priced at less than start_margin over plain, a request neither explores nor has the
+    draft read its prompt; the chain that pays is still drafted (from a window of the context)."""
+    marginal = settled(0.6, 1 / 3)
+    marginal.measured("draft", 1 / 3, 1 / 3)
+    assert 1.0 < marginal.speed_up(4) < marginal.start_margin  # 1.6 / (1.19 + 1 / 3) = 1.05
+    assert not marginal.new_request(4) and marginal.length(4) == 1
+    clear = settled(0.9, 1 / 3)
+    clear.measured("draft", 1 / 3, 1 / 3)
+    assert clear.speed_up(4) > clear.start_margin and clear.new_request(4) and clear.length(4) == 4
+    assert settled(0.3, 1 / 3).speed_up(4) == 1.0
+    with pytest.raises(ValueError, match="start_margin"):
+        ChainPricing(TARGET, 1 / 3, start_margin=0.9)

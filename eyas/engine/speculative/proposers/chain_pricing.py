@@ -19,11 +19,20 @@ first `explore_steps` steps draft the whole budget, as does the first step of ea
 (acceptance differs from prompt to prompt) and one step after `probe_every` plain ones, so
 that a pair priced out on one stretch of text is tried again on the next.
 
+Acceptance is learned across requests: every chain is also counted in `history`, a slowly
+decaying estimate per position over all the requests this pricing has seen, and the per-request
+rates decay toward it (not toward a fixed prior), so that a new request starts from what the
+pair has done on this stream: on text where it has not paid, the first step is plain.
+
 A pair priced out must cost next to nothing: a request that begins while the prices say no
-chain pays neither explores nor has the draft read its prompt (the draft catches up at its
-first probe), and each probe after which the prices still say no waits twice as long for the
-next (up to `max_probe_every` plain steps; a new request or a chain that pays starts again
-from `probe_every`).
+chain pays, or that the best pays less than `start_margin` (too little to earn back the draft's
+read of a whole prompt), neither explores nor has the draft read its prompt (the draft catches
+up when it first drafts, over a window of the context: draft_model.py), and each probe after
+which the prices still say no waits twice as long for the next (up to `max_probe_every` plain
+steps). The wait and the plain steps toward it carry over to the next request while the pair
+stays priced out (one probe every `max_probe_every` steps of the stream, whatever the length of
+its requests); a request that begins with a paying chain, or a chain that pays, starts again
+from `probe_every`.
 """
 
 from __future__ import annotations
@@ -35,6 +44,8 @@ from eyas.engine.speculative.sizing import CostModel, best_prefix
 
 LONGEST = 16  # the longest chain priced
 RATIO_KINDS = ("plain", "verify", "draft")
+PRIOR = (0.7, 0.8)  # P(accepted) of a draft model's first token; each later one, before any chain
+HISTORY_KEPT = 0.98  # evidence `history` keeps per chain (~50 chains)
 
 
 @dataclass
@@ -44,9 +55,15 @@ class ChainPricing:
     explore_steps: int = 3  # steps that draft the whole budget before any price is trusted
     probe_every: int = 16  # plain steps in a row after which one step drafts the whole budget
     max_probe_every: int = 128  # the longest wait between probes that found no paying chain
+    # a request's draft reads the whole prompt (and explores) only where the best chain is
+    # priced at least this much faster than plain: the draft's prefill is a third of the target's
+    start_margin: float = 1.1
     # P(a draft model's token accepted): the first; each later one once the one before was
-    acceptance: BranchStats = field(default_factory=lambda: BranchStats(LONGEST, prior=(0.7, 0.8),
+    acceptance: BranchStats = field(default_factory=lambda: BranchStats(LONGEST, prior=PRIOR,
                                                                         relax_rate=0.95))
+    # the same over every request seen (the prior `acceptance` decays toward), per chain
+    history: BranchStats = field(default_factory=lambda: BranchStats(LONGEST, prior=PRIOR,
+                                                                     relax_rate=HISTORY_KEPT))
     ratios: dict[str, float] = field(default_factory=dict)  # measured / modelled, by RATIO_KINDS
     explored: int = 0
     plain_in_a_row: int = 0
@@ -55,6 +72,8 @@ class ChainPricing:
     def __post_init__(self) -> None:
         if self.draft_pass <= 0 or self.cost.verify(1) <= 0:
             raise ValueError("a chain is priced from positive pass times")
+        if self.start_margin < 1:
+            raise ValueError("start_margin must be at least 1 (a chain that pays)")
         if not 1 <= self.probe_every <= self.max_probe_every:
             raise ValueError("probe_every must be at least 1 and at most max_probe_every")
         self.probe_wait = self.probe_wait or self.probe_every
@@ -67,6 +86,17 @@ class ChainPricing:
         ratio = seconds / modelled
         previous = self.ratios.get(kind)
         self.ratios[kind] = ratio if previous is None else 0.8 * previous + 0.2 * ratio
+
+    def record(self, drafted: int, accepted: int) -> None:
+        """A chain of `drafted` tokens, of which the first `accepted` were accepted."""
+        self.acceptance.record(drafted, accepted)
+        self.history.relax()
+        self.history.record(drafted, accepted)
+        self.acceptance.prior = tuple(self.history.rate(j) for j in range(LONGEST))
+
+    def relax(self) -> None:
+        """A step went by: this request's evidence decays toward the learned rates."""
+        self.acceptance.relax()
 
     def draft_seconds(self) -> float:
         """One draft pass, as this decoding measures it."""
@@ -90,20 +120,34 @@ class ChainPricing:
             return whole
         return best_prefix(on_path, cost, draft_per_token=draft)
 
+    def speed_up(self, max_nodes: int) -> float:
+        """Expected tokens per second of the best chain (1..max_nodes) over a plain step's, at
+        the observed rates and measured prices (1.0 where no chain beats plain)."""
+        cost, draft = self.calibrated(), self.draft_seconds()
+        best, tokens, reach = 1.0, 1.0, 1.0
+        for length in range(1, min(max_nodes, LONGEST) + 1):
+            reach *= self.acceptance.rate(length - 1)
+            tokens += reach
+            best = max(best, tokens * cost.verify(1) / (cost.verify(length + 1) + length * draft))
+        return best
+
     def could_pay(self, max_nodes: int, rate: float = 0.9) -> bool:
         """Whether some chain pays if `rate` of each position's drafts were accepted."""
         return self.best_length(max_nodes, [rate]) > 0
 
     def new_request(self, max_nodes: int) -> bool:
         """A request begins: its first step explores where the pair could pay and the prices
-        do not say that no chain pays (a pair never measured is trusted). Returns whether the
-        draft should read the prompt now (it explores or a chain pays)."""
-        self.probe_wait, self.plain_in_a_row = self.probe_every, 0
+        (the learned acceptance included) do not say that no chain pays (a pair never measured
+        is trusted). Returns whether the draft should read the prompt now (it explores or a
+        chain pays). Priced out, the probes' wait carries over from the last request."""
         if not self.could_pay(max_nodes):
             return False
-        if "draft" in self.ratios and self.best_length(max_nodes) == 0:
+        if "draft" in self.ratios and self.speed_up(max_nodes) < self.start_margin:
+            # no chain pays, or too little to earn back the draft's read of the whole prompt:
+            # no exploring step; a chain priced to pay still drafts, from a window (draft_model.py)
             self.explored = max(self.explored, self.explore_steps)
             return False
+        self.probe_wait, self.plain_in_a_row = self.probe_every, 0
         self.explored = min(self.explored, self.explore_steps - 1)
         return True
 

@@ -12,6 +12,21 @@ acceptance (chain_pricing.py), 0 (a plain step, no draft pass) where no chain pa
 pair that cannot pay decodes at plain speed; the draft reads the prompt while the target
 prefills it (`begin`), so that the first speculative step is not charged for it.
 
+Priced, a catch-up longer than `catch_up_window` tokens (a probe after a stretch of plain
+steps, the first probe of a request whose prompt the draft did not read) restarts the draft's
+cache from the last `catch_up_window` tokens of the context, at positions from 0: it drafts
+from that window alone (RoPE attention depends only on relative positions), and a probe costs
+a window's pass instead of the whole context's. The same restart lets a draft with a shorter
+context than the target's go on drafting. Output is unchanged: the target verifies every draft.
+
+The prices are measured in this thread's CPU seconds (`time.thread_time`: a step from the end
+of the one before, each draft pass alone), not in wall time: on a shared machine the waits for a
+core fall on whichever pass is running and, counted, priced a draft out for whole requests
+(one busy stretch measured its passes at 6x their price while plain steps had been measured
+before it). With more threads the calling thread's CPU time still covers each whole pass (its
+share of the work, then its wait for the other threads), so a draft whose small passes spread
+worse over the threads than the target's is priced at what it costs there.
+
 `layerskip` (layerskip.py) is this proposer with the target as its own draft, some decoder
 layers left out.
 """
@@ -33,6 +48,7 @@ from eyas.models.kv_cache import LayerSubsetKVCache
 from eyas.models.llama import ForwardOutput
 
 INITIAL_SPARE_SLOTS = 256  # draft cache slots beyond the prompt at the start of a request
+CATCH_UP_WINDOW = 32  # the most tokens one catch-up feeds the draft (module docstring)
 
 
 def check_same_tokenizer(target: Target, draft: Target) -> None:
@@ -55,6 +71,9 @@ class DraftModelProposer:
     `priced` sizes the chain from measured costs in single-stream decoding (module docstring).
     `vocabulary_size` > 0: greedy drafts are the argmax over the first that many token ids and
     the special tokens (draft_vocabulary.py), where the draft's vocabulary is far larger.
+    `catch_up_window`: a longer catch-up restarts the cache from that many last tokens (module
+    docstring); None: CATCH_UP_WINDOW where priced, else every catch-up reads the whole context
+    (an unpriced draft reads the prompt at its first step, as every step drafts).
     """
 
     tap_layers: tuple[int, ...] = ()
@@ -62,7 +81,9 @@ class DraftModelProposer:
     def __init__(self, draft: Target, name: str = "model", slots: int = 4096,
                  skip_layers: Collection[int] = (), min_confidence: float = 0.0,
                  max_draft_tokens: int | None = None, priced: bool = False,
-                 vocabulary_size: int = 0) -> None:
+                 vocabulary_size: int = 0, catch_up_window: int | None = None) -> None:
+        if catch_up_window is not None and catch_up_window < 1:
+            raise ValueError(f"catch_up_window must be at least 1, got {catch_up_window}")
         self.draft = draft
         self.name = name
         self.slots = slots  # the most slots the draft cache may grow to
@@ -70,13 +91,16 @@ class DraftModelProposer:
         self.min_confidence = min_confidence
         self.max_draft_tokens = max_draft_tokens
         self.cache: LayerSubsetKVCache | None = None
+        self.catch_up_window = catch_up_window
         self.cached_ids: list[int] = []  # tokens whose keys/values are in the draft cache
+        self.offset = 0  # the context index of cached_ids[0] (slot 0, position 0)
         self.params = SamplingParams()
         self.generator: torch.Generator | None = None
         self.checked_targets: set[int] = set()
         self.priced = priced
         self.pricing: ChainPricing | None = None  # single_stream, priced only
-        self.pass_seconds = 0.0  # draft passes of the last propose(), catch-up included
+        self.pass_seconds = 0.0  # draft passes of the last propose(), catch-up included (CPU)
+        self.step_clock = 0.0  # this thread's CPU seconds when the last step ended
         self.after_prefill = False  # the next step follows the prefill: not a price
         self.vocabulary = DraftVocabulary.build(draft, vocabulary_size) if vocabulary_size > 0 else None
 
@@ -98,11 +122,14 @@ class DraftModelProposer:
             self.pricing = ChainPricing(load_or_measure(target), draft_pass)
 
     def step_seconds(self, size: int, seconds: float) -> None:
-        """The wall time of one decode step that verified `size` draft tokens (0: plain),
-        against the prices (single_stream only)."""
+        """A decode step that verified `size` draft tokens (0: plain) ended: its CPU seconds
+        since the last one ended, against the prices (single_stream only; the wall `seconds`
+        are the fallback judge's, policy.py)."""
         pricing = self.pricing
         if pricing is None:
             return
+        now = time.thread_time()
+        seconds, self.step_clock = now - self.step_clock, now
         if self.after_prefill:  # right after the prefill: dearer than a steady step
             self.after_prefill = False
         elif size:
@@ -124,7 +151,7 @@ class DraftModelProposer:
             self.generator = torch.Generator(device=self.draft.device).manual_seed(params.seed + 7919)
         # Room for the prompt and a first stretch of output; grown (doubled) on demand.
         self.cache = self._new_cache(min(self.slot_limit, len(prompt_ids) + INITIAL_SPARE_SLOTS))
-        self.cached_ids = []
+        self.cached_ids, self.offset = [], 0
         self.after_prefill = True
         if self.pricing is not None and self.pricing.new_request(self.max_draft_tokens or 8):
             with torch.inference_mode():  # the draft's prefill, beside the target's
@@ -156,23 +183,37 @@ class DraftModelProposer:
         # int8 cost (a 150k-token vocabulary in float32 would cost more than the draft's layers)
         argmax_only = self._argmax_only()
         subset = self.vocabulary if argmax_only else None
-        started = time.perf_counter()
+        started = time.thread_time()
         out = self.draft.model(tensor, cache=self.cache, write_at=write_at,
                                logits_at=None if subset else "last", skip_layers=self.skip_layers,
                                greedy=argmax_only)
         logits = subset.logits(out.hidden[:, -1]) if subset else out.logits[:, -1]
-        seconds = time.perf_counter() - started
+        seconds = time.thread_time() - started
         self.pass_seconds += seconds
         if self.pricing is not None and len(ids) <= 2:  # a step's pass, not a catch-up's
             self.pricing.measured("draft", seconds, self.pricing.draft_pass)
         return logits
 
     def _common_prefix(self, token_ids: list[int]) -> int:
-        limit = min(len(self.cached_ids), len(token_ids) - 1)  # the root is always fed again
+        """Slots of the cache that still hold token_ids[offset:] (the root is always fed again)."""
+        window = token_ids[self.offset:]
+        limit = min(len(self.cached_ids), len(window) - 1)
         for index in range(limit):
-            if self.cached_ids[index] != token_ids[index]:
+            if self.cached_ids[index] != window[index]:
                 return index
         return limit
+
+    def _catch_up_from(self, token_ids: list[int], max_nodes: int) -> int:
+        """The first slot to feed; restarts the cache from the last `catch_up_window` tokens
+        where the catch-up would be longer or the chain would not fit the draft's slots."""
+        window = self.catch_up_window or (CATCH_UP_WINDOW if self.pricing is not None else None)
+        seen = len(token_ids) - self.offset
+        valid = self._common_prefix(token_ids) if seen > 0 else 0
+        longer = window is not None and seen - valid > window
+        if seen <= 0 or longer or seen + max_nodes >= self.slot_limit:
+            window = window or CATCH_UP_WINDOW
+            self.offset, self.cached_ids, valid = max(0, len(token_ids) - window), [], 0
+        return valid
 
     @torch.inference_mode()
     def propose(self, token_ids: list[int], max_nodes: int) -> DraftTree:
@@ -181,14 +222,18 @@ class DraftModelProposer:
         self.pass_seconds = 0.0
         if self.pricing is not None:
             max_nodes = self.pricing.length(max_nodes)
-        if max_nodes <= 0 or len(token_ids) + max_nodes >= self.slot_limit:
+        if max_nodes <= 0:
             return DraftTree.empty()
-        self._ensure_slots(len(token_ids) + max_nodes)
-        # 1. Catch up: feed what the cache has not seen (at least the root). Slots past the
-        #    valid prefix hold keys of rejected drafts; they are overwritten before being read.
-        valid = self._common_prefix(token_ids)
-        logits = self._forward(token_ids[valid:], valid)
-        self.cached_ids = list(token_ids)
+        # 1. Catch up: feed what the cache has not seen (at least the root), or restart it from
+        #    a window. Slots past the valid prefix hold keys of rejected drafts or of an earlier
+        #    window; they are overwritten before being read.
+        valid = self._catch_up_from(token_ids, max_nodes)
+        seen = len(token_ids) - self.offset  # context tokens in the cache after the catch-up
+        if seen + max_nodes >= self.slot_limit:
+            return DraftTree.empty()
+        self._ensure_slots(seen + max_nodes)
+        logits = self._forward(token_ids[self.offset + valid:], valid)
+        self.cached_ids = token_ids[self.offset:]
         # 2. Draft a chain, feeding each draft token but the last.
         drafts: list[int] = []
         probs_rows: list[torch.Tensor] = []
@@ -219,5 +264,5 @@ class DraftModelProposer:
         # the next propose() finds the valid prefix by comparing token ids
         if self.pricing is not None and result is not None:
             if tree.size:
-                self.pricing.acceptance.record(tree.size, len(result.accepted_nodes))
-            self.pricing.acceptance.relax()
+                self.pricing.record(tree.size, len(result.accepted_nodes))
+            self.pricing.relax()

@@ -46,7 +46,7 @@ class BranchStats:
     later, when the text may have turned repetitive."""
 
     length: int
-    prior: tuple[float, float] = (0.4, 0.6)  # the first new node; each later one
+    prior: tuple[float, ...] = (0.4, 0.6)  # node 1, node 2, ...; the last entry for all later nodes
     weight: float = 4.0  # pseudo-observations behind the prior
     relax_rate: float = 0.99  # evidence kept per step
     hits: list[float] = field(default_factory=list)  # decayed evidence, per node j
@@ -60,7 +60,7 @@ class BranchStats:
         """P(new node j + 1 accepted | node j was); 0-based j."""
         if j >= self.length:
             return 0.0
-        prior = self.prior[0] if j == 0 else self.prior[1]
+        prior = self.prior[min(j, len(self.prior) - 1)]
         return (self.hits[j] + prior * self.weight) / (self.trials[j] + self.weight)
 
     def record(self, drafted: int, accepted: int) -> None:
