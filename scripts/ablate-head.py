@@ -41,6 +41,7 @@ ARMS: dict[str, list[str]] = {
     "lr-3e-4": ["--lr", "3e-4"],
     "lr-1e-3": ["--lr", "1e-3"],
     "ttt-3": ["--ttt-steps", "3"],
+    "ttt-3-lr-1e-3": ["--ttt-steps", "3", "--lr", "1e-3"],
     "ttt-7": ["--ttt-steps", "7"],
     "vocab-16k": ["--draft-vocab-size", "16384"],
     "hard-labels": ["--labels", "hard"],
