@@ -235,10 +235,11 @@ class Trainer:
             target = hard_labels(target)
         if noise_key is not None:  # the target itself is computed from the clean features
             config = self.config
-            fed = hidden if config.method == "medusa" else taps
-            fed = add_feature_noise(fed, config.feature_noise, config.feature_noise_std, config.seed,
-                                    *noise_key)
-            taps, hidden = (taps, fed) if config.method == "medusa" else (fed, hidden)
+            noise = (config.feature_noise, config.feature_noise_std, config.seed, *noise_key)
+            if config.method == "medusa":  # Medusa heads read the last hidden state
+                hidden = add_feature_noise(hidden, *noise)
+            else:
+                taps = add_feature_noise(taps, *noise)
         autocast_dtype = self.config.autocast_dtype(self.device)
         autocast = (torch.autocast(self.device.type, dtype=autocast_dtype) if autocast_dtype
                     else nullcontext())

@@ -107,13 +107,19 @@ class ChainPricing:
         plain = self.ratios.get("plain", 1.0)
         return self.cost.calibrated(plain, self.ratios.get("verify", plain))
 
-    def best_length(self, max_nodes: int, rates: list[float] | None = None) -> int:
-        """The whole budget where it beats a plain step, else the chain length (0..max_nodes)
-        with the most expected tokens per second."""
+    def on_path(self, max_nodes: int, rates: list[float] | None = None) -> list[float]:
+        """P(the j-th draft of a chain is accepted), j = 1..min(max_nodes, LONGEST): at the
+        observed rates, or at `rates` (per position, the last for all later ones)."""
         on_path, reach = [], 1.0
         for j in range(min(max_nodes, LONGEST)):
             reach *= self.acceptance.rate(j) if rates is None else rates[min(j, len(rates) - 1)]
             on_path.append(reach)
+        return on_path
+
+    def best_length(self, max_nodes: int, rates: list[float] | None = None) -> int:
+        """The whole budget where it beats a plain step, else the chain length (0..max_nodes)
+        with the most expected tokens per second."""
+        on_path = self.on_path(max_nodes, rates)
         cost, draft = self.calibrated(), self.draft_seconds()
         whole = len(on_path)
         if whole and (1 + sum(on_path)) / (cost.verify(whole + 1) + whole * draft) > 1 / cost.verify(1):
@@ -123,13 +129,9 @@ class ChainPricing:
     def speed_up(self, max_nodes: int) -> float:
         """Expected tokens per second of the best chain (1..max_nodes) over a plain step's, at
         the observed rates and measured prices (1.0 where no chain beats plain)."""
-        cost, draft = self.calibrated(), self.draft_seconds()
-        best, tokens, reach = 1.0, 1.0, 1.0
-        for length in range(1, min(max_nodes, LONGEST) + 1):
-            reach *= self.acceptance.rate(length - 1)
-            tokens += reach
-            best = max(best, tokens * cost.verify(1) / (cost.verify(length + 1) + length * draft))
-        return best
+        on_path, cost, draft = self.on_path(max_nodes), self.calibrated(), self.draft_seconds()
+        length = best_prefix(on_path, cost, draft_per_token=draft)  # 0: plain, a speed-up of 1.0
+        return (1 + sum(on_path[:length])) * cost.verify(1) / (cost.verify(length + 1) + length * draft)
 
     def could_pay(self, max_nodes: int, rate: float = 0.9) -> bool:
         """Whether some chain pays if `rate` of each position's drafts were accepted."""
