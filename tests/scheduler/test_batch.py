@@ -60,3 +60,13 @@ def test_a_ragged_pass_holds_each_request_s_queries_and_no_padding():
         [1, 1, 1, 1, 1, 1, 0],
     ]
     assert set(batch.pass_arguments()) == {"write_at", "attn_mask", "sequences"}
+
+
+def test_ragged_plain_rows_see_their_context_and_own_slot_only():
+    # KV row 1: context 0 (its first decoded token); row 4: context 2, an empty tree; row 0: context 3
+    batch = build_ragged_batch([RowInput(1, 0, 7), RowInput(4, 2, 8, DraftTree.empty()), RowInput(0, 3, 9)])
+    assert batch.input_ids.tolist() == [[7, 8, 9]] and batch.input_ids.dtype == torch.long
+    assert batch.positions.tolist() == [[0, 2, 3]] and batch.write_slots.tolist() == [[0, 2, 3]]
+    assert batch.sequences.tolist() == [1, 4, 0] and batch.offsets == [0, 1, 2]
+    assert batch.kv_len == 4 and batch.attn_mask.dtype == torch.bool
+    assert batch.attn_mask.int()[0].tolist() == [[1, 0, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]]
