@@ -30,7 +30,7 @@ import logging
 import os
 import sys
 
-from eyas.cli.common import add_model_args
+from eyas.cli.common import add_kv_dtype_arg, add_model_args
 from eyas.scheduler.config import SPECULATION_MODES, EngineConfig
 
 DEFAULTS = EngineConfig()
@@ -46,6 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_args(parser)
+    add_kv_dtype_arg(parser)
     parser.add_argument("--draft", default="none",
                         help="none | ngram[:MAX_N[,MIN_N[,MATCHES]]] | model:PATH_OR_ALIAS[@DTYPE] | self | "
                              "eagle3:DIR | eagle3:DIR+ngram[:MAX_N,MIN_N,GRAFT_TOKENS] (prompt lookup grafted "
@@ -147,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
     if args.drain_timeout < 0:
         raise EyasError(f"--drain-timeout must be >= 0 seconds, got {args.drain_timeout}")
     check_spec(args.draft)  # before the (slow) model load
-    target = load_target(args.model, dtype=args.dtype, device=args.device)
+    target = load_target(args.model, dtype=args.dtype, device=args.device, kv_dtype=args.kv_dtype)
     metrics = ServerMetrics(settings.model_name, num_positions=args.num_draft_tokens)
     engine = Engine(target, config, draft=args.draft, observer=metrics)
     if engine.proposers.suffix_store() is not None:
