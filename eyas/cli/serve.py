@@ -153,9 +153,10 @@ def run(args: argparse.Namespace) -> int:
     engine = Engine(target, config, draft=args.draft, observer=metrics)
     if engine.proposers.suffix_store() is not None:
         metrics.watch_suffix_store(engine.proposers.suffix_store().stats)
-    log.info("model %s (%s), draft %s, %d rows x up to %d tokens, KV %.1f MiB per 1k slots, overlap %s, prefix cache %s",
-             settings.model_name, target.precision, args.draft, config.max_running,
-             engine.max_model_len, engine.pool.bytes_per_slot() * 1000 / 2**20,
+    log.info("model %s (%s), draft %s, %d rows x up to %d tokens, KV %s, %.1f MiB per 1k slots, overlap %s, "
+             "prefix cache %s", settings.model_name, target.precision, args.draft, config.max_running,
+             engine.max_model_len, str(target.kv_dtype).removeprefix("torch."),
+             engine.pool.bytes_per_slot() * 1000 / 2**20,
              "on" if config.overlap else "off", "on" if config.prefix_caching else "off")
     if engine.costs is not None:
         log.info("measured step costs (ms): %s", engine.costs.as_dict())
