@@ -17,8 +17,8 @@ import torch
 
 from eyas.errors import EyasError
 from eyas.models.config import ModelConfig
-from eyas.models.fused_cpu import KV_DTYPE_CHOICES
 from eyas.models.cpu_linear import transpose_linears
+from eyas.models.fused_cpu import KV_DTYPE_CHOICES
 from eyas.models.layerwise import load_layerwise
 from eyas.models.llama import Transformer
 from eyas.models.output_layer import ScreenedOutputLayer
