@@ -1,10 +1,18 @@
-"""Decode-pass time of int4 SmolLM2 with a float32 against a float64 KV cache, interleaved.
+"""The int4 target with a float32 against a float16 KV cache, alternated in one process.
 
-    python scripts/ab-kv-dtype.py [ROWS] [CONTEXT]      # default 1 row, 300 cached tokens
+    python scripts/ab-kv-dtype.py step [ROWS] [CONTEXT] [ROUNDS]   # default 1 row, 256 cached, 15 rounds
+    python scripts/ab-kv-dtype.py batch [ROWS] [MAX_TOKENS] [ROUNDS]  # default 16 prompts, 128 tokens, 3
 
-The int4 model's attention runs in float64 (models/llama.py); with a float32 cache every pass
-converts each layer's whole cache. Both caches get the same prompt, then one-token passes
-(greedy output layer) alternate between them; prints the median milliseconds of each.
+step: ROWS cache rows each hold CONTEXT cached tokens; one-token greedy passes over all rows
+(a dense decode pass of ROWS sequences) alternate between the two caches, 5 passes per cache
+and round. Prints the median wall and process-CPU milliseconds per pass of each cache and the
+ratio float32 / float16 (CPU time is the steadier figure on a shared machine; it counts every
+thread).
+
+batch: `generate_batch` (the serving engine's continuous batching) over ROWS MT-Bench prompts,
+greedy, MAX_TOKENS each, alternating the cache by round; prints tokens/s (wall) and tokens per
+process-CPU-second of each, and the ratios.
+Set the threads with OMP_NUM_THREADS.
 """
 
 from __future__ import annotations
@@ -15,34 +23,79 @@ import time
 
 import torch
 
+from eyas.engine.generate import generate_batch
+from eyas.engine.sampling import SamplingParams
 from eyas.engine.target import load_target
 from eyas.models.kv_cache import KVCache
+from eyas.scheduler.measure import load_prompts
+
+CHOICES = ("float32", "float16")
 
 
-def main(rows: int = 1, context: int = 300, repeats: int = 20, steps: int = 5) -> None:
-    target = load_target("smollm2-135m", dtype="int4")
+def step(target, rows: int = 1, context: int = 256, rounds: int = 15, passes: int = 5) -> None:
     model, config = target.model, target.config
-    dtypes = (torch.float32, torch.float64)
-    caches = {d: KVCache(config.num_hidden_layers, rows, config.num_key_value_heads,
-                         context + steps, config.head_dim, dtype=d) for d in dtypes}
-    times: dict[torch.dtype, list[float]] = {d: [] for d in dtypes}
+    caches = {}
+    generator = torch.Generator().manual_seed(0)
+    prompt = torch.randint(3, config.vocab_size, (rows, context), generator=generator)  # [B, context]
+    token = torch.randint(3, config.vocab_size, (rows, 1), generator=generator)  # [B, 1]
     with torch.inference_mode():
-        prompt = torch.randint(0, config.vocab_size, (rows, context))
-        for cache in caches.values():
-            model(prompt, cache=cache, write_at=0, logits_at=None)
-        token = torch.randint(0, config.vocab_size, (rows, 1))
-        for _ in range(repeats):
-            for dtype, cache in caches.items():
-                step_times = []
-                for position in range(context, context + steps):
-                    started = time.perf_counter()
-                    model(token, cache=cache, write_at=position, logits_at="last", greedy=True)
-                    step_times.append(time.perf_counter() - started)
-                times[dtype].append(statistics.median(step_times))
-    for dtype, values in times.items():
-        print(f"rows {rows} context {context} cache {str(dtype).removeprefix('torch.')}: "
-              f"{statistics.median(values) * 1000:.2f} ms per pass")
+        for kv in CHOICES:
+            model.kv_dtype_choice = kv
+            caches[kv] = KVCache(config.num_hidden_layers, rows, config.num_key_value_heads, context + passes,
+                                 config.head_dim, dtype=target.kv_dtype)
+            model(prompt, cache=caches[kv], write_at=0, logits_at=None)
+        wall: dict[str, list[float]] = {kv: [] for kv in CHOICES}
+        cpu: dict[str, list[float]] = {kv: [] for kv in CHOICES}
+        for _ in range(rounds):
+            for kv in CHOICES:
+                for position in range(context, context + passes):
+                    started, started_cpu = time.perf_counter(), time.process_time()
+                    model(token, cache=caches[kv], write_at=position, logits_at="last", greedy=True)
+                    wall[kv].append(time.perf_counter() - started)
+                    cpu[kv].append(time.process_time() - started_cpu)
+    per_token = caches["float32"].keys[:, 0, :, 0].numel() * 2
+    print(f"rows {rows}, context {context}, {torch.get_num_threads()} thread(s), {rounds} rounds x {passes} passes; "
+          f"KV per token {per_token * 4 / 1024:.1f} KiB float32, {per_token * 2 / 1024:.1f} KiB float16")
+    for kv in CHOICES:
+        print(f"  cache {kv}: {statistics.median(wall[kv]) * 1000:.3f} ms wall, "
+              f"{statistics.median(cpu[kv]) * 1000:.3f} ms CPU per pass")
+    print(f"  float32 / float16: {statistics.median(wall['float32']) / statistics.median(wall['float16']):.3f}x wall, "
+          f"{statistics.median(cpu['float32']) / statistics.median(cpu['float16']):.3f}x CPU")
+
+
+def batch(target, rows: int = 16, max_tokens: int = 128, rounds: int = 3) -> None:
+    prompts = load_prompts(target, "mtbench", rows)
+    params = SamplingParams(max_tokens=max_tokens)
+    rates: dict[str, list[float]] = {kv: [] for kv in CHOICES}
+    cpu_rates: dict[str, list[float]] = {kv: [] for kv in CHOICES}
+    for _ in range(rounds):
+        for kv in CHOICES:
+            target.model.kv_dtype_choice = kv
+            started, started_cpu = time.perf_counter(), time.process_time()
+            results = generate_batch(target, prompts, params)
+            tokens = sum(len(r.token_ids) for r in results)
+            rates[kv].append(tokens / (time.perf_counter() - started))
+            cpu_rates[kv].append(tokens / (time.process_time() - started_cpu))
+    print(f"generate_batch, {rows} MT-Bench prompts x {max_tokens} tokens, {torch.get_num_threads()} thread(s), "
+          f"{rounds} rounds")
+    for kv in CHOICES:
+        print(f"  cache {kv}: {statistics.median(rates[kv]):.1f} tok/s (runs {', '.join(f'{r:.1f}' for r in rates[kv])}), "
+              f"{statistics.median(cpu_rates[kv]):.1f} tokens per CPU-second")
+    print(f"  float16 / float32: {statistics.median(rates['float16']) / statistics.median(rates['float32']):.3f}x wall, "
+          f"{statistics.median(cpu_rates['float16']) / statistics.median(cpu_rates['float32']):.3f}x CPU")
+
+
+def main(argv: list[str]) -> None:
+    mode = argv[0] if argv else "step"
+    numbers = [int(a) for a in argv[1:]]
+    target = load_target("smollm2-135m", dtype="int4")
+    if mode == "step":
+        step(target, *numbers)
+    elif mode == "batch":
+        batch(target, *numbers)
+    else:
+        raise SystemExit(f"unknown mode {mode!r}: step or batch")
 
 
 if __name__ == "__main__":
-    main(*(int(a) for a in sys.argv[1:3]))
+    main(sys.argv[1:])

@@ -41,6 +41,7 @@ import torch
 from torch import nn
 
 from eyas.bench.floors import ModelWork, describe_limits, floor_seconds, model_work, pass_work
+from eyas.models.fused_cpu import KV_DTYPE_CHOICES
 from eyas.models.probe import MachineLimits
 
 PARTS = (  # (key, label) in table order; "step" is the whole pass
@@ -82,8 +83,11 @@ class ProfileConfig:
     context: int = 256  # cached tokens before the pass
     repeats: int = 9  # timed passes per T (median)
     clock: str = "wall"  # "wall", or "cpu": the thread's CPU time (one thread only)
+    kv_dtype: str = "auto"  # the fused layers' KV cache: auto, float32, float16 (load_target)
 
     def __post_init__(self) -> None:
+        if self.kv_dtype not in KV_DTYPE_CHOICES:
+            raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPE_CHOICES)}, got {self.kv_dtype!r}")
         if self.clock not in CLOCKS:
             raise ValueError(f"clock must be one of {', '.join(CLOCKS)}, got {self.clock!r}")
         if self.clock == "cpu" and torch.get_num_threads() != 1:
@@ -295,13 +299,14 @@ def run_profile(config: ProfileConfig, refresh_limits: bool = False) -> tuple[li
     from eyas.engine.target import load_target
     from eyas.models.probe import machine_limits
 
-    target = load_target(config.model, dtype=config.dtype)
+    target = load_target(config.model, dtype=config.dtype, kv_dtype=config.kv_dtype)
     limits = machine_limits(refresh=refresh_limits)
     header = describe_limits(limits)
     work = model_work(target.model) if limits is not None else None
     if work is not None:
         header.append(describe_work(work))
-    header.append(f"{config.model} ({target.precision}), greedy pass over T tokens after "
+    header.append(f"{config.model} ({target.precision}, KV cache {str(target.kv_dtype).removeprefix('torch.')}), "
+                  f"greedy pass over T tokens after "
                   f"{config.context} cached, {torch.get_num_threads()} thread(s), median of {config.repeats} "
                   f"on the {'CPU-time' if config.clock == 'cpu' else 'wall'} clock; "
                   "the indented parts add up to the part above them (but the reference row)")

@@ -52,6 +52,7 @@ import argparse
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from eyas.cli.common import add_kv_dtype_arg
 from eyas.engine.target import PRECISIONS
 from eyas.errors import EyasError
 from eyas.utils.io import write_json_atomic
@@ -112,6 +113,7 @@ def _register_costs(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     costs.add_argument("--model", default="smollm2-135m", help="model spec (default: %(default)s)")
     costs.add_argument("--dtype", default="auto", choices=PRECISIONS, help="precision (default: %(default)s)")
+    add_kv_dtype_arg(costs)
     costs.add_argument("--repeats", type=int, default=7, help="timed passes per size (median)")
     costs.add_argument("--prefill", type=int, default=None, metavar="N",
                        help="also time the prefill of an N-token prompt: one pass, the engine's "
@@ -133,7 +135,7 @@ def run_costs_cli(args: argparse.Namespace) -> int:
         raise EyasError(f"--prefill must be >= 1 tokens, got {args.prefill}")
     if args.prefill_chunk is not None and args.prefill_chunk < 1:
         raise EyasError(f"--prefill-chunk must be >= 1 tokens, got {args.prefill_chunk}")
-    target = load_target(args.model, dtype=args.dtype)
+    target = load_target(args.model, dtype=args.dtype, kv_dtype=args.kv_dtype)
     limits = machine_limits(refresh=args.probe_again)  # probed once per machine, then cached
     for line in describe_limits(limits):
         print(line)
@@ -141,7 +143,8 @@ def run_costs_cli(args: argparse.Namespace) -> int:
     if work is not None:
         print(describe_work(work))
     costs = measure_verify_costs(target, context=COST_CONTEXT, repeats=args.repeats)
-    print(f"verification cost of {args.model} ({target.precision}), one greedy pass over T tokens "
+    print(f"verification cost of {args.model} ({target.precision}, KV cache "
+          f"{str(target.kv_dtype).removeprefix('torch.')}), one greedy pass over T tokens "
           f"after {COST_CONTEXT} cached:")
     for line in costs_table(costs, work, limits, COST_CONTEXT):
         print(line)
@@ -174,6 +177,7 @@ def _register_profile(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     profile.add_argument("--model", default=d.model, help="model spec (default: %(default)s)")
     profile.add_argument("--dtype", default=d.dtype, choices=PRECISIONS, help="precision (default: %(default)s)")
+    add_kv_dtype_arg(profile)
     profile.add_argument("--tokens", type=_concurrency_list, default=d.tokens,
                          help="new tokens per pass, comma-separated (default: 1,8,32)")
     profile.add_argument("--context", type=int, default=d.context, help="cached tokens (default: %(default)s)")
@@ -189,7 +193,8 @@ def run_profile_cli(args: argparse.Namespace) -> int:
     from eyas.bench.profile import ProfileConfig, format_profile, run_profile
 
     try:
-        config = ProfileConfig(args.model, args.dtype, tuple(args.tokens), args.context, args.repeats, args.clock)
+        config = ProfileConfig(args.model, args.dtype, tuple(args.tokens), args.context, args.repeats, args.clock,
+                               args.kv_dtype)
     except ValueError as error:
         raise EyasError(str(error)) from None
     profiles, header = run_profile(config, refresh_limits=args.probe_again)

@@ -6,6 +6,7 @@ import argparse
 
 from eyas.engine.sampling import SamplingParams
 from eyas.engine.target import PRECISIONS
+from eyas.models.fused_cpu import KV_DTYPE_CHOICES
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -17,6 +18,14 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                              "more (Q8_0, F16: 8-bit weights, a Q8_0 file's exactly), float32 for a "
                              "Hugging Face folder; bfloat16 on CUDA (default: %(default)s)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: %(default)s)")
+
+
+def add_kv_dtype_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--kv-dtype", default="auto", choices=KV_DTYPE_CHOICES,
+                        help="KV cache of an int4 target on a CPU (the fused layers): float16 (half the "
+                             "bytes attention reads, widened to float32 when read) or float32; auto = "
+                             "float16, or EYAS_KV_DTYPE where set; other precisions keep their own "
+                             "(default: %(default)s)")
 
 
 def add_sampling_args(parser: argparse.ArgumentParser, max_tokens: int = 256) -> None:

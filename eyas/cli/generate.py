@@ -31,7 +31,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from eyas.cli.common import add_model_args, add_sampling_args, sampling_from_args
+from eyas.cli.common import add_kv_dtype_arg, add_model_args, add_sampling_args, sampling_from_args
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -39,6 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "generate", help="answer a prompt (plain or speculative decoding), streamed",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(parser)
+    add_kv_dtype_arg(parser)
     parser.add_argument("--prompt", required=True, help="the user message (or raw text with --raw)")
     parser.add_argument("--system", default=None, help="an optional system message")
     parser.add_argument("--raw", action="store_true",
@@ -75,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     params = sampling_from_args(args)
     if args.num_draft_tokens < 1:
         raise EyasError("--num-draft-tokens must be >= 1")
-    target = load_target(args.model, dtype=args.dtype, device=args.device)
+    target = load_target(args.model, dtype=args.dtype, device=args.device, kv_dtype=args.kv_dtype)
     proposer = build_proposer(args.draft, target, tree=args.tree)
     if args.raw:
         prompt_ids = raw_prompt_ids(target.tokenizer, args.prompt)

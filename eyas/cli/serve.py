@@ -30,7 +30,7 @@ import logging
 import os
 import sys
 
-from eyas.cli.common import add_model_args
+from eyas.cli.common import add_kv_dtype_arg, add_model_args
 from eyas.scheduler.config import SPECULATION_MODES, EngineConfig
 
 DEFAULTS = EngineConfig()
@@ -46,6 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_args(parser)
+    add_kv_dtype_arg(parser)
     parser.add_argument("--draft", default="none",
                         help="none | ngram[:MAX_N[,MIN_N[,MATCHES]]] | model:PATH_OR_ALIAS[@DTYPE] | self | "
                              "eagle3:DIR | eagle3:DIR+ngram[:MAX_N,MIN_N,GRAFT_TOKENS] (prompt lookup grafted "
@@ -147,14 +148,15 @@ def run(args: argparse.Namespace) -> int:
     if args.drain_timeout < 0:
         raise EyasError(f"--drain-timeout must be >= 0 seconds, got {args.drain_timeout}")
     check_spec(args.draft)  # before the (slow) model load
-    target = load_target(args.model, dtype=args.dtype, device=args.device)
+    target = load_target(args.model, dtype=args.dtype, device=args.device, kv_dtype=args.kv_dtype)
     metrics = ServerMetrics(settings.model_name, num_positions=args.num_draft_tokens)
     engine = Engine(target, config, draft=args.draft, observer=metrics)
     if engine.proposers.suffix_store() is not None:
         metrics.watch_suffix_store(engine.proposers.suffix_store().stats)
-    log.info("model %s (%s), draft %s, %d rows x up to %d tokens, KV %.1f MiB per 1k slots, overlap %s, prefix cache %s",
-             settings.model_name, target.precision, args.draft, config.max_running,
-             engine.max_model_len, engine.pool.bytes_per_slot() * 1000 / 2**20,
+    log.info("model %s (%s), draft %s, %d rows x up to %d tokens, KV %s, %.1f MiB per 1k slots, overlap %s, "
+             "prefix cache %s", settings.model_name, target.precision, args.draft, config.max_running,
+             engine.max_model_len, str(target.kv_dtype).removeprefix("torch."),
+             engine.pool.bytes_per_slot() * 1000 / 2**20,
              "on" if config.overlap else "off", "on" if config.prefix_caching else "off")
     if engine.costs is not None:
         log.info("measured step costs (ms): %s", engine.costs.as_dict())

@@ -18,6 +18,7 @@ import torch
 from eyas.errors import EyasError
 from eyas.models.config import ModelConfig
 from eyas.models.cpu_linear import transpose_linears
+from eyas.models.fused_cpu import KV_DTYPE_CHOICES
 from eyas.models.layerwise import load_layerwise
 from eyas.models.llama import Transformer
 from eyas.models.output_layer import ScreenedOutputLayer
@@ -48,8 +49,9 @@ class Target:
 
     @property
     def kv_dtype(self) -> torch.dtype:
-        """Dtype of the target's KV caches (Transformer.kv_dtype: float32, or float64 for int4 on a
-        CPU without the fused layers)."""
+        """Dtype of the target's KV caches (Transformer.kv_dtype: int4 on a CPU, float16 or
+        float32 as load_target's kv_dtype says, float64 without the fused layers; otherwise the
+        weights' dtype)."""
         return self.model.kv_dtype
 
     @property
@@ -126,10 +128,16 @@ def cache_name(folder: Path) -> str:
 
 
 def load_target(spec: str | Path, dtype: str = "auto", device: str = "cpu",
-                cache: str | Path | None = None) -> Target:
-    """Load a target. `dtype` is a precision: auto, float32, bfloat16, float16, int4 or int8."""
+                cache: str | Path | None = None, kv_dtype: str = "auto") -> Target:
+    """Load a target. `dtype` is a precision: auto, float32, bfloat16, float16, int4 or int8.
+    `kv_dtype` is the KV cache's dtype where the fused int4 layers run (an int4 target on a
+    CPU): auto (float16, or EYAS_KV_DTYPE where it is set), float16 or float32; the other
+    precisions keep their own (float64 for int4 and int8 in the Python layers, else the
+    weights' dtype)."""
     from transformers import AutoTokenizer
 
+    if kv_dtype not in KV_DTYPE_CHOICES:
+        raise EyasError(f"unknown KV cache dtype '{kv_dtype}'; accepted: {', '.join(KV_DTYPE_CHOICES)}")
     folder = resolve_model(str(spec), cache)
     torch_device = resolve_device(device)
     precision = resolve_precision(dtype, torch_device, folder)
@@ -138,6 +146,7 @@ def load_target(spec: str | Path, dtype: str = "auto", device: str = "cpu",
     # int4, int8: quantized as each layer is read (or mapped from their cache); the output
     # layer stays float32 (the screen below)
     model = load_layerwise(config, source, precision, torch_device, name=cache_name(folder))
+    model.kv_dtype_choice = kv_dtype
     if torch_device.type == "cpu":
         if precision in ("int4", "int8", "float32") and not isinstance(model.lm_head, ScreenedOutputLayer):
             # exact greedy argmax at int8 cost; the row-major weight [V, H] (the tied embedding,

@@ -34,17 +34,25 @@ from eyas.models.extension import enabled, int4_activation_bits, march, module, 
 
 
 KV_DTYPES = {"float32": torch.float32, "float16": torch.float16}
+KV_DTYPE_CHOICES = ("auto", *KV_DTYPES)
+DEFAULT_KV_DTYPE = "float16"  # what "auto" picks (BENCHMARKS.md, "Kernels and precisions")
 
 
-def kv_dtype() -> torch.dtype:
-    """The KV cache's dtype where the fused layers run: float32 (the default), or float16 with
-    EYAS_KV_DTYPE=float16: half the bytes that attention reads per key (as llama.cpp's default
-    f16 cache), widened to float32 for the arithmetic. Every pass of a process reads the same
-    cache, so a speculative pass still gives each row the bits of a one-token step."""
-    name = os.environ.get("EYAS_KV_DTYPE", "float32").strip().lower() or "float32"
-    if name not in KV_DTYPES:
-        raise ValueError(f"EYAS_KV_DTYPE={name!r}: accepted values are {', '.join(KV_DTYPES)}")
-    return KV_DTYPES[name]
+def kv_dtype(choice: str = "auto") -> torch.dtype:
+    """The KV cache's dtype where the fused layers run, from a model's choice (`--kv-dtype`,
+    load_target's kv_dtype): float16 (what "auto" picks: half the bytes that attention reads
+    per key, as llama.cpp's default f16 cache; rounded to nearest when written, widened to
+    float32 for the arithmetic) or float32. "auto" reads EYAS_KV_DTYPE first, where it is set.
+    Every pass of a process reads the same cache, so a speculative pass still gives each row
+    the bits of a one-token step with either."""
+    if choice == "auto":
+        name = os.environ.get("EYAS_KV_DTYPE", DEFAULT_KV_DTYPE).strip().lower() or DEFAULT_KV_DTYPE
+        if name not in KV_DTYPES:
+            raise ValueError(f"EYAS_KV_DTYPE={name!r}: accepted values are {', '.join(KV_DTYPES)}")
+        return KV_DTYPES[name]
+    if choice not in KV_DTYPES:
+        raise ValueError(f"KV cache dtype {choice!r}: accepted values are {', '.join(KV_DTYPE_CHOICES)}")
+    return KV_DTYPES[choice]
 
 
 @dataclass(frozen=True)
@@ -138,8 +146,8 @@ def kernel_tag(model: nn.Module) -> str:
     layers = "fused" if model.fused_layers() else "python"
     if march() != "native":
         layers += f".{march()}"
-    if model.fused_layers() and kv_dtype() != torch.float32:
-        layers += f".kv-{str(kv_dtype()).removeprefix('torch.')}"
+    if model.fused_layers() and model.kv_dtype != torch.float32:
+        layers += f".kv-{str(model.kv_dtype).removeprefix('torch.')}"
     layouts = {m.layout for m in model.modules() if isinstance(m, Int4Linear)}
     if "int8dot" in layouts:
         bits = "" if int4_activation_bits() == 14 else f".a{int4_activation_bits()}"

@@ -169,15 +169,16 @@ class Transformer(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self._rope_cache: tuple[Tensor, Tensor] | None = None
         self.fused_plan: fused_cpu.FusedStack | bool | None = None  # False = none; None = not looked at
+        self.kv_dtype_choice = "auto"  # the fused layers' KV cache: auto, float32, float16 (fused_cpu.kv_dtype)
 
     @property
     def kv_dtype(self) -> torch.dtype:
-        """Dtype of this model's KV caches. int4 on a CPU: float32 where the fused layers run
-        (their attention gives a row the same bits in any pass, models/fused_cpu.py; float16
-        with EYAS_KV_DTYPE=float16), else float64, where the Python layers' attention runs (see
-        Attention.forward). Otherwise the weights' dtype."""
+        """Dtype of this model's KV caches. int4 on a CPU: where the fused layers run, float16
+        or float32 as `kv_dtype_choice` says (their attention widens float16 to float32 and
+        gives a row the same bits in any pass, models/fused_cpu.py), else float64, where the
+        Python layers' attention runs (see Attention.forward). Otherwise the weights' dtype."""
         if any(layer.self_attn.float64_attention for layer in self.layers):
-            return fused_cpu.kv_dtype() if self.fused_layers() else torch.float64
+            return fused_cpu.kv_dtype(self.kv_dtype_choice) if self.fused_layers() else torch.float64
         return self.norm.weight.dtype
 
     # ---- rotary tables -------------------------------------------------------------------
@@ -326,7 +327,7 @@ class Transformer(nn.Module):
         if x.dtype == torch.float32 and not torch.is_grad_enabled():
             return plan
         if cache.keys.dtype == torch.float16:
-            raise RuntimeError("a float16 KV cache (EYAS_KV_DTYPE=float16) is read by the fused int4 "
+            raise RuntimeError("a float16 KV cache (--kv-dtype float16) is read by the fused int4 "
                                "layers only: float32 activations, no autograd")
         return None
 

@@ -73,3 +73,11 @@ def test_generate_streams_the_same_text_as_the_api(capsys, tiny_target, tiny_mod
 def test_console_script_runs_as_a_module():
     result = subprocess.run([sys.executable, "-m", "eyas", "--version"], capture_output=True, text=True)
     assert result.returncode == 0 and result.stdout.startswith("eyas ")
+
+
+def test_an_unknown_kv_dtype_is_refused_with_the_accepted_ones(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["generate", "--prompt", "x", "--kv-dtype", "bfloat16"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--kv-dtype" in err and "'auto', 'float32', 'float16'" in err

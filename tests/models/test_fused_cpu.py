@@ -45,12 +45,13 @@ def new_cache(target, rows=1, slots=32, dtype=None):
                    dtype=dtype or target.kv_dtype)
 
 
-def test_an_int4_target_on_a_cpu_runs_the_fused_layers_with_a_float32_cache(smollm_int4_target,
-                                                                            smollm_target):
+def test_an_int4_target_on_a_cpu_runs_the_fused_layers_with_a_float16_cache(smollm_int4_target,
+                                                                            smollm_target, monkeypatch):
     model = smollm_int4_target.model
     assert extension.module() is not None  # g++ is on every machine of this project's kind
     assert model.fused_layers() is not None and len(model.fused_layers()) == 30
-    assert smollm_int4_target.kv_dtype == torch.float32
+    monkeypatch.delenv("EYAS_KV_DTYPE", raising=False)
+    assert smollm_int4_target.kv_dtype == torch.float16  # the default (--kv-dtype auto)
     assert smollm_target.model.fused_layers() is None  # float32 weights: the Python layers
 
 
@@ -148,9 +149,9 @@ def test_a_write_past_the_cache_is_an_index_error(smollm_int4_target):
 
 def test_a_float16_cache_stays_close_to_float32_and_speculation_stays_lossless(smollm_int4_target,
                                                                              mtbench_prompt_ids, monkeypatch):
-    """EYAS_KV_DTYPE=float16: keys and values rounded to float16, read back into float32. The
-    hidden states move by float16 rounding only, and greedy speculative decoding still equals
-    plain decoding on that cache."""
+    """The float16 cache (the default): keys and values rounded to float16, read back into
+    float32. The hidden states move by float16 rounding only, and greedy speculative decoding
+    still equals plain decoding on it, and on the float32 cache that stays an option."""
     from eyas.engine.generate import generate
     from eyas.engine.sampling import SamplingParams
     from eyas.engine.speculative.decode import speculative_generate
@@ -170,15 +171,16 @@ def test_a_float16_cache_stays_close_to_float32_and_speculation_stays_lossless(s
     assert not torch.equal(h32, h16)  # the cache did change
     assert (h16 - h32).abs().max() <= 0.01 * h32.abs().max()
     assert l16.argmax() == l32.argmax()
-    monkeypatch.setenv("EYAS_KV_DTYPE", "float16")
-    assert smollm_int4_target.kv_dtype == torch.float16
     params = SamplingParams(max_tokens=32)
     proposer = build_proposer("eagle3:smollm2-135m", smollm_int4_target, "2,2,3")  # drafts every step
-    for prompt in mtbench_prompt_ids[:2]:
-        plain = generate(smollm_int4_target, prompt, params).token_ids
-        spec = speculative_generate(smollm_int4_target, prompt, params, proposer, 4,
-                                    policy=PolicyConfig(enabled=False))
-        assert spec.token_ids == plain
+    for kv in ("float16", "float32"):  # the default and the option (EYAS_KV_DTYPE)
+        monkeypatch.setenv("EYAS_KV_DTYPE", kv)
+        assert smollm_int4_target.kv_dtype == getattr(torch, kv)
+        for prompt in mtbench_prompt_ids[:2]:
+            plain = generate(smollm_int4_target, prompt, params).token_ids
+            spec = speculative_generate(smollm_int4_target, prompt, params, proposer, 4,
+                                        policy=PolicyConfig(enabled=False))
+            assert spec.token_ids == plain
     monkeypatch.setenv("EYAS_KV_DTYPE", "bfloat16")
     with pytest.raises(ValueError, match="accepted values are float32, float16"):
         smollm_int4_target.kv_dtype

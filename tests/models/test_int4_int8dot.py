@@ -371,8 +371,11 @@ from test_int4_int8dot import fused_hidden_digest
 target = load_target("smollm2-135m", dtype="int4")
 prompts = json.loads(sys.stdin.read())
 outputs = [list(generate(target, p, SamplingParams(max_tokens=64)).token_ids) for p in prompts]
-print(json.dumps({"kernel": extension.module().int8dot_kernel(), "outputs": outputs,
-                  "hidden": fused_hidden_digest(target, prompts[0] * 3)}))
+hidden = {}
+for kv in ("float32", "float16"):
+    target.model.kv_dtype_choice = kv
+    hidden[kv] = fused_hidden_digest(target, prompts[0] * 3)
+print(json.dumps({"kernel": extension.module().int8dot_kernel(), "outputs": outputs, "hidden": hidden}))
 """
 
 
@@ -394,8 +397,9 @@ def fused_hidden_digest(target, ids: list[int]) -> str:
 @pytest.mark.slow
 def test_an_avx2_only_build_decodes_the_tokens_of_this_build(smollm_int4_target, mtbench_prompt_ids):
     """EYAS_EXT_MARCH=haswell compiles the extension as a CPU without AVX-512 would (about 45 s
-    the first time): its hidden states equal this build's bit for bit (int4 kernel, screen and
-    attention each compute the same operations on 256- or 512-bit registers, and
+    the first time): its hidden states equal this build's bit for bit, over a float32 and a
+    float16 KV cache (int4 kernel, screen and attention each compute the same operations on
+    256- or 512-bit registers, and
     -ffp-contract=off keeps the compiler from fusing float operations differently per -march,
     extension.CFLAGS), so its greedy answers are the same tokens."""
     import json
@@ -416,5 +420,11 @@ def test_an_avx2_only_build_decodes_the_tokens_of_this_build(smollm_int4_target,
                           check=True)
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["kernel"] == "avx2"
-    assert result["hidden"] == fused_hidden_digest(smollm_int4_target, prompts[0] * 3)
+    model = smollm_int4_target.model
+    try:
+        for kv in ("float32", "float16"):  # the KV cache either way (float16 widened by F16C or AVX-512)
+            model.kv_dtype_choice = kv
+            assert result["hidden"][kv] == fused_hidden_digest(smollm_int4_target, prompts[0] * 3)
+    finally:
+        model.kv_dtype_choice = "auto"
     assert result["outputs"] == here
