@@ -183,3 +183,19 @@ def test_fallbacks_are_counted_per_request(tiny_target) -> None:
     spec = speculative_generate(tiny_target, PROMPT, params, oracle, 2)
     assert spec.token_ids == plain.token_ids
     assert spec.stats["speculative"]["fallbacks"] == 0
+
+
+def test_plain_next_holds_while_the_fallback_keeps_two_more_steps_plain() -> None:
+    """What lets a plain step skip the taps (executor._taps_read): the next step is plain
+    whatever this one measures."""
+    from eyas.engine.speculative.policy import SpeculationPolicy
+
+    config = PolicyConfig(warmup_plain_steps=3)
+    policy = SpeculationPolicy(config)
+    seen = []
+    for _ in range(config.warmup_plain_steps):
+        seen.append((policy.plain_next(), policy.speculate_now()))
+        policy.record_plain(0.010)
+    assert seen == [(True, False), (True, False), (False, False)]  # the last one feeds a draft
+    assert policy.speculate_now() and not policy.plain_next()
+    assert not SpeculationPolicy(PolicyConfig(enabled=False)).plain_next()

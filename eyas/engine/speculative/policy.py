@@ -63,6 +63,12 @@ class SpeculationPolicy:
     def speculate_now(self) -> bool:
         return self.plain_left <= 0
 
+    def plain_next(self) -> bool:
+        """This step and the next one are plain whatever this step measures (a judgement only
+        lengthens a run of plain steps): a proposer that reads this step's pass for its next
+        draft (EAGLE-3's taps) need not have it."""
+        return self.plain_left >= 2
+
     def record_plain(self, seconds: float) -> None:
         previous = self.plain_seconds_per_token
         self.plain_seconds_per_token = seconds if previous is None else 0.8 * previous + 0.2 * seconds
