@@ -199,3 +199,36 @@ def test_plain_next_holds_while_the_fallback_keeps_two_more_steps_plain() -> Non
     assert seen == [(True, False), (True, False), (False, False)]  # the last one feeds a draft
     assert policy.speculate_now() and not policy.plain_next()
     assert not SpeculationPolicy(PolicyConfig(enabled=False)).plain_next()
+
+
+def test_a_plain_step_slowed_by_a_burst_does_not_let_a_losing_window_pass() -> None:
+    """The plain time is the median of recent plain steps: two 40 ms plain steps among 10 ms
+    ones (a neighbour's burst) leave it at 10 ms, so a window at 12 ms a token falls back (a
+    running mean of plain steps stood at 21 ms after them and let the window pass)."""
+    from eyas.engine.speculative.policy import SpeculationPolicy
+
+    config = PolicyConfig(warmup_plain_steps=16)
+    policy = SpeculationPolicy(config)
+    for seconds in [0.010] * 14 + [0.040] * 2:
+        policy.record_plain(seconds)
+    assert policy.plain_seconds_per_token == pytest.approx(0.010)
+    for _ in range(config.window // 2):
+        policy.record_speculative(0.018, 1)  # 18 ms a step, 1.5 tokens a step: 12 ms a token
+        policy.record_speculative(0.018, 2)
+    assert policy.fallbacks == 1 and not policy.speculate_now()
+    assert policy.plain_left == config.backoff
+
+
+def test_one_slow_speculative_step_does_not_fail_a_window_that_pays() -> None:
+    """A window's time per token is its median step over its tokens per step: one step slowed
+    100 ms by a burst does not turn six 6 ms steps of 2 tokens (3 ms a token) into a fallback
+    against 10 ms plain steps (summed, the window came to 10.8 ms a token)."""
+    from eyas.engine.speculative.policy import SpeculationPolicy
+
+    config = PolicyConfig()
+    policy = SpeculationPolicy(config)
+    for _ in range(config.warmup_plain_steps):
+        policy.record_plain(0.010)
+    for seconds in [0.006] * (config.window - 1) + [0.100]:
+        policy.record_speculative(seconds, 2)
+    assert policy.fallbacks == 0 and policy.speculate_now()
