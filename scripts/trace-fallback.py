@@ -7,9 +7,14 @@ catch-up included), whether the policy or the proposer made it plain, and the po
 The summary splits the speculative run's time by kind of step and prices each kind against
 the plain system's median step, so that the milliseconds lost show where they go.
 
+`--cpu-clock` (one thread): every clock the engine decides by (step times, the cost model's
+measurements, cached apart from the wall-clock ones) and the requests' times read the thread's
+CPU time instead of the wall: on a machine shared with other jobs, a one-thread run then
+decides and measures as it would on a quiet core.
+
 Usage:
     OMP_NUM_THREADS=1 PYTHONPATH=. python scripts/trace-fallback.py --num-prompts 16 --max-tokens 128 \
-        --systems "eagle3:smollm2-135m+ngram" --output runs/trace.json
+        --systems "eagle3:smollm2-135m+ngram" --output runs/trace.json [--cpu-clock]
 """
 
 from __future__ import annotations
@@ -32,7 +37,11 @@ def main() -> None:
     parser.add_argument("--num-draft-tokens", type=int, default=4)
     parser.add_argument("--systems", default="eagle3:smollm2-135m+ngram", help="';'-separated --draft specs")
     parser.add_argument("--output", default=None, help="JSON file of every step")
+    parser.add_argument("--cpu-clock", action="store_true", help="decide and measure by thread CPU time")
     args = parser.parse_args()
+    clock = time.perf_counter
+    if args.cpu_clock:
+        clock = use_cpu_clock()
 
     from eyas.bench.prompts import load_prompt_set
     from eyas.engine.generate import SamplingParams, generate
@@ -68,9 +77,9 @@ def main() -> None:
     request_propose: dict[str, float] = {}
 
     def propose(self, request, budget, steady, priced=False):
-        started = time.perf_counter()
+        started = clock()
         tree = original_propose(self, request, budget, steady, priced)
-        request_propose[request.request_id] = time.perf_counter() - started
+        request_propose[request.request_id] = clock() - started
         return tree
 
     StepExecutor._timed, StepExecutor._propose = timed, propose
@@ -79,21 +88,42 @@ def main() -> None:
     generate(target, prompts[0], SamplingParams(max_tokens=8))  # warm-up
     for index, ids in enumerate(prompts):
         current.update(system="plain", prompt=index)
-        started = time.perf_counter()
+        started = clock()
         plain = generate(target, ids, params).token_ids
-        walls["plain"].append(time.perf_counter() - started)
+        walls["plain"].append(clock() - started)
         tokens["plain"].append(len(plain))
         for system in systems:
             current.update(system=system, prompt=index)
-            started = time.perf_counter()
+            started = clock()
             result = speculative_generate(target, ids, params, proposers[system], args.num_draft_tokens)
-            walls[system].append(time.perf_counter() - started)
+            walls[system].append(clock() - started)
             tokens[system].append(len(result.token_ids))
             assert result.token_ids == plain, f"{system} differs from plain on prompt {index}"
     summarize(steps, walls, tokens, systems)
     if args.output:
         with open(args.output, "w") as handle:
             json.dump({"steps": steps, "walls": walls, "tokens": tokens}, handle)
+
+
+def use_cpu_clock():
+    """Point the engine's clocks at the thread's CPU time; the cost model is then measured in
+    CPU time too, into a cache of its own."""
+    import types
+
+    import eyas.engine.speculative.proposers.eagle3 as eagle3
+    import eyas.engine.speculative.sizing as sizing
+    import eyas.scheduler.executor as executor
+    import eyas.scheduler.output as output
+
+    if torch.get_num_threads() != 1:
+        raise SystemExit("--cpu-clock reads one thread's CPU time: set OMP_NUM_THREADS=1")
+    shim = types.SimpleNamespace(**{name: getattr(time, name) for name in dir(time) if not name.startswith("_")})
+    shim.perf_counter = time.thread_time
+    for module in (eagle3, sizing, executor, output):
+        module.time = shim
+    wall_path = sizing.cost_cache_path
+    sizing.cost_cache_path = lambda key: wall_path(key + "|thread-cpu-clock")
+    return time.thread_time
 
 
 def summarize(steps: list[dict], walls: dict, tokens: dict, systems: list[str]) -> None:
