@@ -220,9 +220,9 @@ def test_a_plain_step_slowed_by_a_burst_does_not_let_a_losing_window_pass() -> N
 
 
 def test_one_slow_speculative_step_does_not_fail_a_window_that_pays() -> None:
-    """A window's time per token is its median step over its tokens per step: one step slowed
-    100 ms by a burst does not turn six 6 ms steps of 2 tokens (3 ms a token) into a fallback
-    against 10 ms plain steps (summed, the window came to 10.8 ms a token)."""
+    """A window's slowest step is left out where it took over twice the window's median: one
+    step slowed 100 ms by a burst does not turn six 6 ms steps of 2 tokens (3 ms a token) into a
+    fallback against 10 ms plain steps (summed, the window came to 10.8 ms a token)."""
     from eyas.engine.speculative.policy import SpeculationPolicy
 
     config = PolicyConfig()
@@ -232,3 +232,15 @@ def test_one_slow_speculative_step_does_not_fail_a_window_that_pays() -> None:
     for seconds in [0.006] * (config.window - 1) + [0.100]:
         policy.record_speculative(seconds, 2)
     assert policy.fallbacks == 0 and policy.speculate_now()
+
+
+def test_a_window_of_big_and_small_trees_is_priced_by_its_mean_step() -> None:
+    """Steps differ by tree size: four 27 ms steps of 3 tokens and two 18 ms steps of 1 token
+    cost 144 ms for 14 tokens, 10.3 ms a token, slower than 10 ms plain steps; none is an
+    outlier, so the window is priced at its mean step (its median step, 27 ms, would say
+    11.6 ms a token: a median misprices a window whose steps differ by tree size)."""
+    from eyas.engine.speculative.policy import window_seconds_per_token
+
+    assert window_seconds_per_token([0.027] * 4 + [0.018] * 2, [3] * 4 + [1] * 2) == pytest.approx(0.144 / 14)
+    assert window_seconds_per_token([0.006] * 5 + [0.100], [2] * 6) == pytest.approx(0.003)
+    assert window_seconds_per_token([0.010, 0.030], [1, 1]) == pytest.approx(0.020)  # too few to judge

@@ -7,11 +7,13 @@ compared with it. Speculation that is slower falls back to plain decoding for `b
 (doubling, up to `max_backoff`, each time it fails again), then is tried again: acceptance
 changes along a response (code being copied, then prose).
 
-Both times are medians, robust to the load spikes of a shared machine: the plain time is the
-median of the last `plain_samples` plain steps, and a window's time per token is the median of
-its step times over the tokens a step emitted on average (the tokens are exact, only the clock
-is noisy). A window summed over its steps, against a running mean of plain steps, was swayed by
-one slow step either way: a plain step slowed by a neighbour's burst let a losing window pass.
+Both times are robust to the load spikes of a shared machine: the plain time is the median of
+the last `plain_samples` plain steps, and a window's time per token is its seconds over its
+tokens without an outlier step (one over `OUTLIER` times the window's median step, with its
+tokens). A window against a running mean of plain steps was swayed by one slow step either
+way: a plain step slowed by a neighbour's burst let a losing window pass, one slowed draft step
+failed a window that paid. (A window's median step would not do: a window's steps differ by
+tree size, and the steps of the big trees are the ones that emit the most tokens.)
 
 The plain time a window is judged against may be old: a proposer that pays drafts every step,
 so the plain speed is the one measured before speculation began, while the context grew and
@@ -34,6 +36,8 @@ from dataclasses import dataclass
 from weakref import WeakKeyDictionary
 
 from eyas.errors import EyasError
+
+OUTLIER = 2.0  # a window step this many times its window's median step is left out
 
 
 @dataclass
@@ -62,7 +66,7 @@ class SpeculationPolicy:
         self.plain_left = self.config.warmup_plain_steps if self.config.enabled else 0
         self.current_backoff = self.config.backoff
         self.window_seconds: list[float] = []  # each speculative step of the window
-        self.window_tokens = 0
+        self.window_tokens: list[int] = []  # and its emitted tokens
         self.fallbacks = 0
         self.plain_age = 0  # steps since a plain step last measured the plain speed
         self.pending: float | None = None  # a window's seconds per token, awaiting fresh plain steps
@@ -100,13 +104,12 @@ class SpeculationPolicy:
             return
         self.plain_age += 1
         self.window_seconds.append(seconds)
-        self.window_tokens += emitted
+        self.window_tokens.append(emitted)
         plain = self.plain_seconds_per_token
         if len(self.window_seconds) < self.config.window or plain is None:
             return
-        tokens_per_step = max(self.window_tokens, 1) / len(self.window_seconds)
-        speculative = statistics.median(self.window_seconds) / tokens_per_step
-        self.window_seconds, self.window_tokens = [], 0
+        speculative = window_seconds_per_token(self.window_seconds, self.window_tokens)
+        self.window_seconds, self.window_tokens = [], []
         if speculative * self.config.margin > plain and self.plain_age > self.config.stale_after:
             self.pending, self.fresh = speculative, []  # measure plain again before judging
             self.plain_left = self.config.refresh_steps
@@ -121,6 +124,16 @@ class SpeculationPolicy:
             self.fallbacks += 1
         else:
             self.current_backoff = self.config.backoff
+
+
+def window_seconds_per_token(seconds: list[float], tokens: list[int]) -> float:
+    """A window's seconds per emitted token, its slowest step left out where that step took
+    over OUTLIER times the window's median step (a burst of other work, not drafting)."""
+    slowest = max(range(len(seconds)), key=seconds.__getitem__)
+    if len(seconds) >= 3 and seconds[slowest] > OUTLIER * statistics.median(seconds):
+        seconds = seconds[:slowest] + seconds[slowest + 1 :]
+        tokens = tokens[:slowest] + tokens[slowest + 1 :]
+    return sum(seconds) / max(sum(tokens), 1)
 
 
 _SHARED: WeakKeyDictionary[object, SpeculationPolicy] = WeakKeyDictionary()
