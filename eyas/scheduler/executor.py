@@ -218,7 +218,8 @@ class StepExecutor:
         forward_started = time.perf_counter()
         output = model(batch.input_ids, batch.positions, cache=self.pool.view(*rows),
                        kv_len=batch.kv_len, **batch.pass_arguments(),
-                       tap_layers=self.tap_layers, logits_at=None)
+                       tap_layers=self.tap_layers if self._taps_read(decode, trees) else (),
+                       logits_at=None)
         hidden = output.hidden[0]  # [N, H]: every query of the pass, request after request
         spans = [(request, offset, item.size) for request, offset, item in zip(decode, batch.offsets, inputs)]
         # A screening output layer gives each row's argmax exactly, whichever rows share the
@@ -266,6 +267,16 @@ class StepExecutor:
             row_choices = choices[offset : offset + size] if request.row in argmax_read else None
             self._accept(request, trees[request.row], row_output, request.row in asked, result,
                          draws.get(request.row), row_choices)
+
+    def _taps_read(self, decode: list[Request], trees: dict[int, DraftTree]) -> bool:
+        """Whether any proposer will read this pass's taps. Not where one timed request takes a
+        plain step and its fallback keeps the next one plain too (policy.plain_next), with a
+        proposer that can leave those rows out (`taps_optional`, EAGLE-3): the taps split the
+        target's fused stack, a cost every plain step would pay for rows never drafted from."""
+        if not self.tap_layers or not self.single_stream or self.pool.keep_taps:
+            return bool(self.tap_layers)
+        return any(trees[request.row].size or request.timing is None or not request.timing.plain_next()
+                   or not getattr(request.proposer, "taps_optional", False) for request in decode)
 
     def _draws_isolated(self, drawn: list[tuple[Request, int, int]], trees: dict[int, DraftTree],
                         hidden: Tensor, result: StepResult) -> dict[int, list[int]]:

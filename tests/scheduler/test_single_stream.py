@@ -183,3 +183,64 @@ def test_fallbacks_are_counted_per_request(tiny_target) -> None:
     spec = speculative_generate(tiny_target, PROMPT, params, oracle, 2)
     assert spec.token_ids == plain.token_ids
     assert spec.stats["speculative"]["fallbacks"] == 0
+
+
+def test_plain_next_holds_while_the_fallback_keeps_two_more_steps_plain() -> None:
+    """What lets a plain step skip the taps (executor._taps_read): the next step is plain
+    whatever this one measures."""
+    from eyas.engine.speculative.policy import SpeculationPolicy
+
+    config = PolicyConfig(warmup_plain_steps=3)
+    policy = SpeculationPolicy(config)
+    seen = []
+    for _ in range(config.warmup_plain_steps):
+        seen.append((policy.plain_next(), policy.speculate_now()))
+        policy.record_plain(0.010)
+    assert seen == [(True, False), (True, False), (False, False)]  # the last one feeds a draft
+    assert policy.speculate_now() and not policy.plain_next()
+    assert not SpeculationPolicy(PolicyConfig(enabled=False)).plain_next()
+
+
+def test_a_plain_step_slowed_by_a_burst_does_not_let_a_losing_window_pass() -> None:
+    """The plain time is the median of recent plain steps: two 40 ms plain steps among 10 ms
+    ones (a neighbour's burst) leave it at 10 ms, so a window at 12 ms a token falls back (a
+    running mean of plain steps stood at 21 ms after them and let the window pass)."""
+    from eyas.engine.speculative.policy import SpeculationPolicy
+
+    config = PolicyConfig(warmup_plain_steps=16)
+    policy = SpeculationPolicy(config)
+    for seconds in [0.010] * 14 + [0.040] * 2:
+        policy.record_plain(seconds)
+    assert policy.plain_seconds_per_token == pytest.approx(0.010)
+    for _ in range(config.window // 2):
+        policy.record_speculative(0.018, 1)  # 18 ms a step, 1.5 tokens a step: 12 ms a token
+        policy.record_speculative(0.018, 2)
+    assert policy.fallbacks == 1 and not policy.speculate_now()
+    assert policy.plain_left == config.backoff
+
+
+def test_one_slow_speculative_step_does_not_fail_a_window_that_pays() -> None:
+    """A window's slowest step is left out where it took over twice the window's median: one
+    step slowed 100 ms by a burst does not turn six 6 ms steps of 2 tokens (3 ms a token) into a
+    fallback against 10 ms plain steps (summed, the window came to 10.8 ms a token)."""
+    from eyas.engine.speculative.policy import SpeculationPolicy
+
+    config = PolicyConfig()
+    policy = SpeculationPolicy(config)
+    for _ in range(config.warmup_plain_steps):
+        policy.record_plain(0.010)
+    for seconds in [0.006] * (config.window - 1) + [0.100]:
+        policy.record_speculative(seconds, 2)
+    assert policy.fallbacks == 0 and policy.speculate_now()
+
+
+def test_a_window_of_big_and_small_trees_is_priced_by_its_mean_step() -> None:
+    """Steps differ by tree size: four 27 ms steps of 3 tokens and two 18 ms steps of 1 token
+    cost 144 ms for 14 tokens, 10.3 ms a token, slower than 10 ms plain steps; none is an
+    outlier, so the window is priced at its mean step (its median step, 27 ms, would say
+    11.6 ms a token: a median misprices a window whose steps differ by tree size)."""
+    from eyas.engine.speculative.policy import window_seconds_per_token
+
+    assert window_seconds_per_token([0.027] * 4 + [0.018] * 2, [3] * 4 + [1] * 2) == pytest.approx(0.144 / 14)
+    assert window_seconds_per_token([0.006] * 5 + [0.100], [2] * 6) == pytest.approx(0.003)
+    assert window_seconds_per_token([0.010, 0.030], [1, 1]) == pytest.approx(0.020)  # too few to judge

@@ -166,3 +166,49 @@ def test_the_proposer_prices_the_tree_it_drafts_under_a_budget(random_head):
     fixed = Eagle3Proposer(random_head, TreeShape(3, 2, 6))
     fixed.cost = proposer.cost
     assert fixed.expected_tokens(4) is None  # a fixed tree is not priced
+
+
+@torch.inference_mode()
+def test_rows_of_passes_without_taps_leave_a_gap_at_their_true_positions(tiny_target, random_head):
+    """Plain steps whose pass computed no taps (the fallback kept them plain) are left out of
+    the head's KV; the rows it keeps are those of one head pass over the kept positions."""
+    from types import SimpleNamespace
+
+    from eyas.engine.speculative.draft import DraftTree
+    from eyas.models.llama import ForwardOutput
+
+    sequence = PROMPT + generate(tiny_target, PROMPT, SamplingParams(max_tokens=7, ignore_eos=True)).token_ids
+    taps = tiny_target.model(torch.tensor([sequence]), tap_layers=random_head.config.target_layer_ids).taps
+    n = len(PROMPT)
+    proposer = Eagle3Proposer(random_head, TreeShape.parse("chain:2"))
+    proposer.begin(tiny_target, PROMPT, SamplingParams())
+    proposer.observe(None, None, ForwardOutput(None, None, taps[:, :n]))  # the prefill
+    plain_step = SimpleNamespace(accepted_nodes=[])
+    without_taps = {1, 2}  # the second and third decode steps computed no taps
+    for step in range(6):  # the root of step j sits at position n + j
+        position = n + step
+        output = None if step in without_taps else ForwardOutput(None, None, taps[:, position : position + 1])
+        proposer.observe(DraftTree.empty(), plain_step, output if output is not None
+                         else ForwardOutput(None, None, None))
+    proposer.propose(sequence[: n + 7], 2)
+    kept = list(range(n)) + [n, n + 3, n + 4, n + 5]
+    assert proposer.committed == len(kept) and proposer.last_position == n + 5
+    reference = random_head(taps[:, kept], torch.tensor([[sequence[p + 1] for p in kept]]),
+                            torch.tensor([kept]))
+    keys, values = proposer.past
+    assert torch.allclose(keys, reference.past_kv[0], atol=1e-4)
+    assert torch.allclose(values, reference.past_kv[1], atol=1e-4)
+    assert torch.allclose(proposer.last_hidden, reference.hidden[:, -1:], atol=1e-4)
+
+
+def test_greedy_eagle3_with_rows_left_out_equals_plain(tiny_target, random_head):
+    """Long runs of plain steps (warm-up, fallbacks) skip the taps of all but their last pass:
+    the drafts that follow come from a head KV with gaps, and output stays plain's."""
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    expected = generate(tiny_target, PROMPT, params).token_ids
+    proposer = Eagle3Proposer(random_head, TreeShape.parse("chain:3"))
+    result = speculative_generate(tiny_target, PROMPT, params, proposer, 8,
+                                  policy=PolicyConfig(warmup_plain_steps=6, backoff=5))
+    assert result.token_ids == expected
+    assert result.stats["speculative"]["draft_tokens"] > 0
+    assert proposer.committed < proposer.last_position + 1  # rows were left out

@@ -7,6 +7,14 @@ compared with it. Speculation that is slower falls back to plain decoding for `b
 (doubling, up to `max_backoff`, each time it fails again), then is tried again: acceptance
 changes along a response (code being copied, then prose).
 
+Both times are robust to the load spikes of a shared machine: the plain time is the median of
+the last `plain_samples` plain steps, and a window's time per token is its seconds over its
+tokens without an outlier step (one over `OUTLIER` times the window's median step, with its
+tokens). A window against a running mean of plain steps was swayed by one slow step either
+way: a plain step slowed by a neighbour's burst let a losing window pass, one slowed draft step
+failed a window that paid. (A window's median step would not do: a window's steps differ by
+tree size, and the steps of the big trees are the ones that emit the most tokens.)
+
 The plain time a window is judged against may be old: a proposer that pays drafts every step,
 so the plain speed is the one measured before speculation began, while the context grew and
 the machine's load changed. A window judged slower against a plain time measured more than
@@ -22,10 +30,14 @@ warm-up and judgement windows again on every prompt.
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from dataclasses import dataclass
 from weakref import WeakKeyDictionary
 
 from eyas.errors import EyasError
+
+OUTLIER = 2.0  # a window step this many times its window's median step is left out
 
 
 @dataclass
@@ -38,41 +50,52 @@ class PolicyConfig:
     margin: float = 1.0  # speculation must be at least this many times faster than plain
     stale_after: int = 12  # steps after which a plain time is measured again before a fallback
     refresh_steps: int = 2  # plain steps that measure it again
+    plain_samples: int = 16  # the plain time is the median of this many recent plain steps
 
     def __post_init__(self) -> None:
         if self.window < 1 or self.backoff < 1 or self.margin <= 0:
             raise EyasError("policy window, backoff and margin must be positive")
-        if self.stale_after < 1 or self.refresh_steps < 1:
-            raise EyasError("policy stale_after and refresh_steps must be positive")
+        if self.stale_after < 1 or self.refresh_steps < 1 or self.plain_samples < 1:
+            raise EyasError("policy stale_after, refresh_steps and plain_samples must be positive")
 
 
 class SpeculationPolicy:
     def __init__(self, config: PolicyConfig | None = None) -> None:
         self.config = config or PolicyConfig()
-        self.plain_seconds_per_token: float | None = None
+        self.plain_steps: deque[float] = deque(maxlen=self.config.plain_samples)  # seconds each
         self.plain_left = self.config.warmup_plain_steps if self.config.enabled else 0
         self.current_backoff = self.config.backoff
-        self.window_seconds = 0.0
-        self.window_tokens = 0
-        self.window_steps = 0
+        self.window_seconds: list[float] = []  # each speculative step of the window
+        self.window_tokens: list[int] = []  # and its emitted tokens
         self.fallbacks = 0
         self.plain_age = 0  # steps since a plain step last measured the plain speed
         self.pending: float | None = None  # a window's seconds per token, awaiting fresh plain steps
         self.fresh: list[float] = []  # the plain steps measured for it
 
+    @property
+    def plain_seconds_per_token(self) -> float | None:
+        """The median of the recent plain steps (None before the first)."""
+        return statistics.median(self.plain_steps) if self.plain_steps else None
+
     def speculate_now(self) -> bool:
         return self.plain_left <= 0
 
+    def plain_next(self) -> bool:
+        """This step and the next one are plain whatever this step measures (a judgement only
+        lengthens a run of plain steps): a proposer that reads this step's pass for its next
+        draft (EAGLE-3's taps) need not have it."""
+        return self.plain_left >= 2
+
     def record_plain(self, seconds: float) -> None:
-        previous = self.plain_seconds_per_token
-        self.plain_seconds_per_token = seconds if previous is None else 0.8 * previous + 0.2 * seconds
+        self.plain_steps.append(seconds)
         self.plain_left -= 1
         self.plain_age = 0
         if self.pending is None:
             return
         self.fresh.append(seconds)
         if len(self.fresh) >= self.config.refresh_steps:  # the window judged against fresh plain steps
-            self.plain_seconds_per_token = sum(self.fresh) / len(self.fresh)
+            self.plain_steps.clear()
+            self.plain_steps.extend(self.fresh)
             speculative, self.pending, self.fresh = self.pending, None, []
             self._judge(speculative)
 
@@ -80,14 +103,14 @@ class SpeculationPolicy:
         if not self.config.enabled:
             return
         self.plain_age += 1
-        self.window_seconds += seconds
-        self.window_tokens += emitted
-        self.window_steps += 1
-        if self.window_steps < self.config.window or self.plain_seconds_per_token is None:
+        self.window_seconds.append(seconds)
+        self.window_tokens.append(emitted)
+        plain = self.plain_seconds_per_token
+        if len(self.window_seconds) < self.config.window or plain is None:
             return
-        speculative = self.window_seconds / max(self.window_tokens, 1)
-        self.window_seconds, self.window_tokens, self.window_steps = 0.0, 0, 0
-        if speculative * self.config.margin > self.plain_seconds_per_token and self.plain_age > self.config.stale_after:
+        speculative = window_seconds_per_token(self.window_seconds, self.window_tokens)
+        self.window_seconds, self.window_tokens = [], []
+        if speculative * self.config.margin > plain and self.plain_age > self.config.stale_after:
             self.pending, self.fresh = speculative, []  # measure plain again before judging
             self.plain_left = self.config.refresh_steps
             return
@@ -101,6 +124,16 @@ class SpeculationPolicy:
             self.fallbacks += 1
         else:
             self.current_backoff = self.config.backoff
+
+
+def window_seconds_per_token(seconds: list[float], tokens: list[int]) -> float:
+    """A window's seconds per emitted token, its slowest step left out where that step took
+    over OUTLIER times the window's median step (a burst of other work, not drafting)."""
+    slowest = max(range(len(seconds)), key=seconds.__getitem__)
+    if len(seconds) >= 3 and seconds[slowest] > OUTLIER * statistics.median(seconds):
+        seconds = seconds[:slowest] + seconds[slowest + 1 :]
+        tokens = tokens[:slowest] + tokens[slowest + 1 :]
+    return sum(seconds) / max(sum(tokens), 1)
 
 
 _SHARED: WeakKeyDictionary[object, SpeculationPolicy] = WeakKeyDictionary()

@@ -28,6 +28,12 @@ without a verification pass. Single-stream decoding also reports each step's wal
 speculative steps really took in this loop. So that both prices stay current, a shape that
 drafts still takes a plain step every `PROBE_EVERY`-th step (as the serving scheduler does), and
 each request's first decode step, slowed by the prefill before it, is left out of the prices.
+
+Rows without taps: a target pass that computed no taps (single-stream steps that the fallback
+keeps plain, when the next step is plain too: the taps split the target's fused stack, a cost
+of every plain step) leaves its rows out of the head's KV. The head's rows keep their true
+positions (RoPE), so its KV then holds the rows it saw, in order, with a gap where it saw none;
+drafts stay verified, so output is unchanged, and the head's context lacks those rows only.
 """
 
 from __future__ import annotations
@@ -78,6 +84,7 @@ class Eagle3Proposer:
     name = "eagle3"
     PROBE_EVERY = 16  # single_stream: one step in this many drafts where no shape pays, or
     # is plain where one does
+    taps_optional = True  # a pass without taps leaves its rows out of the head's KV (a gap)
 
     def __init__(self, head, shape: TreeShape | None = None, resize_every: int = 16) -> None:
         from eyas.engine.speculative.sizing import RankStats
@@ -102,8 +109,11 @@ class Eagle3Proposer:
         self.kv = None  # its HeadCache, one per request (begin)
         self.past: tuple[Tensor, Tensor] | None = None  # committed KV [1, KV, n, D] (Python path)
         self._scratch_past: tuple[Tensor, Tensor] | None = None  # + the tree rows of this step
-        self.committed = 0  # committed rows (= positions 0..committed-1)
+        self.committed = 0  # committed rows (slots of the head's KV)
+        self.last_position = -1  # position of the last committed row (committed - 1 without gaps)
+        self.next_position = 0  # position of the next row the target's passes will produce
         self.pending_taps: list[Tensor] = []  # [1, m_i, 3H] each: taps of rows to commit, in order
+        self.pending_positions: list[int] = []  # position of each pending block's first row
         self.pending_unverified: list[bool] = []  # per pending row: committed by a step the head
         # did not draft in (its depth-1 prediction was never verified)
         self.shadow_ranks = True  # record those predictions' ranks at catch-up (single_stream)
@@ -118,6 +128,7 @@ class Eagle3Proposer:
         if target.model.embed_tokens.num_embeddings != self.head.config.vocab_size:
             raise EyasError("the EAGLE-3 head was trained for a target with another vocabulary")
         self.past, self.committed, self.pending_taps = None, 0, []
+        self.last_position, self.next_position, self.pending_positions = -1, 0, []
         self.pending_unverified = []
         self.kv = self.fused.new_cache() if self.fused is not None else None
         self.last_hidden = self.last_logits = None
@@ -236,6 +247,8 @@ class Eagle3Proposer:
         if result is not None and tree is not None and tree.size:
             self._record_ranks(tree, result)
         if output is None or output.taps is None:
+            if result is not None:  # a pass without taps: its rows are left out (a gap)
+                self.next_position += 1 + len(result.accepted_nodes)
             return
         if result is None:  # the prefill
             taps = output.taps
@@ -246,6 +259,8 @@ class Eagle3Proposer:
             taps = output.taps[:, rows]
         # Plain steps (no propose in between) pile up rows; the next catch-up takes them all.
         self.pending_taps.append(taps)
+        self.pending_positions.append(self.next_position)
+        self.next_position += taps.shape[1]
         unverified = result is not None and not any(self.node_ranks)  # the prompt's rows: no
         self.pending_unverified += [unverified] * taps.shape[1]
 
@@ -325,25 +340,29 @@ class Eagle3Proposer:
         if not self.pending_taps:
             return
         pending, self.pending_taps = self.pending_taps, []
+        firsts, self.pending_positions = self.pending_positions, []
         started = time.perf_counter()
         taps = (pending[0] if len(pending) == 1 else torch.cat(pending, 1)).to(self.head.dtype)
         count = taps.shape[1]
-        start = self.committed
         unverified, self.pending_unverified = self.pending_unverified, []
-        if start + count + 1 > len(token_ids):
+        # the row at position p reads (taps of p, token p + 1): blocks are contiguous inside,
+        # with gaps between them where passes computed no taps
+        row_positions = [first + i for first, block in zip(firsts, pending) for i in range(block.shape[1])]
+        if row_positions[-1] + 1 >= len(token_ids):
             return  # rows need the token one position later; plain steps leave gaps we cannot fill
         device = taps.device
-        ids = torch.tensor([token_ids[start + 1 : start + count + 1]], device=device)
-        positions = torch.arange(start, start + count, device=device)[None]
+        ids = torch.tensor([[token_ids[p + 1] for p in row_positions]], device=device)
+        positions = torch.tensor([row_positions], device=device)
         hidden = self._head_pass(taps, ids, positions, None)  # [1, count, H]
         self.committed += count
+        self.last_position = row_positions[-1]
         self.last_hidden = hidden[:, -1:]
         self.last_logits = self.head.compute_logits(self.last_hidden)[:, -1]  # the last row's only
         if self.shadow_ranks and self.step_ratios is not None:
-            # row start + i predicts token start + i + 2, known for all rows but the last
+            # the row at position p predicts token p + 2, known for all rows but the last
             rows = [i for i, flag in enumerate(unverified[: count - 1]) if flag]
             if rows:
-                self._shadow_ranks(hidden, rows, [token_ids[start + i + 2] for i in rows])
+                self._shadow_ranks(hidden, rows, [token_ids[row_positions[i] + 2] for i in rows])
         if len(pending) > 1 and self.cost is not None:
             # the rows of plain steps made this catch-up longer than a drafting step's one-row
             # pass (the modelled draft(1)): step_seconds prices the step without them
@@ -370,7 +389,7 @@ class Eagle3Proposer:
                                    if candidates[c].parent >= 0 else parent_hidden
                                    for c in frontier])[None]  # [1, F, H]
             ids = torch.tensor([[candidates[c].token for c in frontier]], device=device)
-            position = self.committed + depth - 2  # a depth-d node's row is at n + d - 1
+            position = self.last_position + depth - 1  # a depth-d node's row is at n + d - 1
             positions = torch.full((1, len(frontier)), position, device=device)
             mask = self._tree_mask(candidates, frontier, tree_keys, device)
             out_hidden = self._head_pass(hiddens, ids, positions, mask, scratch=len(tree_keys))

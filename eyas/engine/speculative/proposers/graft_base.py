@@ -26,6 +26,7 @@ class GraftedTree:
         self.main = main
         self.name = f"{main.name}{self.suffix_name}"
         self.tap_layers = tuple(main.tap_layers)
+        self.taps_optional = getattr(main, "taps_optional", False)  # rows left out: see eagle3.py
         self.plain_allowed = False  # single_stream: the grafted nodes alone must beat a plain step
         self.grafted = 0  # nodes added to the main trees (statistics)
 
