@@ -30,29 +30,42 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from eyas.models.extension import enabled, int4_activation_bits, march, module, source_tag
+from eyas.models.extension import enabled, int4_activation_bits, int8dot_kernel, march, module, source_tag
 
 
 KV_DTYPES = {"float32": torch.float32, "float16": torch.float16}
 KV_DTYPE_CHOICES = ("auto", *KV_DTYPES)
-DEFAULT_KV_DTYPE = "float16"  # what "auto" picks (BENCHMARKS.md, "Kernels and precisions")
+DEFAULT_KV_DTYPE = "float16"  # what "auto" picks where it can (BENCHMARKS.md, "Kernels and precisions")
 
 
-def kv_dtype(choice: str = "auto") -> torch.dtype:
+FLOAT16_HEAD_DIMS = (64, 128)  # the head dims whose attention reads a float16 cache (csrc/attention.cpp)
+
+
+def kv_dtype(choice: str = "auto", head_dim: int = 64) -> torch.dtype:
     """The KV cache's dtype where the fused layers run, from a model's choice (`--kv-dtype`,
     load_target's kv_dtype): float16 (what "auto" picks: half the bytes that attention reads
     per key, as llama.cpp's default f16 cache; rounded to nearest when written, widened to
-    float32 for the arithmetic) or float32. "auto" reads EYAS_KV_DTYPE first, where it is set.
-    Every pass of a process reads the same cache, so a speculative pass still gives each row
-    the bits of a one-token step with either."""
+    float32 for the arithmetic) or float32. "auto" reads EYAS_KV_DTYPE first, where it is set,
+    and keeps float32 where the attention kernel has no float16 path (a head dim other than 64
+    or 128, or a build without AVX2, FMA and F16C); asked for explicitly, float16 there is an
+    error at the first pass. Every pass of a process reads the same cache, so a speculative
+    pass still gives each row the bits of a one-token step with either."""
     if choice == "auto":
-        name = os.environ.get("EYAS_KV_DTYPE", DEFAULT_KV_DTYPE).strip().lower() or DEFAULT_KV_DTYPE
+        name = os.environ.get("EYAS_KV_DTYPE", "").strip().lower()
+        if not name:
+            return KV_DTYPES[DEFAULT_KV_DTYPE] if float16_attention(head_dim) else torch.float32
         if name not in KV_DTYPES:
             raise ValueError(f"EYAS_KV_DTYPE={name!r}: accepted values are {', '.join(KV_DTYPES)}")
         return KV_DTYPES[name]
     if choice not in KV_DTYPES:
         raise ValueError(f"KV cache dtype {choice!r}: accepted values are {', '.join(KV_DTYPE_CHOICES)}")
     return KV_DTYPES[choice]
+
+
+def float16_attention(head_dim: int) -> bool:
+    """Whether the fused layers' attention can read a float16 cache of this head dim (the
+    int4 kernels' AVX2 or AVX-512 build implies AVX2, FMA and F16C)."""
+    return head_dim in FLOAT16_HEAD_DIMS and int8dot_kernel() is not None
 
 
 @dataclass(frozen=True)

@@ -178,7 +178,9 @@ class Transformer(nn.Module):
         gives a row the same bits in any pass, models/fused_cpu.py), else float64, where the
         Python layers' attention runs (see Attention.forward). Otherwise the weights' dtype."""
         if any(layer.self_attn.float64_attention for layer in self.layers):
-            return fused_cpu.kv_dtype(self.kv_dtype_choice) if self.fused_layers() else torch.float64
+            if not self.fused_layers():
+                return torch.float64
+            return fused_cpu.kv_dtype(self.kv_dtype_choice, self.layers[0].self_attn.head_dim)
         return self.norm.weight.dtype
 
     # ---- rotary tables -------------------------------------------------------------------

@@ -92,6 +92,19 @@ def test_auto_is_float16_unless_the_environment_says_otherwise(smollm_int4_targe
     assert smollm_int4_target.kv_dtype == torch.float32
 
 
+def test_auto_keeps_float32_where_attention_has_no_float16_path(monkeypatch):
+    from eyas.models import fused_cpu
+
+    monkeypatch.delenv("EYAS_KV_DTYPE", raising=False)
+    monkeypatch.setattr(fused_cpu, "int8dot_kernel", lambda: "avx2")
+    assert fused_cpu.kv_dtype("auto", 64) == torch.float16
+    assert fused_cpu.kv_dtype("auto", 128) == torch.float16
+    assert fused_cpu.kv_dtype("auto", 16) == torch.float32  # e.g. a tiny test model's heads
+    assert fused_cpu.kv_dtype("float16", 16) == torch.float16  # asked for: the first pass refuses it
+    monkeypatch.setattr(fused_cpu, "int8dot_kernel", lambda: None)  # no AVX2 build
+    assert fused_cpu.kv_dtype("auto", 64) == torch.float32
+
+
 @needs_fused
 def test_the_fused_layers_write_the_bits_of_torchs_rounding(smollm_int4_target):
     """Layer 0's keys and values depend on the tokens alone (not on any cache read), so the
