@@ -24,8 +24,8 @@ def add_kv_dtype_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-dtype", default="auto", choices=KV_DTYPE_CHOICES,
                         help="KV cache of an int4 target on a CPU (the fused layers): float16 (half the "
                              "bytes attention reads, widened to float32 when read) or float32; auto = "
-                             "float16, or EYAS_KV_DTYPE where set; other precisions keep their own "
-                             "(default: %(default)s)")
+                             "float16 (float32 for head dims other than 64 and 128), or EYAS_KV_DTYPE "
+                             "where set; other precisions keep their own (default: %(default)s)")
 
 
 def add_sampling_args(parser: argparse.ArgumentParser, max_tokens: int = 256) -> None:

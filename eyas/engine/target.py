@@ -131,7 +131,8 @@ def load_target(spec: str | Path, dtype: str = "auto", device: str = "cpu",
                 cache: str | Path | None = None, kv_dtype: str = "auto") -> Target:
     """Load a target. `dtype` is a precision: auto, float32, bfloat16, float16, int4 or int8.
     `kv_dtype` is the KV cache's dtype where the fused int4 layers run (an int4 target on a
-    CPU): auto (float16, or EYAS_KV_DTYPE where it is set), float16 or float32; the other
+    CPU): auto (float16, float32 for head dims without the float16 attention path, or
+    EYAS_KV_DTYPE where it is set), float16 or float32; the other
     precisions keep their own (float64 for int4 and int8 in the Python layers, else the
     weights' dtype)."""
     from transformers import AutoTokenizer
