@@ -19,13 +19,17 @@ plain output either way.
 Usage:
     from eyas.models.fused_cpu import fused_layers
     stack = fused_layers(model)                # None unless every layer qualifies
-    x = stack.run(x, cos, sin, cache, list(range(len(stack))), slots, kv_len, mask)
+    out = stack.run(x, cos, sin, cache, list(range(len(stack))), slots, kv_len, mask)
+    taps = x.new_empty(len(x), 3, x.shape[1])  # [N, 3, H]: filled with the hidden entering layers 2, 15, 27
+    out = stack.run(x, cos, sin, cache, list(range(len(stack))), slots, kv_len, mask,
+                    tap_before=[2, 15, 27], taps=taps)
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 from torch import Tensor, nn
@@ -106,7 +110,7 @@ def _fused_layer(layer: nn.Module) -> FusedLayer | None:
 class FusedStack:
     """Every decoder layer of an int4 model, run by the extension's Int4Stack: a pass through
     any run of layers is one C++ call (csrc/int4_decoder_layer.cpp), with the bits of one
-    int4_decoder_layer call per layer."""
+    int4_decoder_layer call per layer, and returns the EAGLE-3 taps from that same call."""
 
     def __init__(self, layers: list[FusedLayer]) -> None:
         first = layers[0]
@@ -125,17 +129,21 @@ class FusedStack:
         return self.layers[index]
 
     def run(self, x: Tensor, cos: Tensor, sin: Tensor, cache, layers: list[int], slots: Tensor,
-            kv_len: int, mask: Tensor | None, sequences: Tensor | None = None) -> Tensor:
+            kv_len: int, mask: Tensor | None, sequences: Tensor | None = None,
+            tap_before: Sequence[int] = (), taps: Tensor | None = None) -> Tensor:
         """x [N, H] float32 through `layers` (in order) -> [N, H]; cache a KVCache (float32,
         float64 or float16), cos/sin [N, D]. Dense: slots [B, T] int64 (N = B * T, row
         n = b * T + t in cache row b), mask [B, T, kv_len] bool or None. Ragged: `sequences`
-        [N] int64 (each row's cache row), slots [N], mask [N, kv_len]."""
-        if not layers:
+        [N] int64 (each row's cache row), slots [N], mask [N, kv_len]. Taps: `taps`
+        [N, len(tap_before), H] float32 is filled in place, taps[:, j] with the hidden
+        entering layers[tap_before[j]] (0 <= tap_before[j] <= len(layers); len(layers): the
+        output), in the same call."""
+        if not layers and taps is None:
             return x
         storage = getattr(cache, "storage_index", None)
         where = layers if storage is None else [storage[index] for index in layers]
         return self.native.run(x, cos, sin, cache.keys, cache.values, layers, where, slots, kv_len, mask,
-                               sequences)
+                               sequences, list(tap_before), taps)
 
 
 def fused_layers(model: nn.Module) -> FusedStack | None:

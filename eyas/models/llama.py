@@ -18,6 +18,7 @@ Usage:
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import math
 from dataclasses import dataclass
@@ -221,6 +222,10 @@ class Transformer(nn.Module):
         input_ids, positions and write_at [1, N] and attn_mask [1, N, kv_len] (each query's
         visible slots in its own cache row): queries of any number of sequences, each with its
         own count, no padding. Its outputs are [1, N, ...] like a pass of one row."""
+        if any(not 0 <= k <= len(self.layers) for k in tap_layers):
+            raise ValueError(f"tap_layers {tuple(tap_layers)}: each must be a boundary id 0 .. "
+                             f"{len(self.layers)} (k = the residual entering layer k, "
+                             f"{len(self.layers)} = the last layer's output)")
         x = self.embed_tokens(input_ids) if input_embeds is None else input_embeds  # [B, T, H]
         batch, length = x.shape[:2]
         plan = self._fused(cache, x)
@@ -250,39 +255,37 @@ class Transformer(nn.Module):
         cos_table, sin_table = self.rope_tables(int(positions.max()) + 1)
         cos, sin = cos_table[positions][:, :, None], sin_table[positions][:, :, None]  # [B, T, 1, D]
         # 2. The decoder stack, collecting the taps on the way.
-        taps: list[Tensor] = []
-        wanted = set(tap_layers)
-        if plan:  # int4 on a CPU: the fused stack (models/fused_cpu.py), rows flattened
+        tap_tensor = None
+        if plan:  # int4 on a CPU: the fused stack (models/fused_cpu.py), rows flattened, one C++ call
             x = x.reshape(batch * length, -1).contiguous()
             cos, sin = cos.reshape(batch * length, -1), sin.reshape(batch * length, -1)
             slots = (torch.arange(write_at, write_at + length).expand(batch, length).contiguous()
                      if isinstance(write_at, int) else write_at.long().contiguous())
             if attn_mask is not None:
                 attn_mask = attn_mask.expand(batch, length, kv_len)
-        if plan:  # one C++ call per run of layers between taps
-            run: list[int] = []
-            for index in range(len(self.layers)):
-                if index in wanted:
-                    x = plan.run(x, cos, sin, cache, run, slots, kv_len, attn_mask, sequences)
-                    run = []
-                    taps.append(x.view(batch, length, -1))
-                if index not in skip_layers:
-                    run.append(index)
-            x = plan.run(x, cos, sin, cache, run, slots, kv_len, attn_mask, sequences).view(batch, length, -1)
+            run = [index for index in range(len(self.layers)) if index not in skip_layers]
+            # the residual entering model layer k enters run[p], p = the run's layers before k
+            tap_before = [bisect.bisect_left(run, k) for k in tap_layers]
+            if tap_layers:
+                tap_tensor = x.new_empty(batch * length, len(tap_layers), x.shape[1])  # [N, K, H]
+            x = plan.run(x, cos, sin, cache, run, slots, kv_len, attn_mask, sequences, tap_before, tap_tensor)
+            x = x.view(batch, length, -1)
+            if tap_tensor is not None:
+                tap_tensor = tap_tensor.view(batch, length, -1)  # [B, T, K * H] in tap_layers' order
         else:
+            taps: list[Tensor] = []
+            wanted = set(tap_layers)
             for index, layer in enumerate(self.layers):
                 if index in wanted:
                     taps.append(x)
                 if index not in skip_layers:
                     x = layer(x, cos, sin, cache, write_at, kv_len, mask)
-        if len(self.layers) in wanted:
-            taps.append(x)
+            if len(self.layers) in wanted:
+                taps.append(x)
+            if tap_layers:
+                by_layer = dict(zip(sorted(wanted), taps))
+                tap_tensor = torch.cat([by_layer[k] for k in tap_layers], dim=-1)
         hidden = self.norm(x)
-        tap_tensor = None
-        if tap_layers:
-            order = sorted(wanted)
-            by_layer = dict(zip(order, taps))
-            tap_tensor = torch.cat([by_layer[k] for k in tap_layers], dim=-1)
         return ForwardOutput(logits=self._logits_at(hidden, logits_at, greedy), hidden=hidden, taps=tap_tensor)
 
     def _logits_at(self, hidden: Tensor, logits_at: Tensor | str | None, greedy: bool) -> Tensor | None:

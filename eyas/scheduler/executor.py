@@ -271,8 +271,9 @@ class StepExecutor:
     def _taps_read(self, decode: list[Request], trees: dict[int, DraftTree]) -> bool:
         """Whether any proposer will read this pass's taps. Not where one timed request takes a
         plain step and its fallback keeps the next one plain too (policy.plain_next), with a
-        proposer that can leave those rows out (`taps_optional`, EAGLE-3): the taps split the
-        target's fused stack, a cost every plain step would pay for rows never drafted from."""
+        proposer that can leave those rows out (`taps_optional`, EAGLE-3): the taps' copies out
+        of the target's stack and the head's catch-up over their rows would be paid for rows
+        never drafted from."""
         if not self.tap_layers or not self.single_stream or self.pool.keep_taps:
             return bool(self.tap_layers)
         return any(trees[request.row].size or request.timing is None or not request.timing.plain_next()

@@ -5,8 +5,9 @@
 // Why: a decode step of SmolLM2-135M spends ~4.5 ms in its int4 matmuls and more than that in
 // the ~25 small ops per layer around them (norms, RoPE, dtype conversions, cache writes) and in
 // the Python that issues them. This file does that work in plain loops between the matmuls,
-// and Int4Stack runs every layer of a pass without returning to Python: the visible slots of
-// each row (attention.h's Visibility) are gathered once per pass, not once per layer. The
+// and Int4Stack runs every layer of a pass without returning to Python, copying out the
+// residual stream an EAGLE-3 head reads (the taps) on the way: the visible slots of each row
+// (attention.h's Visibility) are gathered once per pass, not once per layer. The
 // floor it chases: the int4 weights read once per pass (memory bandwidth) for one token, their
 // multiply-adds at the integer peak for many.
 // Parallel work runs on worker_pool.h's threads, which never wait for one another to start; the
@@ -377,6 +378,32 @@ std::vector<int64_t> check_pass(const Tensor& x, const Tensor& slots, const Tens
   return std::vector<int64_t>(data, data + rows);
 }
 
+// Tap positions into a run of `count` layers and the tensor they fill: taps [N, len(tap_before), H]
+// float32 like x, given exactly when tap_before is not empty.
+void check_taps(const Tensor& x, int64_t count, const std::vector<int64_t>& tap_before,
+                const c10::optional<Tensor>& taps) {
+  TORCH_CHECK(taps.has_value() == !tap_before.empty(), "taps [N, len(tap_before), H] and tap_before come together");
+  if (!taps.has_value()) return;
+  for (int64_t p : tap_before)
+    TORCH_CHECK_INDEX(p >= 0 && p <= count, "tap position ", p, " of a run of ", count,
+                      " layers: 0 (the input) .. ", count, " (the output)");
+  TORCH_CHECK(taps->scalar_type() == at::kFloat && taps->is_contiguous() && taps->dim() == 3 &&
+              taps->size(0) == x.size(0) && taps->size(1) == int64_t(tap_before.size()) && taps->size(2) == x.size(1),
+              "taps: [N, len(tap_before), H] float32, contiguous, N and H as x");
+}
+
+// Copies hidden [N, H] (what enters layer `position` of the run) into taps[:, j] for every j
+// with tap_before[j] == position.
+void copy_taps(const float* hidden, int64_t rows, int64_t width, const std::vector<int64_t>& tap_before,
+               int64_t position, float* taps) {
+  const int64_t count = int64_t(tap_before.size());
+  for (int64_t j = 0; j < count; ++j) {
+    if (tap_before[j] != position) continue;
+    for (int64_t n = 0; n < rows; ++n)
+      std::memcpy(taps + (n * count + j) * width, hidden + n * width, width * sizeof(float));
+  }
+}
+
 // The decoder layers of an int4 model, run in one call per pass (no Python between layers):
 // the same code and the same bits as one int4_decoder_layer call per layer.
 class Int4Stack {
@@ -399,14 +426,20 @@ class Int4Stack {
   // writing keys[storage[i]] / values[storage[i]] of the cache [L', B', KV, S, D]; the rest as
   // int4_decoder_layer. A ragged pass gives `sequences` [N] (each row's cache row), slots [N]
   // and mask [N, kv_len]: rows of any number of sequences, each with its own count of rows.
+  // Taps (EAGLE-3): for each position p = tap_before[j] (0 <= p <= len(layers), any order,
+  // repeats allowed), the hidden entering layers[p] (p == len(layers): the output) is copied
+  // to taps[:, j] of `taps` [N, len(tap_before), H] float32, written in place.
   Tensor run(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& keys, const Tensor& values,
              const std::vector<int64_t>& layers, const std::vector<int64_t>& storage, const Tensor& slots,
              int64_t kv_len, const c10::optional<Tensor>& mask,
-             const c10::optional<Tensor>& sequences = c10::nullopt) const {
+             const c10::optional<Tensor>& sequences = c10::nullopt,
+             const std::vector<int64_t>& tap_before = {}, const c10::optional<Tensor>& taps = c10::nullopt) const {
     const eyas::PhaseScope timed(eyas::kStackOther);
     std::vector<int64_t> row_sequences = check_pass(x, slots, cos, sequences);
     TORCH_CHECK(layers.size() == storage.size(), "one storage index per layer");
     TORCH_CHECK(keys.dim() == 5 && keys.sizes() == values.sizes(), "keys, values: [L, B, KV, S, D]");
+    check_taps(x, int64_t(layers.size()), tap_before, taps);
+    float* tap_data = taps.has_value() ? taps->data_ptr<float>() : nullptr;
     const int64_t kv_len_checked = std::max<int64_t>(kv_len, 1);
     const Tensor mask_c = checked_mask(mask, x.size(0), kv_len_checked);
     const eyas::Visibility visible(mask_c.defined() ? mask_c.data_ptr<bool>() : nullptr, kv_len,
@@ -420,11 +453,13 @@ class Int4Stack {
       TORCH_CHECK_INDEX(layers[i] >= 0 && layers[i] < size(), "layer ", layers[i], " of ", size());
       TORCH_CHECK_INDEX(storage[i] >= 0 && storage[i] < keys.size(0), "cache layer ", storage[i], " of ",
                         keys.size(0));
+      copy_taps(input, x.size(0), x.size(1), tap_before, int64_t(i), tap_data);
       hidden = outputs[i % 2];
       decoder_layer(input, x.size(0), x.size(1), layers_[layers[i]], pass, keys[storage[i]], values[storage[i]],
                     hidden.data_ptr<float>());
       input = hidden.data_ptr<float>();
     }
+    copy_taps(input, x.size(0), x.size(1), tap_before, int64_t(layers.size()), tap_data);
     return hidden;
   }
 
@@ -528,6 +563,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            pybind11::arg("x"), pybind11::arg("cos"), pybind11::arg("sin"), pybind11::arg("keys"),
            pybind11::arg("values"), pybind11::arg("layers"), pybind11::arg("storage"), pybind11::arg("slots"),
            pybind11::arg("kv_len"), pybind11::arg("mask"), pybind11::arg("sequences") = pybind11::none(),
+           pybind11::arg("tap_before") = std::vector<int64_t>{}, pybind11::arg("taps") = pybind11::none(),
            // without the GIL: the server's event loop (HTTP, streaming) runs while a pass computes;
            // its buffers are per calling thread and the worker pool lets two callers take turns
            pybind11::call_guard<pybind11::gil_scoped_release>());

@@ -30,10 +30,11 @@ drafts still takes a plain step every `PROBE_EVERY`-th step (as the serving sche
 each request's first decode step, slowed by the prefill before it, is left out of the prices.
 
 Rows without taps: a target pass that computed no taps (single-stream steps that the fallback
-keeps plain, when the next step is plain too: the taps split the target's fused stack, a cost
-of every plain step) leaves its rows out of the head's KV. The head's rows keep their true
-positions (RoPE), so its KV then holds the rows it saw, in order, with a gap where it saw none;
-drafts stay verified, so output is unchanged, and the head's context lacks those rows only.
+keeps plain, when the next step is plain too: the taps cost every plain step their copies out
+of the target's stack and the head's next catch-up their rows) leaves its rows out of the
+head's KV. The head's rows keep their true positions (RoPE), so its KV then holds the rows it
+saw, in order, with a gap where it saw none; drafts stay verified, so output is unchanged, and
+the head's context lacks those rows only.
 """
 
 from __future__ import annotations
