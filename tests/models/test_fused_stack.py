@@ -1,7 +1,9 @@
 """The int4 target's fused stack (models/fused_cpu.py FusedStack, csrc/int4_decoder_layer.cpp
 Int4Stack): one C++ call for every layer gives the bits of one call per layer, and in a pass
 over a random draft tree of T = 2..64 rows each row gets the bits of the same row run alone
-(the property that keeps speculation lossless), on each int8 dot-product implementation."""
+(the property that keeps speculation lossless), on each int8 dot-product implementation. The
+EAGLE-3 taps it copies out in the same call are the bits of calls split at the taps (dense and
+ragged passes, skipped layers, float16 and float32 caches), keyed by model layer in the forward."""
 
 import contextlib
 import shutil
