@@ -18,6 +18,7 @@ import sys
 import time
 from contextlib import contextmanager
 
+import eyas  # noqa: F401  (before torch: the OpenMP spin setting, eyas/openmp_spin.py)
 import torch
 
 import eyas.models.quant as quant

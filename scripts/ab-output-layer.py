@@ -10,6 +10,7 @@ and how many outputs are identical (old BENCHMARKS.md section 1).
 
 import statistics
 
+import eyas  # noqa: F401  (before torch: the OpenMP spin setting, eyas/openmp_spin.py)
 import torch
 
 from eyas.bench.prompts import mtbench_first_turns

@@ -21,6 +21,7 @@ import sys
 import time
 from dataclasses import replace
 
+import eyas  # noqa: F401  (before torch: the OpenMP spin setting, eyas/openmp_spin.py)
 import torch
 
 from eyas.engine.generate import new_cache

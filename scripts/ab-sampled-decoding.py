@@ -9,6 +9,7 @@ through the screen vs full product + target_probs + sample_from, on real hidden 
 """
 import statistics, sys, time
 
+import eyas  # noqa: F401  (before torch: the OpenMP spin setting, eyas/openmp_spin.py)
 import torch
 
 from eyas.bench.prompts import mtbench_first_turns

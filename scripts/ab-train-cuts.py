@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 
+import eyas  # noqa: F401  (before torch: the OpenMP spin setting, eyas/openmp_spin.py)
 import torch
 
 from eyas.training.config import TrainConfig

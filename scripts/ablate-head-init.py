@@ -33,6 +33,7 @@ import json
 import sys
 from pathlib import Path
 
+import eyas  # noqa: F401  (before torch: the OpenMP spin setting, eyas/openmp_spin.py)
 import torch
 
 

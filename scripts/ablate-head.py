@@ -31,6 +31,7 @@ import json
 import time
 from pathlib import Path
 
+import eyas  # noqa: F401  (before torch: the OpenMP spin setting, eyas/openmp_spin.py)
 import torch
 
 # Today's recipe (scripts/train-smollm2-head.sh, step 5), on top of which each arm changes flags.

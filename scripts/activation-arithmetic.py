@@ -34,6 +34,7 @@ import os
 import re
 import sys
 
+import eyas  # noqa: F401  (before torch: the OpenMP spin setting, eyas/openmp_spin.py)
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn

@@ -24,6 +24,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
+import eyas  # noqa: F401  (before torch: the OpenMP spin setting, eyas/openmp_spin.py)
 import torch
 
 import eyas.engine.target as target_module

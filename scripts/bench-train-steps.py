@@ -28,6 +28,7 @@ from pathlib import Path
 
 CHILD = r"""
 import json, sys, time
+import eyas  # noqa: F401  (before torch: the OpenMP spin setting, eyas/openmp_spin.py)
 import torch
 from eyas.training.config import TrainConfig
 from eyas.training.trainer import Trainer

@@ -14,6 +14,7 @@ import argparse
 import json
 import time
 
+import eyas  # noqa: F401  (before torch: the OpenMP spin setting, eyas/openmp_spin.py)
 import torch
 
 

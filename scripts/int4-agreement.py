@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import sys
 
+import eyas  # noqa: F401  (before torch: the OpenMP spin setting, eyas/openmp_spin.py)
 import torch
 
 from eyas.bench.agreement import Agreement

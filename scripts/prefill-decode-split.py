@@ -21,6 +21,7 @@ import statistics
 import sys
 import time
 
+import eyas  # noqa: F401  (before torch: the OpenMP spin setting, eyas/openmp_spin.py)
 import torch
 
 DECODE_TOKENS = 64

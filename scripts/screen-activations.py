@@ -11,6 +11,7 @@ each; every row's bound is checked against the float32 logits and both settings 
 same argmax.
 """
 import statistics, sys, time
+import eyas  # noqa: F401  (before torch: the OpenMP spin setting, eyas/openmp_spin.py)
 import torch
 from eyas.engine.target import load_target
 from eyas.engine.generate import generate

@@ -24,6 +24,7 @@ import json
 import statistics
 import time
 
+import eyas  # noqa: F401  (before torch: the OpenMP spin setting, eyas/openmp_spin.py)
 import torch
 
 

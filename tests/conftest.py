@@ -7,6 +7,8 @@ import warnings
 from pathlib import Path
 
 import pytest
+
+import eyas  # noqa: F401  (before torch: the OpenMP spin setting, eyas/openmp_spin.py)
 import torch
 
 from tiny_models import build_tiny_model, single_thread
