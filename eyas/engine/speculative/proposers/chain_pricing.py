@@ -140,13 +140,13 @@ class ChainPricing:
     def new_request(self, max_nodes: int) -> bool:
         """A request begins: its first step explores where the pair could pay and the prices
         (the learned acceptance included) do not say that no chain pays (a pair never measured
-        is trusted). Returns whether the draft should read the prompt now (it explores or a
-        chain pays). Priced out, the probes' wait carries over from the last request."""
+        is trusted). Returns whether it explores. Priced out, the probes' wait carries over
+        from the last request."""
         if not self.could_pay(max_nodes):
             return False
         if "draft" in self.ratios and self.speed_up(max_nodes) < self.start_margin:
-            # no chain pays, or too little to earn back the draft's read of the whole prompt:
-            # no exploring step; a chain priced to pay still drafts, from a window (draft_model.py)
+            # no chain pays, or too little to be worth exploring with whole-budget chains: no
+            # exploring step; a chain priced to pay still drafts (draft_model.py)
             self.explored = max(self.explored, self.explore_steps)
             return False
         self.probe_wait, self.plain_in_a_row = self.probe_every, 0

@@ -9,11 +9,15 @@ rolled back to the longest prefix that is still valid: nothing is recomputed.
 Priced (`priced=True`, what `--draft model:`, `layerskip` and `self` build): in single-stream
 decoding with the never-slower fallback on (`single_stream`) the chain's length is chosen each step from measured costs and observed
 acceptance (chain_pricing.py), 0 (a plain step, no draft pass) where no chain pays, so that a
-pair that cannot pay decodes at plain speed; the draft reads the prompt while the target
-prefills it (`begin`), so that the first speculative step is not charged for it.
+pair that cannot pay decodes at plain speed. A priced draft never reads the whole prompt: its
+first chain, like a probe after plain steps, reads the last `catch_up_window` tokens (below),
+so a request that the pair never drafts in costs nothing and a short answer does not have to
+earn back a read of its prompt (Qwen2.5-Coder-1.5B with its 0.5B, 6 x 64 tokens, 1 thread, CPU
+time: MT-Bench 0.94x plain median with the prompt read whole, 1.15x from the window; code
+1.24x and 1.20x; a first window of 128 tokens: 1.02x and 1.17x).
 
 Priced, a catch-up longer than `catch_up_window` tokens (a probe after a stretch of plain
-steps, the first probe of a request whose prompt the draft did not read) restarts the draft's
+steps, the first chain of a request) restarts the draft's
 cache from the last `catch_up_window` tokens of the context, at positions from 0: it drafts
 from that window alone (RoPE attention depends only on relative positions), and a probe costs
 a window's pass instead of the whole context's. The same restart lets a draft with a shorter
@@ -153,10 +157,8 @@ class DraftModelProposer:
         self.cache = self._new_cache(min(self.slot_limit, len(prompt_ids) + INITIAL_SPARE_SLOTS))
         self.cached_ids, self.offset = [], 0
         self.after_prefill = True
-        if self.pricing is not None and self.pricing.new_request(self.max_draft_tokens or 8):
-            with torch.inference_mode():  # the draft's prefill, beside the target's
-                self._forward(list(prompt_ids), 0)
-            self.cached_ids = list(prompt_ids)
+        if self.pricing is not None:  # whether it explores; the draft reads no prompt (docstring)
+            self.pricing.new_request(self.max_draft_tokens or 8)
 
     @property
     def slot_limit(self) -> int:
