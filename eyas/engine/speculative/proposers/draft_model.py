@@ -14,7 +14,8 @@ first chain, like a probe after plain steps, reads the last `catch_up_window` to
 so a request that the pair never drafts in costs nothing and a short answer does not have to
 earn back a read of its prompt (Qwen2.5-Coder-1.5B with its 0.5B, 6 x 64 tokens, 1 thread, CPU
 time: MT-Bench 0.94x plain median with the prompt read whole, 1.15x from the window; code
-1.24x and 1.20x; a first window of 128 tokens: 1.02x and 1.17x).
+1.23-1.24x and 1.18-1.20x, its drafts accepted a little less from the shorter context; a first
+window of 128 tokens: 1.02x and 1.17x).
 
 Priced, a catch-up longer than `catch_up_window` tokens (a probe after a stretch of plain
 steps, the first chain of a request) restarts the draft's
