@@ -70,14 +70,16 @@ class ReferenceProposer(Eagle3Proposer):
         log_probs = torch.log_softmax(self.last_logits.float(), dim=-1)[0]
         top = torch.topk(log_probs, min(shape.top_k, budget))
         targets = head.draft_to_target(top.indices).tolist()
-        candidates = [_Node(t, -1, float(s), 1, r + 1) for r, (t, s) in enumerate(zip(targets, top.values.tolist()))]
+        candidates = [_Node(t, -1, float(s), 1, r + 1)
+                      for r, (t, s) in enumerate(zip(targets, top.values.tolist()))]
         frontier = list(range(len(candidates)))
         hidden_of: dict[int, Tensor] = {}
         tree_keys: list[int] = []
         for depth in range(2, min(shape.depth, budget) + 1):
             if not frontier:
                 break
-            hiddens = torch.stack([hidden_of.get(candidates[c].parent, self.last_hidden[0, 0]) for c in frontier])[None]
+            hiddens = torch.stack([hidden_of.get(candidates[c].parent, self.last_hidden[0, 0])
+                                   for c in frontier])[None]
             ids = torch.tensor([[candidates[c].token for c in frontier]])
             columns = self.committed + len(tree_keys) + len(frontier)
             mask = torch.zeros(1, len(frontier), columns, dtype=torch.bool)
