@@ -65,6 +65,8 @@ class FusedHead:
     weights: tuple  # in int4_decoder_layer's order: norm_in, qkv, o, norm_post, gate_up, down
     norm_embeds: Tensor  # [H] the layer's input_layernorm (on the token embeddings)
     eps: float
+    fc_packed: Tensor | None  # fc's int8dot weights, None where fc is another linear
+    lm_head_packed: Tensor | None  # the same for lm_head
     _tables: list = field(default_factory=lambda: [torch.empty(0), torch.empty(0)])  # cos, sin [S, D]
     _slots: list = field(default_factory=lambda: [torch.empty(0, dtype=torch.long)])  # [S] 0, 1, ..
     _causal: dict = field(default_factory=dict)  # rows T -> [T, S] bool, row t sees columns <= S - T + t
@@ -97,7 +99,8 @@ class FusedHead:
         gate_up = torch.cat([mlp.gate_proj.packed, mlp.up_proj.packed])
         weights = (layer.hidden_norm.weight.detach(), qkv, empty, None, attn.o_proj.packed, empty,
                    layer.post_attention_layernorm.weight.detach(), gate_up, empty, mlp.down_proj.packed, empty)
-        return cls(head, weights, layer.input_layernorm.weight.detach(), float(layer.input_layernorm.eps))
+        return cls(head, weights, layer.input_layernorm.weight.detach(), float(layer.input_layernorm.eps),
+                   _int8dot_weights(head.fc), _int8dot_weights(head.lm_head))
 
     def new_cache(self) -> HeadCache:
         attn = self.head.midlayer.self_attn
@@ -156,7 +159,7 @@ class FusedHead:
         every earlier slot and the rows before it (causal)."""
         head, length = self.head, input_ids.shape[0]
         if hidden.shape[-1] == head.config.fused_input_size:
-            hidden = head.fc(hidden)
+            hidden = _linear(head.fc, self.fc_packed, hidden)
         hidden = hidden.float().contiguous()  # [T, H]
         kv_len = first_slot + length
         cache.ensure(kv_len)
@@ -169,3 +172,22 @@ class FusedHead:
         return extension.module().int4_decoder_layer(
             hidden, *self.weights, 32, self.eps, cos, sin, cache.keys, cache.values, slots, kv_len,
             None if mask is None else mask[None], attn.num_heads, attn.num_kv_heads, embeds, self.norm_embeds)
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """[T, H] the layer's output -> [T, N] draft-vocabulary logits: `head.compute_logits`'s
+        norm and output layer, the same ops called without the modules around them."""
+        norm = self.head.norm
+        normed = F.rms_norm(hidden.float(), (hidden.shape[-1],), norm.weight.float(), norm.eps).to(hidden.dtype)
+        return _linear(self.head.lm_head, self.lm_head_packed, normed)
+
+
+def _int8dot_weights(linear) -> Tensor | None:
+    plain = isinstance(linear, Int4Linear) and linear.layout == "int8dot" and linear.bias is None
+    return linear.packed if plain else None
+
+
+def _linear(linear, packed: Tensor | None, x: Tensor) -> Tensor:
+    """linear(x) for x [T, I]: Int4Linear.forward's int8dot kernel call where `packed`."""
+    if packed is None:
+        return linear(x)
+    return extension.module().int4_linear(x.float(), packed).to(x.dtype)

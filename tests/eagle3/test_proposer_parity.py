@@ -1,6 +1,7 @@
 """The EAGLE-3 proposer's per-step path (kept buffers, masks left out for chains, sliced RoPE
-tables and taps) against a plain reference of the same steps: every tensor created anew, a
-tril mask for committed rows, an explicit tree mask at every level, indexed taps and tables.
+tables and taps, the output layer's kernels called directly, draft ids mapped in Python)
+against a plain reference of the same steps: every tensor created anew, a tril mask for
+committed rows, an explicit tree mask at every level, indexed taps and tables, the head's modules.
 On the shipped SmolLM2 head beside the int4 target (the fused head), run in lockstep over real
 decoding: the same trees (tokens, parents), the same candidates' scores bit for bit, the same
 head logits and KV cache."""
@@ -60,6 +61,9 @@ class ReferenceProposer(Eagle3Proposer):
         self.next_position += taps.shape[1]
         self.pending_unverified += [not any(self.node_ranks)] * taps.shape[1]
 
+    def _logits(self, hidden: Tensor) -> Tensor:
+        return self.head.compute_logits(hidden)
+
     def _head_pass(self, hidden, ids, positions, mask, scratch=None) -> Tensor:
         first_slot = self.committed + (scratch or 0)
         return reference_run(self.fused, hidden[0], ids[0], torch.tensor(positions), first_slot, self.kv,
@@ -94,7 +98,7 @@ class ReferenceProposer(Eagle3Proposer):
             out = self._head_pass(hiddens, ids, [self.last_position + depth - 1] * len(frontier), mask,
                                   scratch=len(tree_keys))
             tree_keys.extend(frontier)
-            scores = torch.log_softmax(head.compute_logits(out).float(), dim=-1)[0]
+            scores = torch.log_softmax(self._logits(out).float(), dim=-1)[0]
             child_top = torch.topk(scores, shape.top_k, dim=-1)
             children = []
             for row, parent in enumerate(frontier):

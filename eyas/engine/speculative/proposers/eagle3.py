@@ -108,6 +108,7 @@ class Eagle3Proposer:
 
         self.fused = FusedHead.build(head)  # the head's layer as one C++ call (eagle3/fused.py)
         self.kv = None  # its HeadCache, one per request (begin)
+        self.d2t: list[int] = []  # draft id -> target id offset (head.d2t), set in begin
         self.past: tuple[Tensor, Tensor] | None = None  # committed KV [1, KV, n, D] (Python path)
         self._scratch_past: tuple[Tensor, Tensor] | None = None  # + the tree rows of this step
         self.committed = 0  # committed rows (slots of the head's KV)
@@ -132,6 +133,7 @@ class Eagle3Proposer:
         self.last_position, self.next_position, self.pending_positions = -1, 0, []
         self.pending_unverified = []
         self.kv = self.fused.new_cache() if self.fused is not None else None
+        self.d2t = self.head.d2t.tolist()
         self.last_hidden = self.last_logits = None
         self._unpaid_steps = 0
         self._first_step = True  # of this request: not a price (step_seconds)
@@ -358,7 +360,7 @@ class Eagle3Proposer:
         self.committed += count
         self.last_position = row_positions[-1]
         self.last_hidden = hidden[:, -1:]
-        self.last_logits = self.head.compute_logits(self.last_hidden)[:, -1]  # the last row's only
+        self.last_logits = self._logits(self.last_hidden)[:, -1]  # the last row's only
         if self.shadow_ranks and self.step_ratios is not None:
             # the row at position p predicts token p + 2, known for all rows but the last
             rows = [i for i, flag in enumerate(unverified[: count - 1]) if flag]
@@ -370,12 +372,13 @@ class Eagle3Proposer:
             self._backlog_seconds = max(0.0, time.perf_counter() - started - self.cost.draft(1))
 
     def _expand(self, token_ids: list[int], budget: int) -> list[_Node]:
-        head, shape = self.head, self.shape
+        shape = self.shape
         device = self.last_logits.device
         log_probs = torch.log_softmax(self.last_logits.float(), dim=-1)[0]  # [N]
         k = min(shape.top_k, budget)
         top = torch.topk(log_probs, k)
-        targets = head.draft_to_target(top.indices).tolist()
+        d2t = self.d2t
+        targets = [i + d2t[i] for i in top.indices.tolist()]  # head.draft_to_target
         candidates = [_Node(t, -1, float(s), 1, r + 1)
                       for r, (t, s) in enumerate(zip(targets, top.values.tolist()))]
         frontier = list(range(len(candidates)))
@@ -394,9 +397,9 @@ class Eagle3Proposer:
             out_hidden = self._head_pass(hiddens, ids, [position] * len(frontier), mask, scratch=len(tree_keys))
             tree_keys.extend(frontier)
             row_of = {parent: row for row, parent in enumerate(frontier)}
-            scores = torch.log_softmax(head.compute_logits(out_hidden).float(), dim=-1)[0]  # [F, N]
+            scores = torch.log_softmax(self._logits(out_hidden).float(), dim=-1)[0]  # [F, N]
             child_top = torch.topk(scores, shape.top_k, dim=-1)
-            child_targets = head.draft_to_target(child_top.indices).tolist()  # [F][top_k]
+            child_targets = [[i + d2t[i] for i in row] for row in child_top.indices.tolist()]  # [F][top_k]
             children: list[int] = []
             for parent, tokens, values in zip(frontier, child_targets, child_top.values.tolist()):
                 for rank, (token, score) in enumerate(zip(tokens, values)):
@@ -424,6 +427,13 @@ class Eagle3Proposer:
         else:
             self._scratch_past = out.past_kv
         return out.hidden
+
+    def _logits(self, hidden: Tensor) -> Tensor:
+        """[1, T, H] -> [1, T, N] draft logits (`head.compute_logits`; its ops called directly
+        on the fused path)."""
+        if self.fused is not None:
+            return self.fused.logits(hidden[0])[None]
+        return self.head.compute_logits(hidden)
 
     def _tree_mask(self, candidates: list[_Node], frontier: list[int], tree_keys: list[int],
                    device: torch.device) -> Tensor | None:
