@@ -190,4 +190,4 @@ def _linear(linear, packed: Tensor | None, x: Tensor) -> Tensor:
     """linear(x) for x [T, I]: Int4Linear.forward's int8dot kernel call where `packed`."""
     if packed is None:
         return linear(x)
-    return extension.module().int4_linear(x.float(), packed).to(x.dtype)
+    return extension.module().int4_linear(x.reshape(-1, x.shape[-1]).float(), packed).to(x.dtype)
