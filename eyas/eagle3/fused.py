@@ -19,13 +19,19 @@ Usage:
     fused = FusedHead.build(head)          # None unless the head's linears are int4 (int8dot)
     cache = fused.new_cache()
     hidden = fused.run(hidden, ids, positions, first_slot, cache, mask)  # [T, H] rows
+
+Per pass, the tensors around the C++ call come from buffers kept by size (RoPE tables, slot
+numbers, causal masks): a drafting step is a few rows, where creating them each time (a tril,
+an arange, an index) cost more than the int4 matmuls.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from eyas.eagle3.head import Eagle3Head
@@ -59,7 +65,11 @@ class FusedHead:
     weights: tuple  # in int4_decoder_layer's order: norm_in, qkv, o, norm_post, gate_up, down
     norm_embeds: Tensor  # [H] the layer's input_layernorm (on the token embeddings)
     eps: float
+    fc_packed: Tensor | None  # fc's int8dot weights, None where fc is another linear
+    lm_head_packed: Tensor | None  # the same for lm_head
     _tables: list = field(default_factory=lambda: [torch.empty(0), torch.empty(0)])  # cos, sin [S, D]
+    _slots: list = field(default_factory=lambda: [torch.empty(0, dtype=torch.long)])  # [S] 0, 1, ..
+    _causal: dict = field(default_factory=dict)  # rows T -> [T, S] bool, row t sees columns <= S - T + t
 
     @staticmethod
     def supported(head: Eagle3Head) -> bool:
@@ -89,43 +99,95 @@ class FusedHead:
         gate_up = torch.cat([mlp.gate_proj.packed, mlp.up_proj.packed])
         weights = (layer.hidden_norm.weight.detach(), qkv, empty, None, attn.o_proj.packed, empty,
                    layer.post_attention_layernorm.weight.detach(), gate_up, empty, mlp.down_proj.packed, empty)
-        return cls(head, weights, layer.input_layernorm.weight.detach(), float(layer.input_layernorm.eps))
+        return cls(head, weights, layer.input_layernorm.weight.detach(), float(layer.input_layernorm.eps),
+                   _int8dot_weights(head.fc), _int8dot_weights(head.lm_head))
 
     def new_cache(self) -> HeadCache:
         attn = self.head.midlayer.self_attn
         return HeadCache(attn.num_kv_heads, attn.head_dim)
 
-    def rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """cos, sign-folded sin [T, D] for positions [T], as Eagle3Head.rope computes them,
-        from tables grown on demand (a draft pass is too short to pay for computing them)."""
-        needed = int(positions.max()) + 1
+    def rope(self, positions: Tensor | Sequence[int]) -> tuple[Tensor, Tensor]:
+        """cos, sign-folded sin [T, D] for positions [T] (a tensor or ints), as Eagle3Head.rope
+        computes them, from tables grown on demand (a draft pass is too short to pay for
+        computing them). Consecutive or equal positions given as ints are slices of the tables."""
+        self._grow_tables((int(positions.max()) if isinstance(positions, Tensor) else max(positions)) + 1)
+        cos, sin = self._tables
+        if isinstance(positions, Tensor):
+            return cos[positions], sin[positions]
+        first, last, count = positions[0], positions[-1], len(positions)
+        if last - first == count - 1 and all(b - a == 1 for a, b in zip(positions, positions[1:])):
+            return cos[first : last + 1], sin[first : last + 1]  # contiguous views
+        if all(p == first for p in positions):
+            return cos[first].expand(count, -1).contiguous(), sin[first].expand(count, -1).contiguous()
+        index = torch.tensor(positions)
+        return cos[index], sin[index]
+
+    def _grow_tables(self, needed: int) -> None:
         if self._tables[0].shape[0] < needed:
             size = max(needed, 2 * self._tables[0].shape[0], 512)
             cos, sin = self.head.rope(torch.arange(size)[None], torch.float32)  # [1, 1, S, D]
             half = cos.shape[-1] // 2
             sign = torch.cat([-torch.ones(half), torch.ones(half)])
             self._tables[:] = [cos[0, 0].contiguous(), (sin[0, 0] * sign).contiguous()]
-        return self._tables[0][positions], self._tables[1][positions]
 
-    def run(self, hidden: Tensor, input_ids: Tensor, positions: Tensor, first_slot: int, cache: HeadCache,
-            mask: Tensor | None = None) -> Tensor:
+    def slots(self, first_slot: int, count: int) -> Tensor:
+        """[1, T] int64 slot numbers first_slot.. (a view of a kept arange)."""
+        end = first_slot + count
+        if self._slots[0].shape[0] < end:
+            self._slots[0] = torch.arange(max(end, 2 * self._slots[0].shape[0], 512))
+        return self._slots[0][first_slot:end][None]
+
+    def causal_mask(self, rows: int, first_slot: int) -> Tensor:
+        """[T, first_slot + T] bool: every slot before first_slot and the rows up to itself,
+        as ones(T, first_slot + T).tril(first_slot); a view of a kept mask for short passes."""
+        kv_len = first_slot + rows
+        if rows > 16:  # a prompt's rows: once per request
+            return torch.ones(rows, kv_len, dtype=torch.bool).tril(first_slot)
+        kept = self._causal.get(rows)
+        if kept is None or kept.shape[1] < kv_len:
+            width = max(kv_len, 2 * (0 if kept is None else kept.shape[1]), 512)
+            kept = self._causal[rows] = torch.ones(rows, width, dtype=torch.bool).tril(width - rows)
+        return kept[:, kept.shape[1] - kv_len :]
+
+    def run(self, hidden: Tensor, input_ids: Tensor, positions: Tensor | Sequence[int], first_slot: int,
+            cache: HeadCache, mask: Tensor | None = None) -> Tensor:
         """One draft pass over T rows: hidden [T, 3*Ht] taps or [T, H] own outputs, input_ids
-        and positions [T]. Writes the rows' keys and values at slots first_slot.. of `cache`
-        and returns the layer's output [T, H] (before the final norm; `head.compute_logits`).
+        [T] and positions [T] (a tensor or ints). Writes the rows' keys and values at slots
+        first_slot.. of `cache` and returns the layer's output [T, H] (before the final norm;
+        `head.compute_logits`).
         mask [T, first_slot + T] bool (True = may attend; the columns are cache slots); None:
         every earlier slot and the rows before it (causal)."""
         head, length = self.head, input_ids.shape[0]
         if hidden.shape[-1] == head.config.fused_input_size:
-            hidden = head.fc(hidden)
+            hidden = _linear(head.fc, self.fc_packed, hidden)
         hidden = hidden.float().contiguous()  # [T, H]
         kv_len = first_slot + length
         cache.ensure(kv_len)
         if mask is None and length > 1:
-            mask = torch.ones(length, kv_len, dtype=torch.bool).tril(first_slot)
-        slots = torch.arange(first_slot, kv_len)[None]  # [1, T]
-        embeds = head.embed_tokens(input_ids).float().contiguous()  # [T, H]
+            mask = self.causal_mask(length, first_slot)
+        slots = self.slots(first_slot, length)  # [1, T]
+        embeds = F.embedding(input_ids, head.embed_tokens.weight).float().contiguous()  # [T, H]
         cos, sin = self.rope(positions)
         attn = head.midlayer.self_attn
         return extension.module().int4_decoder_layer(
             hidden, *self.weights, 32, self.eps, cos, sin, cache.keys, cache.values, slots, kv_len,
             None if mask is None else mask[None], attn.num_heads, attn.num_kv_heads, embeds, self.norm_embeds)
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """[T, H] the layer's output -> [T, N] draft-vocabulary logits: `head.compute_logits`'s
+        norm and output layer, the same ops called without the modules around them."""
+        norm = self.head.norm
+        normed = F.rms_norm(hidden.float(), (hidden.shape[-1],), norm.weight.float(), norm.eps).to(hidden.dtype)
+        return _linear(self.head.lm_head, self.lm_head_packed, normed)
+
+
+def _int8dot_weights(linear) -> Tensor | None:
+    plain = isinstance(linear, Int4Linear) and linear.layout == "int8dot" and linear.bias is None
+    return linear.packed if plain else None
+
+
+def _linear(linear, packed: Tensor | None, x: Tensor) -> Tensor:
+    """linear(x) for x [T, I]: Int4Linear.forward's int8dot kernel call where `packed`."""
+    if packed is None:
+        return linear(x)
+    return extension.module().int4_linear(x.reshape(-1, x.shape[-1]).float(), packed).to(x.dtype)

@@ -108,6 +108,7 @@ class Eagle3Proposer:
 
         self.fused = FusedHead.build(head)  # the head's layer as one C++ call (eagle3/fused.py)
         self.kv = None  # its HeadCache, one per request (begin)
+        self.d2t: list[int] = []  # draft id -> target id offset (head.d2t), set in begin
         self.past: tuple[Tensor, Tensor] | None = None  # committed KV [1, KV, n, D] (Python path)
         self._scratch_past: tuple[Tensor, Tensor] | None = None  # + the tree rows of this step
         self.committed = 0  # committed rows (slots of the head's KV)
@@ -132,6 +133,7 @@ class Eagle3Proposer:
         self.last_position, self.next_position, self.pending_positions = -1, 0, []
         self.pending_unverified = []
         self.kv = self.fused.new_cache() if self.fused is not None else None
+        self.d2t = self.head.d2t.tolist()
         self.last_hidden = self.last_logits = None
         self._unpaid_steps = 0
         self._first_step = True  # of this request: not a price (step_seconds)
@@ -253,11 +255,13 @@ class Eagle3Proposer:
             return
         if result is None:  # the prefill
             taps = output.taps
-        elif not result.accepted_nodes:  # the root alone (every plain step): a view, no copy
-            taps = output.taps[:, :1]
         else:
-            rows = torch.tensor([0] + list(result.accepted_nodes), device=output.taps.device)
-            taps = output.taps[:, rows]
+            accepted = list(result.accepted_nodes)
+            if accepted == list(range(1, len(accepted) + 1)):  # the root and a chain's first
+                taps = output.taps[:, : 1 + len(accepted)]  # nodes (every plain step): a view
+            else:
+                rows = torch.tensor([0] + accepted, device=output.taps.device)
+                taps = output.taps[:, rows]
         # Plain steps (no propose in between) pile up rows; the next catch-up takes them all.
         self.pending_taps.append(taps)
         self.pending_positions.append(self.next_position)
@@ -351,14 +355,12 @@ class Eagle3Proposer:
         row_positions = [first + i for first, block in zip(firsts, pending) for i in range(block.shape[1])]
         if row_positions[-1] + 1 >= len(token_ids):
             return  # rows need the token one position later; plain steps leave gaps we cannot fill
-        device = taps.device
-        ids = torch.tensor([[token_ids[p + 1] for p in row_positions]], device=device)
-        positions = torch.tensor([row_positions], device=device)
-        hidden = self._head_pass(taps, ids, positions, None)  # [1, count, H]
+        ids = torch.tensor([[token_ids[p + 1] for p in row_positions]], device=taps.device)
+        hidden = self._head_pass(taps, ids, row_positions, None)  # [1, count, H]
         self.committed += count
         self.last_position = row_positions[-1]
         self.last_hidden = hidden[:, -1:]
-        self.last_logits = self.head.compute_logits(self.last_hidden)[:, -1]  # the last row's only
+        self.last_logits = self._logits(self.last_hidden)[:, -1]  # the last row's only
         if self.shadow_ranks and self.step_ratios is not None:
             # the row at position p predicts token p + 2, known for all rows but the last
             rows = [i for i, flag in enumerate(unverified[: count - 1]) if flag]
@@ -370,77 +372,88 @@ class Eagle3Proposer:
             self._backlog_seconds = max(0.0, time.perf_counter() - started - self.cost.draft(1))
 
     def _expand(self, token_ids: list[int], budget: int) -> list[_Node]:
-        head, shape = self.head, self.shape
+        shape = self.shape
         device = self.last_logits.device
         log_probs = torch.log_softmax(self.last_logits.float(), dim=-1)[0]  # [N]
         k = min(shape.top_k, budget)
         top = torch.topk(log_probs, k)
-        targets = head.draft_to_target(top.indices).tolist()
+        d2t = self.d2t
+        targets = [i + d2t[i] for i in top.indices.tolist()]  # head.draft_to_target
         candidates = [_Node(t, -1, float(s), 1, r + 1)
                       for r, (t, s) in enumerate(zip(targets, top.values.tolist()))]
         frontier = list(range(len(candidates)))
-        hidden_of: dict[int, Tensor] = {}  # candidate -> its row's output hidden [H]
-        parent_hidden = self.last_hidden[0, 0]
+        row_of: dict[int, int] = {}  # candidate -> its row in `out_hidden`, the last pass's output
+        out_hidden = self.last_hidden  # [1, 1, H] the last committed row's (the depth-1 nodes' parent)
         tree_keys: list[int] = []  # candidate id of each tree row in the scratch KV
         for depth in range(2, min(shape.depth, budget) + 1):  # `budget` nodes reach no deeper
             if not frontier:
                 break
             # One head pass over the frontier rows: hidden = parent's output, token = node's.
-            hiddens = torch.stack([hidden_of.get(candidates[c].parent, parent_hidden)
-                                   if candidates[c].parent >= 0 else parent_hidden
-                                   for c in frontier])[None]  # [1, F, H]
+            rows = [row_of.get(candidates[c].parent, 0) for c in frontier]
+            hiddens = out_hidden[:, rows[0] : rows[0] + 1] if len(rows) == 1 else out_hidden[:, rows]  # [1, F, H]
             ids = torch.tensor([[candidates[c].token for c in frontier]], device=device)
             position = self.last_position + depth - 1  # a depth-d node's row is at n + d - 1
-            positions = torch.full((1, len(frontier)), position, device=device)
             mask = self._tree_mask(candidates, frontier, tree_keys, device)
-            out_hidden = self._head_pass(hiddens, ids, positions, mask, scratch=len(tree_keys))
+            out_hidden = self._head_pass(hiddens, ids, [position] * len(frontier), mask, scratch=len(tree_keys))
             tree_keys.extend(frontier)
-            scores = torch.log_softmax(head.compute_logits(out_hidden).float(), dim=-1)[0]  # [F, N]
+            row_of = {parent: row for row, parent in enumerate(frontier)}
+            scores = torch.log_softmax(self._logits(out_hidden).float(), dim=-1)[0]  # [F, N]
             child_top = torch.topk(scores, shape.top_k, dim=-1)
+            child_targets = [[i + d2t[i] for i in row] for row in child_top.indices.tolist()]  # [F][top_k]
             children: list[int] = []
-            for row, parent in enumerate(frontier):
-                hidden_of[parent] = out_hidden[0, row]
-                child_targets = head.draft_to_target(child_top.indices[row]).tolist()
-                for rank, (token, score) in enumerate(zip(child_targets, child_top.values[row].tolist())):
-                    candidates.append(_Node(token, parent, candidates[parent].score + score, depth,
-                                            rank + 1))
+            for parent, tokens, values in zip(frontier, child_targets, child_top.values.tolist()):
+                for rank, (token, score) in enumerate(zip(tokens, values)):
+                    candidates.append(_Node(token, parent, candidates[parent].score + score, depth, rank + 1))
                     children.append(len(candidates) - 1)
             children.sort(key=lambda c: -candidates[c].score)
             frontier = children[: shape.top_k]
         return candidates
 
-    def _head_pass(self, hidden: Tensor, ids: Tensor, positions: Tensor, mask: Tensor | None,
+    def _head_pass(self, hidden: Tensor, ids: Tensor, positions: list[int], mask: Tensor | None,
                    scratch: int | None = None) -> Tensor:
-        """One head pass over [1, T] rows -> their outputs [1, T, H]. Committed rows
-        (scratch None) extend the head's KV; tree rows (scratch = tree rows already in the
-        scratch KV) see it without extending it. mask [1, T, committed + scratch + T] or None
-        (causal)."""
+        """One head pass over [1, T] rows at `positions` [T] -> their outputs [1, T, H].
+        Committed rows (scratch None) extend the head's KV; tree rows (scratch = tree rows
+        already in the scratch KV) see it without extending it. mask [1, T, committed +
+        scratch + T] or None (causal)."""
         if self.fused is not None:
             first_slot = self.committed + (scratch or 0)
-            return self.fused.run(hidden[0], ids[0], positions[0], first_slot, self.kv,
+            return self.fused.run(hidden[0], ids[0], positions, first_slot, self.kv,
                                   None if mask is None else mask[0])[None]
         past = self._scratch_past if scratch else self.past  # the first tree level starts anew
-        out = self.head(hidden, ids, positions, attn_mask=mask, past_kv=past, compute_logits=False)
+        out = self.head(hidden, ids, torch.tensor([positions], device=ids.device), attn_mask=mask,
+                        past_kv=past, compute_logits=False)
         if scratch is None:
             self.past = out.past_kv
         else:
             self._scratch_past = out.past_kv
         return out.hidden
 
+    def _logits(self, hidden: Tensor) -> Tensor:
+        """[1, T, H] -> [1, T, N] draft logits (`head.compute_logits`; its ops called directly
+        on the fused path)."""
+        if self.fused is not None:
+            return self.fused.logits(hidden[0])[None]
+        return self.head.compute_logits(hidden)
+
     def _tree_mask(self, candidates: list[_Node], frontier: list[int], tree_keys: list[int],
-                   device: torch.device) -> Tensor:
+                   device: torch.device) -> Tensor | None:
         """[1, F, committed + len(tree_keys) + F]: committed rows, ancestors among earlier tree
-        rows, and itself."""
-        columns = self.committed + len(tree_keys) + len(frontier)
-        mask = torch.zeros(1, len(frontier), columns, dtype=torch.bool, device=device)
-        mask[0, :, : self.committed] = True
-        where = {c: self.committed + i for i, c in enumerate(tree_keys)}
+        rows, and itself. None on the fused path where that is every slot (a chain): the
+        fused layer then sees every slot, which computes the same bits."""
+        earlier = len(tree_keys)
+        where = {c: i for i, c in enumerate(tree_keys)}
+        visible = [[False] * (earlier + len(frontier)) for _ in frontier]  # [F, tree columns]
         for row, node in enumerate(frontier):
             ancestor = candidates[node].parent
             while ancestor >= 0:
-                mask[0, row, where[ancestor]] = True
+                visible[row][where[ancestor]] = True
                 ancestor = candidates[ancestor].parent
-            mask[0, row, self.committed + len(tree_keys) + row] = True
+            visible[row][earlier + row] = True
+        if self.fused is not None and len(frontier) == 1 and all(visible[0]):
+            return None
+        mask = torch.ones(1, len(frontier), self.committed + earlier + len(frontier), dtype=torch.bool,
+                          device=device)
+        mask[0, :, self.committed :] = torch.tensor(visible, device=device)
         return mask
 
     def _rerank(self, candidates: list[_Node], budget: int) -> DraftTree:

@@ -81,10 +81,12 @@ def find_continuations(tokens: list[int], n: int, length: int, max_matches: int)
     if len(tokens) <= n:
         return []
     suffix = tokens[-n:]
+    last = suffix[-1]
     found: list[list[int]] = []
-    # Scan right to left: recent context is the likeliest to repeat.
+    # Scan right to left: recent context is the likeliest to repeat. The last token is compared
+    # first: most positions fail there, without a slice.
     for start in range(len(tokens) - n - 1, -1, -1):
-        if tokens[start : start + n] == suffix:
+        if tokens[start + n - 1] == last and tokens[start : start + n] == suffix:
             continuation = tokens[start + n : start + n + length]
             if continuation and continuation not in found:
                 found.append(continuation)
