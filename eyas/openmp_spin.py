@@ -5,9 +5,10 @@ threads (models/csrc/worker_pool.h). PyTorch's ops run on libgomp's, which after
 region busy-wait for the next one: GOMP_SPINCOUNT iterations, 300,000 by default, 1-2 ms. On a
 machine with as many cores as threads (2 here), a C++ pass that follows a parallel torch op
 (`tril` of a causal mask, `topk` over a draft vocabulary, a sampling `softmax`) shares its cores
-with that spin: a one-token pass of int4 SmolLM2 took 3.85 ms instead of 2.55 right after one
-(2 threads, Intel Xeon model 167, 2026-11-27; scripts/ab-openmp-spin.py), and a speculative step
-of the shipped head 7.5 ms instead of 6.3 (scripts/trace-fallback.py). At 10,000 iterations the
+with that spin: a one-token pass of int4 SmolLM2's stack took 3.77 ms right after one against
+2.69 at 10,000 iterations (2.53-2.65 after another pass; 2 threads, Intel Xeon model 167,
+2026-11-27; scripts/ab-openmp-spin.py), and a speculative step of the shipped head 7.4-7.5 ms
+against 6.2-6.35 (scripts/trace-fallback.py). At 10,000 iterations the
 spin is over before it matters, and float32 decoding, whose many small torch ops find the threads
 still spinning between them, runs as fast as with the default (35.6-35.8 tok/s against 35.5-35.6);
 at 1,000 it lost a third (22.8).

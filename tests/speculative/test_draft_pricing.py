@@ -282,3 +282,23 @@ def test_a_chain_that_pays_a_little_starts_a_request_without_the_drafts_prefill(
     assert settled(0.3, 1 / 3).speed_up(4) == 1.0
     with pytest.raises(ValueError, match="start_margin"):
         ChainPricing(TARGET, 1 / 3, start_margin=0.9)
+
+
+def test_an_exploring_pair_reads_no_prompt_and_its_first_chain_reads_a_window(tiny_target):
+    """A request that explores (a pair never measured is trusted) still leaves the prompt
+    unread at begin; its first chain restarts the draft's cache from the last
+    `catch_up_window` tokens, and drafts the model's own continuation of those alone."""
+    import torch
+
+    proposer = DraftModelProposer(tiny_target, priced=True, catch_up_window=8)
+    proposer.pricing = ChainPricing(TARGET, draft_pass=1 / 3)
+    proposer.begin(tiny_target, PROMPT, SamplingParams())
+    assert proposer.pricing.explored < proposer.pricing.explore_steps  # it explores
+    assert proposer.cached_ids == [] and proposer.offset == 0
+    tree = proposer.propose(PROMPT, 3)
+    assert tree.size == 3 and proposer.offset == len(PROMPT) - 8
+    drafts = tree.tokens.tolist()
+    assert proposer.cached_ids == PROMPT[-8:] + drafts[:2]
+    with torch.inference_mode():
+        expected = tiny_target.model(torch.tensor([PROMPT[-8:] + drafts[:2]])).logits[0, -3:].argmax(-1).tolist()
+    assert drafts == expected
