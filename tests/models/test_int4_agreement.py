@@ -24,9 +24,9 @@ PROMPTS, POSITIONS = 16, 64
 # 14 bits: the agreement users were promised, 99.89% over 4,738 positions of 40 prompts
 # (BENCHMARKS.md, "Kernels and precisions"): about one flip at a near tie in these 989 positions,
 # 987 measured over the float32 cache and 988 over the float16 one (Xeon, AVX512-VNNI); the floor
-# allows two and no third. 8 bits: 0.89 measured on the first prompt's 64 positions, the reason
-# 14 bits stay the default.
-FLOORS = {(14, "float32"): 0.998, (8, "float32"): 0.85, (14, "float16"): 0.998}
+# allows two (987 / 989 = 0.99798) and no third (986 / 989 = 0.99697). 8 bits: 0.89 measured on
+# the first prompt's 64 positions, the reason 14 bits stay the default.
+FLOORS = {(14, "float32"): 0.9979, (8, "float32"): 0.85, (14, "float16"): 0.9979}
 
 
 def top1_agreement(full, quant, bits: int, kv_dtype: str) -> float:
