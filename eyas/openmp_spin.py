@@ -19,8 +19,7 @@ eyas...`, the tests); child processes inherit it. A value the user sets (GOMP_SP
 OMP_WAIT_POLICY, which libgomp reads as a spin policy of its own) is left alone.
 
 Usage:
-    import eyas                  # before torch: applies the default
-    eyas.openmp_spin.applied()   # '10000', or the user's setting, or None (a policy was set)
+    import eyas                  # before torch: GOMP_SPINCOUNT is then 10000 or the user's setting
 """
 
 from __future__ import annotations
@@ -35,8 +34,3 @@ def apply() -> None:
     if "GOMP_SPINCOUNT" not in os.environ and "OMP_WAIT_POLICY" not in os.environ:
         os.environ["GOMP_SPINCOUNT"] = SPIN_COUNT
 
-
-def applied() -> str | None:
-    """The spin count libgomp reads in this process's children (and in this one, if eyas was
-    imported before torch)."""
-    return os.environ.get("GOMP_SPINCOUNT")

@@ -141,13 +141,9 @@ class KVPool:
         if length <= 0 or a == b:
             return
         for tensor in (self.cache.keys, self.cache.values):  # [L, R, KV, S, D]
-            held = tensor[:, a, :, :length].clone()  # [L, KV, length, D]
-            tensor[:, a, :, :length] = tensor[:, b, :, :length]
-            tensor[:, b, :, :length] = held
+            _swap(tensor[:, a, :, :length], tensor[:, b, :, :length])
         if self.taps is not None:  # [R, S, W]
-            held = self.taps[a, :length].clone()
-            self.taps[a, :length] = self.taps[b, :length]
-            self.taps[b, :length] = held
+            _swap(self.taps[a, :length], self.taps[b, :length])
 
     # ---- taps kept for cached prefixes -------------------------------------------------
     def write_taps(self, row: int, start: int, taps: Tensor) -> None:
@@ -203,3 +199,10 @@ class KVPool:
         view.keys = self.cache.keys[:, start:stop]
         view.values = self.cache.values[:, start:stop]
         return view
+
+
+def _swap(x: Tensor, y: Tensor) -> None:
+    """Exchange the contents of two views of the same shape, in place."""
+    held = x.clone()
+    x.copy_(y)
+    y.copy_(held)

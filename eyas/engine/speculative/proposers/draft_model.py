@@ -154,8 +154,10 @@ class DraftModelProposer:
         self.generator = None
         if params.seed is not None:
             self.generator = torch.Generator(device=self.draft.device).manual_seed(params.seed + 7919)
-        # Room for the prompt and a first stretch of output; grown (doubled) on demand.
-        self.cache = self._new_cache(min(self.slot_limit, len(prompt_ids) + INITIAL_SPARE_SLOTS))
+        # Room for what the first catch-up reads (a priced draft: a window, not the prompt) and
+        # a first stretch of output; grown (doubled) on demand.
+        first_read = CATCH_UP_WINDOW if self.pricing is not None else len(prompt_ids)
+        self.cache = self._new_cache(min(self.slot_limit, (self.catch_up_window or first_read) + INITIAL_SPARE_SLOTS))
         self.cached_ids, self.offset = [], 0
         self.after_prefill = True
         if self.pricing is not None:  # whether it explores; the draft reads no prompt (docstring)
