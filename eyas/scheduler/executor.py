@@ -36,6 +36,8 @@ from eyas.engine.logits_process import NEAR_TIE, process_tree_rows
 from eyas.engine.logprobs import token_logprobs
 from eyas.engine.sampling import argmax_rows, next_tokens, target_probs
 from eyas.engine.speculative.acceptance import accept_drawn, accept_greedy, accept_sampling
+from eyas.engine.speculative import coupled_draws
+from eyas.engine.speculative.coupled_draws import CoupledDraws
 from eyas.engine.speculative.draft import DraftTree
 from eyas.engine.speculative.prune import prune_draft
 from eyas.engine.speculative.tree import node_depths
@@ -515,6 +517,10 @@ class StepExecutor:
             fallback = request.timing is None or request.timing.config.enabled
             request.proposer.single_stream(self.target, fallback)  # priced n-grams and chains, EAGLE-3 probes
         request.proposer.begin(self.target, request.prompt_ids, request.params)
+        if request.noise_base is not None and hasattr(request.proposer, "draw_with") and coupled_draws.enabled():
+            # its drafts ranked with the noise the target will draw with (coupled_draws.py)
+            request.proposer.draw_with(CoupledDraws(inverse_temperature(request.params.temperature),
+                                                    request.noise_base, request.prompt_len))
         reused = request.context_length
         if reused and self.tap_layers:
             taps = self.pool.read_taps(request.row, reused)  # [1, reused, W]

@@ -118,3 +118,33 @@ def test_smollm2_greedy_equals_plain(smollm_target, mtbench_prompt_ids, prompts,
     proposer = MedusaProposer(random_heads(smollm_target, num_heads=4))
     totals = assert_greedy_equals_plain(smollm_target, mtbench_prompt_ids[:prompts], proposer, 6, tokens)
     assert totals["draft_tokens"] > 0
+
+
+def test_coupled_draws_rank_each_head_with_the_noise_of_its_position(tiny_target) -> None:
+    """A sampled request's drafts (coupled_draws.py): head k's first candidate is the argmax of
+    its logits / T plus the noise of the output position k + 1 ahead; seeded output is plain's."""
+    from eyas.engine import gumbel
+    from eyas.engine.speculative.coupled_draws import CoupledDraws
+
+    if not gumbel.available():
+        pytest.skip("the C++ extension is not built here")
+    heads = random_heads(tiny_target)
+    proposer = MedusaProposer(heads, TreeShape.parse("chain:3"))
+    proposer.begin(tiny_target, PROMPT, SamplingParams(temperature=0.8))
+    coupling = CoupledDraws(1 / 0.8, noise_base=5, prompt_len=len(PROMPT))
+    proposer.draw_with(coupling)
+    hidden = torch.randn(1, 1, tiny_target.config.hidden_size)
+    proposer.observe(DraftTree.empty(), None, ForwardOutput(logits=None, hidden=hidden, taps=None))
+    context = PROMPT + [7, 8]  # two output tokens: depth k + 1 fills output position 2 + k
+    drafted = proposer.propose(context, 3)
+    logits = heads(hidden[:, :1])[0, 0].float()  # [K, V]
+    ids = torch.arange(logits.shape[-1])
+    noise = gumbel.gumbel_noise(torch.tensor([coupling.key(2 + k) for k in range(3)]), logits.shape[-1])
+    assert drafted.tokens.tolist() == (logits * (1 / 0.8) + noise).argmax(-1).tolist()
+    assert not torch.equal(drafted.tokens, logits.argmax(-1))  # the noise changed some guess
+    assert proposer.target_ids.tolist() == ids.tolist()  # heads sharing the target's output layer
+
+    params = SamplingParams(max_tokens=24, temperature=1.0, seed=4, ignore_eos=True)
+    plain = generate(tiny_target, PROMPT, params).token_ids
+    result = speculative_generate(tiny_target, PROMPT, params, MedusaProposer(heads), 6, policy=ALWAYS)
+    assert result.token_ids == plain

@@ -64,27 +64,30 @@ inline float log_positive(float x) {
   return e * 0.693145752f + (e * 1.42860677e-6f + series);  // log 2 in two parts
 }
 
+// The Gumbel noise of entry j of the row whose mixed key is `key`.
+inline float noise_of(uint64_t key, int64_t j) {
+  const uint64_t z = mix64(key + uint64_t(j + 1) * kGolden);
+  // Selects are integer bit operations with both arms computed: GCC vectorises a loop with
+  // floating-point comparisons or selects only without -ftrapping-math.
+  const uint32_t high = uint32_t(z >> 32);
+  const uint32_t k = high - (high > 0xFFFFFF00u ? high - 0xFFFFFF00u : 0u);  // w <= 1 - 2^-24
+  const float w = (float(k) + 0.5f) * 2.3283064e-10f;
+  const float y = 1.0f - w;  // E = -log1p(-w) = -log(y) w / (1 - y), or w where y rounds to 1
+  const float goldberg = -log_positive(y) * (w / (1.0f - y));
+  uint32_t y_bits, w_bits, goldberg_bits;
+  std::memcpy(&y_bits, &y, 4);
+  std::memcpy(&w_bits, &w, 4);
+  std::memcpy(&goldberg_bits, &goldberg, 4);
+  const uint32_t one = 0u - uint32_t(y_bits == 0x3f800000u);  // all ones where y rounds to 1
+  const uint32_t exponential_bits = (w_bits & one) | (goldberg_bits & ~one);
+  float exponential;
+  std::memcpy(&exponential, &exponential_bits, 4);
+  return -log_positive(exponential);
+}
+
 // The Gumbel noise of entries [begin, end) of the row whose mixed key is `key`.
 void fill_noise(uint64_t key, int64_t begin, int64_t end, float* out) {
-  for (int64_t j = begin; j < end; ++j) {
-    const uint64_t z = mix64(key + uint64_t(j + 1) * kGolden);
-    // Selects are integer bit operations with both arms computed: GCC vectorises a loop with
-    // floating-point comparisons or selects only without -ftrapping-math.
-    const uint32_t high = uint32_t(z >> 32);
-    const uint32_t k = high - (high > 0xFFFFFF00u ? high - 0xFFFFFF00u : 0u);  // w <= 1 - 2^-24
-    const float w = (float(k) + 0.5f) * 2.3283064e-10f;
-    const float y = 1.0f - w;  // E = -log1p(-w) = -log(y) w / (1 - y), or w where y rounds to 1
-    const float goldberg = -log_positive(y) * (w / (1.0f - y));
-    uint32_t y_bits, w_bits, goldberg_bits;
-    std::memcpy(&y_bits, &y, 4);
-    std::memcpy(&w_bits, &w, 4);
-    std::memcpy(&goldberg_bits, &goldberg, 4);
-    const uint32_t one = 0u - uint32_t(y_bits == 0x3f800000u);  // all ones where y rounds to 1
-    const uint32_t exponential_bits = (w_bits & one) | (goldberg_bits & ~one);
-    float exponential;
-    std::memcpy(&exponential, &exponential_bits, 4);
-    out[j] = -log_positive(exponential);
-  }
+  for (int64_t j = begin; j < end; ++j) out[j] = noise_of(key, j);
 }
 
 at::Tensor checked_keys(const at::Tensor& keys, int64_t rows) {
@@ -108,6 +111,28 @@ at::Tensor gumbel_noise(const at::Tensor& keys_in, int64_t vocab) {
       fill_noise(mix64(uint64_t(kp[r])), c * kChunk, std::min(vocab, (c + 1) * kChunk), np + r * vocab);
     }
   });
+  return noise;
+}
+
+// The noise of the columns `ids` [N] of each key's row, [R, N]: the values gumbel_noise gives
+// there. A draft that ranks its own vocabulary by the noise the target will draw with
+// (engine/speculative/coupled_draws.py) needs it at those columns only.
+at::Tensor gumbel_noise_at(const at::Tensor& keys_in, const at::Tensor& ids_in) {
+  TORCH_CHECK(keys_in.dim() == 1, "keys must be [R]");
+  TORCH_CHECK(ids_in.dim() == 1 && ids_in.scalar_type() == at::kLong, "ids must be int64 [N]");
+  const at::Tensor keys = checked_keys(keys_in, keys_in.size(0));
+  const at::Tensor ids = ids_in.contiguous();
+  const int64_t rows = keys.size(0), count = ids.size(0);
+  at::Tensor noise = at::empty({rows, count}, at::kFloat);
+  const int64_t* kp = keys.data_ptr<int64_t>();
+  const int64_t* ip = ids.data_ptr<int64_t>();
+  for (int64_t i = 0; i < count; ++i) TORCH_CHECK(ip[i] >= 0, "ids must be >= 0, got ", ip[i]);
+  float* np = noise.data_ptr<float>();
+  for (int64_t r = 0; r < rows; ++r) {  // ~8 ns a column: no thread pays for itself here
+    const uint64_t key = mix64(uint64_t(kp[r]));
+    float* out = np + r * count;
+    for (int64_t i = 0; i < count; ++i) out[i] = noise_of(key, ip[i]);
+  }
   return noise;
 }
 
@@ -181,6 +206,7 @@ std::tuple<at::Tensor, at::Tensor> int8_screen_gumbel(
 
 TORCH_LIBRARY_FRAGMENT(eyas, m) {
   m.def("gumbel_noise(Tensor keys, int vocab) -> Tensor", &eyas::gumbel_noise);
+  m.def("gumbel_noise_at(Tensor keys, Tensor ids) -> Tensor", &eyas::gumbel_noise_at);
   m.def("int8_screen_gumbel(Tensor x, Tensor packed, Tensor scale, Tensor sums, Tensor weight_error, "
         "Tensor approx_norm, Tensor weight, Tensor inverse_temperature, Tensor keys) -> (Tensor, Tensor)",
         &eyas::int8_screen_gumbel);

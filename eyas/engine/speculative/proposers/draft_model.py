@@ -2,8 +2,10 @@
 drafts for itself (for tests: every greedy draft is accepted).
 
 The draft model keeps its own KV cache. It drafts a chain of k tokens autoregressively
-(greedy: argmax; sampling: drawn from its own distribution under the same temperature, top-k
-and top-p, with those probabilities handed to the verifier). After verification its cache is
+(greedy: argmax; sampling whose tokens are the target's Gumbel draws: the draft's own draw with
+the noise of the position it fills, a deterministic chain (`draw_with`, coupled_draws.py);
+other sampling: drawn from its own distribution under the same temperature, top-k and top-p,
+with those probabilities handed to the verifier). After verification its cache is
 rolled back to the longest prefix that is still valid: nothing is recomputed.
 
 Priced (`priced=True`, what `--draft model:`, `layerskip` and `self` build): in single-stream
@@ -43,6 +45,7 @@ from typing import Collection
 
 import torch
 
+from eyas.engine.gumbel import sample_rows
 from eyas.engine.sampling import SamplingParams, sample_from, target_probs
 from eyas.engine.speculative.draft import DraftTree, VerifyResult
 from eyas.engine.speculative.proposers.chain_pricing import ChainPricing
@@ -108,6 +111,7 @@ class DraftModelProposer:
         self.step_clock = 0.0  # this thread's CPU seconds when the last step ended
         self.after_prefill = False  # the next step follows the prefill: not a price
         self.vocabulary = DraftVocabulary.build(draft, vocabulary_size) if vocabulary_size > 0 else None
+        self.coupling = None  # CoupledDraws of a request whose tokens are Gumbel draws (draw_with)
 
     def single_stream(self, target: Target, fallback: bool = True) -> None:
         """Decoding one request (speculative_generate): a priced proposer gets the measured
@@ -160,8 +164,16 @@ class DraftModelProposer:
         self.cache = self._new_cache(min(self.slot_limit, (self.catch_up_window or first_read) + INITIAL_SPARE_SLOTS))
         self.cached_ids, self.offset = [], 0
         self.after_prefill = True
+        self.coupling = None
         if self.pricing is not None:  # whether it explores; the draft reads no prompt (docstring)
             self.pricing.new_request(self.max_draft_tokens or 8)
+
+    def draw_with(self, coupling) -> None:
+        """This request's tokens are Gumbel draws with known noise (coupled_draws.py): each
+        draft token is the draft's own draw with the noise of the position it fills, a
+        deterministic chain that the target accepts wherever it draws the same token (no
+        probabilities are computed, so `min_confidence` does not end such a chain)."""
+        self.coupling = coupling
 
     @property
     def slot_limit(self) -> int:
@@ -182,17 +194,22 @@ class DraftModelProposer:
 
     def _forward(self, ids: list[int], write_at: int) -> torch.Tensor:
         """Feed `ids` at slots write_at..; the draft's logits [1, V] after the last one (greedy
-        with a vocabulary subset: the subset's [1, N], whose argmax `vocabulary.token` maps)."""
+        with a vocabulary subset: the subset's [1, N], whose argmax `vocabulary.token` maps;
+        coupled draws: the last row's hidden state [1, H], which `_coupled_draw` draws from)."""
         tensor = torch.tensor([ids], device=self.draft.device)
         # greedy drafting needs only the argmax: the screened output layer gives it exactly at
         # int8 cost (a 150k-token vocabulary in float32 would cost more than the draft's layers)
         argmax_only = self._argmax_only()
         subset = self.vocabulary if argmax_only else None
+        hidden_only = subset is not None or self.coupling is not None
         started = time.thread_time()
         out = self.draft.model(tensor, cache=self.cache, write_at=write_at,
-                               logits_at=None if subset else "last", skip_layers=self.skip_layers,
+                               logits_at=None if hidden_only else "last", skip_layers=self.skip_layers,
                                greedy=argmax_only)
-        logits = subset.logits(out.hidden[:, -1]) if subset else out.logits[:, -1]
+        if self.coupling is not None:
+            logits = out.hidden[:, -1]
+        else:
+            logits = subset.logits(out.hidden[:, -1]) if subset else out.logits[:, -1]
         seconds = time.thread_time() - started
         self.pass_seconds += seconds
         if self.pricing is not None and len(ids) <= 2:  # a step's pass, not a catch-up's
@@ -243,7 +260,9 @@ class DraftModelProposer:
         drafts: list[int] = []
         probs_rows: list[torch.Tensor] = []
         for step in range(max_nodes):
-            if self.params.greedy:
+            if self.coupling is not None:  # logits holds the last row's hidden state
+                token = self._coupled_draw(logits, len(token_ids) + step)
+            elif self.params.greedy:
                 if self.min_confidence > 0:
                     confidence = float(torch.softmax(logits.float(), dim=-1).max())
                     if confidence < self.min_confidence:
@@ -263,6 +282,19 @@ class DraftModelProposer:
                 self.cached_ids.append(token)
         probs = torch.stack(probs_rows) if probs_rows else None
         return DraftTree.chain(drafts, probs)
+
+    def _coupled_draw(self, hidden: torch.Tensor, context: int) -> int:
+        """The draft's draw for the token after `context` tokens, hidden [1, H]: with the noise
+        of the position it fills, through its own output screen (gumbel.sample_rows), exactly
+        as the target draws that position from its own hidden state."""
+        coupling = self.coupling
+        position = coupling.position(context, 1)
+        scale = torch.tensor([coupling.inverse_temperature], dtype=torch.float32)
+        key = torch.tensor([coupling.key(position)], dtype=torch.int64)
+        started = time.thread_time()
+        token = int(sample_rows(self.draft.model.lm_head, hidden, scale, key)[0])
+        self.pass_seconds += time.thread_time() - started
+        return token
 
     def observe(self, tree: DraftTree, result: VerifyResult | None,
                 output: ForwardOutput | None) -> None:

@@ -14,6 +14,12 @@ Per step:
    its parent, so they form a connected subtree), ordered parents first.
 Tree rows are scratch: only committed rows stay in the head's KV.
 
+Sampled requests whose tokens are Gumbel draws (engine/gumbel.py) hand the proposer their noise
+(`draw_with`, coupled_draws.py): each depth's candidates are then ranked, and scored, by the
+log-softmax of the head's logits x COUPLED_SHARPNESS / T plus the noise of the output position
+they fill, so that the first candidate is the target's draw wherever the head's logits order
+the tokens as the target's do under that noise.
+
 With no fixed shape (`--tree auto`), the shape comes from sizing.py: the target's measured
 verification costs, the head's measured step costs, and the acceptance ranks observed so far;
 it is chosen again every `resize_every` steps. When no shape pays (the sizing's depth 0), the
@@ -47,6 +53,14 @@ from torch import Tensor
 
 from eyas.engine.speculative.draft import DraftTree
 from eyas.errors import EyasError
+
+
+# Coupled draws (coupled_draws.py) rank the head's logits times this over T, plus the noise:
+# the shipped SmolLM2 head is flatter than its target, and its first draft was the target's draw
+# 26.1 / 30.0 / 28.6 / 27.1% of the time at 1 / 1.5 / 2 / 3 (its own top token, uncoupled:
+# 23.8%), and 31.1 / 31.7 / 31.3% at 1 / 1.5 / 2 at temperature 0.7 (uncoupled 30.7%): `eyas
+# eval --tree chain:1 --temperature 1 --seed 0`, 20 MT-Bench prompts (BENCHMARKS.md section 3).
+COUPLED_SHARPNESS = 1.5
 
 
 @dataclass
@@ -109,6 +123,8 @@ class Eagle3Proposer:
         self.fused = FusedHead.build(head)  # the head's layer as one C++ call (eagle3/fused.py)
         self.kv = None  # its HeadCache, one per request (begin)
         self.d2t: list[int] = []  # draft id -> target id offset (head.d2t), set in begin
+        self.target_ids: Tensor | None = None  # [N] int64: the target id of each draft id
+        self.coupling = None  # CoupledDraws of a request whose tokens are Gumbel draws (draw_with)
         self.past: tuple[Tensor, Tensor] | None = None  # committed KV [1, KV, n, D] (Python path)
         self._scratch_past: tuple[Tensor, Tensor] | None = None  # + the tree rows of this step
         self.committed = 0  # committed rows (slots of the head's KV)
@@ -134,6 +150,9 @@ class Eagle3Proposer:
         self.pending_unverified = []
         self.kv = self.fused.new_cache() if self.fused is not None else None
         self.d2t = self.head.d2t.tolist()
+        if self.target_ids is None:
+            self.target_ids = torch.arange(len(self.d2t), dtype=torch.int64) + self.head.d2t.cpu().long()
+        self.coupling = None
         self.last_hidden = self.last_logits = None
         self._unpaid_steps = 0
         self._first_step = True  # of this request: not a price (step_seconds)
@@ -141,6 +160,11 @@ class Eagle3Proposer:
         if self.auto:
             self._measured_cost(target)
             self._resize()
+
+    def draw_with(self, coupling) -> None:
+        """This request's tokens are Gumbel draws with known noise (coupled_draws.py): rank each
+        depth's candidates by the head's logits / T plus the noise of the position they fill."""
+        self.coupling = coupling
 
     def single_stream(self, target, fallback: bool = True) -> None:
         """Decoding one request (speculative_generate): where no tree shape pays, draft a
@@ -269,11 +293,15 @@ class Eagle3Proposer:
         unverified = result is not None and not any(self.node_ranks)  # the prompt's rows: no
         self.pending_unverified += [unverified] * taps.shape[1]
 
-    def _shadow_ranks(self, hidden: Tensor, rows: list[int], next_tokens: list[int]) -> None:
-        """Rank (1..4, else a miss) of each known next token among the head's draft logits of
-        its row, hidden [1, m, H]: what the depth-1 draft of a step the head sat out would have
-        scored."""
+    def _shadow_ranks(self, hidden: Tensor, rows: list[int], next_tokens: list[int],
+                      next_indices: list[int]) -> None:
+        """Rank (1..4, else a miss) of each known next token (at index next_indices[i] of the
+        token ids) among the head's draft logits of its row, hidden [1, m, H], ranked as a
+        depth-1 draft would have been: what the depth-1 draft of a step the head sat out would
+        have scored."""
         logits = self.head.compute_logits(hidden[0, rows])  # [r, N] draft ids
+        if self.coupling is not None:
+            logits = torch.stack([self._ranking(row, index, 1) for row, index in zip(logits, next_indices)])
         top = self.head.draft_to_target(torch.topk(logits, len(self.ranks.counts), dim=-1).indices)
         for candidates, token in zip(top.tolist(), next_tokens):
             self.ranks.record(candidates.index(token) + 1 if token in candidates else None)
@@ -365,7 +393,8 @@ class Eagle3Proposer:
             # the row at position p predicts token p + 2, known for all rows but the last
             rows = [i for i, flag in enumerate(unverified[: count - 1]) if flag]
             if rows:
-                self._shadow_ranks(hidden, rows, [token_ids[row_positions[i] + 2] for i in rows])
+                self._shadow_ranks(hidden, rows, [token_ids[row_positions[i] + 2] for i in rows],
+                                   [row_positions[i] + 2 for i in rows])
         if len(pending) > 1 and self.cost is not None:
             # the rows of plain steps made this catch-up longer than a drafting step's one-row
             # pass (the modelled draft(1)): step_seconds prices the step without them
@@ -374,7 +403,8 @@ class Eagle3Proposer:
     def _expand(self, token_ids: list[int], budget: int) -> list[_Node]:
         shape = self.shape
         device = self.last_logits.device
-        log_probs = torch.log_softmax(self.last_logits.float(), dim=-1)[0]  # [N]
+        context = len(token_ids)
+        log_probs = torch.log_softmax(self._ranking(self.last_logits, context, 1), dim=-1)[0]  # [N]
         k = min(shape.top_k, budget)
         top = torch.topk(log_probs, k)
         d2t = self.d2t
@@ -397,7 +427,7 @@ class Eagle3Proposer:
             out_hidden = self._head_pass(hiddens, ids, [position] * len(frontier), mask, scratch=len(tree_keys))
             tree_keys.extend(frontier)
             row_of = {parent: row for row, parent in enumerate(frontier)}
-            scores = torch.log_softmax(self._logits(out_hidden).float(), dim=-1)[0]  # [F, N]
+            scores = torch.log_softmax(self._ranking(self._logits(out_hidden)[0], context, depth), dim=-1)  # [F, N]
             child_top = torch.topk(scores, shape.top_k, dim=-1)
             child_targets = [[i + d2t[i] for i in row] for row in child_top.indices.tolist()]  # [F][top_k]
             children: list[int] = []
@@ -408,6 +438,16 @@ class Eagle3Proposer:
             children.sort(key=lambda c: -candidates[c].score)
             frontier = children[: shape.top_k]
         return candidates
+
+    def _ranking(self, logits: Tensor, context: int, depth: int) -> Tensor:
+        """What a depth-`depth` draft's candidates are ranked and scored by, from the head's
+        logits [..., N] after a context of `context` tokens: the logits, or where the request's
+        tokens are Gumbel draws, the logits / T plus the noise of the position they fill
+        (coupled_draws.py), float32."""
+        if self.coupling is None:
+            return logits.float()
+        return self.coupling.scores(logits, self.target_ids, self.coupling.position(context, depth),
+                                    COUPLED_SHARPNESS)
 
     def _head_pass(self, hidden: Tensor, ids: Tensor, positions: list[int], mask: Tensor | None,
                    scratch: int | None = None) -> Tensor:

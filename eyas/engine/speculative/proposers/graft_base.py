@@ -38,6 +38,12 @@ class GraftedTree:
             self.main.single_stream(target, fallback)
         self.plain_allowed = True
 
+    def draw_with(self, coupling) -> None:
+        """The request's tokens are Gumbel draws with known noise (coupled_draws.py): the main
+        proposer ranks its drafts with it; the grafted branches are deterministic as they are."""
+        if hasattr(self.main, "draw_with"):
+            self.main.draw_with(coupling)
+
     def step_seconds(self, size: int, seconds: float) -> None:
         if hasattr(self.main, "step_seconds"):
             self.main.step_seconds(size, seconds)

@@ -81,6 +81,8 @@ class MedusaProposer:
             raise EyasError(f"--tree asks for depth {shape.depth}, but these Medusa heads draft "
                             f"{heads.config.num_heads} tokens ahead at most")
         self.last_hidden: Tensor | None = None  # [H] target hidden state at the last accepted row
+        self.coupling = None  # CoupledDraws of a request whose tokens are Gumbel draws (draw_with)
+        self.target_ids: Tensor | None = None  # [N] int64: the target id of each draft id
 
     def begin(self, target: Target, prompt_ids: list[int], params: SamplingParams) -> None:
         config = self.heads.config
@@ -89,6 +91,16 @@ class MedusaProposer:
                             f"{config.hidden_size} / vocabulary {config.vocab_size}; this one has "
                             f"{target.config.hidden_size} / {target.config.vocab_size}")
         self.last_hidden = None
+        self.coupling = None
+
+    def draw_with(self, coupling) -> None:
+        """This request's tokens are Gumbel draws with known noise (coupled_draws.py): head k's
+        candidates are ranked by its logits / T plus the noise of the position k + 1 ahead."""
+        self.coupling = coupling
+        if self.target_ids is None:
+            ids = torch.arange(self.heads.config.output_size)
+            device = next(self.heads.parameters()).device
+            self.target_ids = self.heads.draft_to_target(ids.to(device)).long().cpu()
 
     def stats(self) -> dict:
         shape = self.shape
@@ -113,7 +125,12 @@ class MedusaProposer:
         heads = self.heads
         # 1. The K heads' log-probabilities at the last accepted row: [K, N].
         hidden = self.last_hidden.to(next(heads.blocks.parameters()).dtype)
-        log_probs = torch.log_softmax(heads(hidden[None, None])[0, 0].float(), dim=-1)
+        logits = heads(hidden[None, None])[0, 0].float()  # [K, N]
+        if self.coupling is not None:  # head k guesses the token k + 1 positions ahead
+            coupling = self.coupling
+            logits = torch.stack([coupling.scores(row, self.target_ids, coupling.position(len(token_ids), k + 1))
+                                  for k, row in enumerate(logits)])
+        log_probs = torch.log_softmax(logits, dim=-1)
         # 2. Rank scores per depth: the heads' own (auto) or fixed priors (static trees).
         if self.shape is None:
             depth, top_k, budget = heads.config.num_heads, AUTO_TOP_K, max_nodes
