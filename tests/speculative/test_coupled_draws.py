@@ -99,3 +99,45 @@ def test_the_shipped_head_is_accepted_more_with_coupled_draws(smollm_int4_target
             assert spec.token_ids == plain
             accepted[coupled] += spec.stats["speculative"]["accepted_tokens"]
     assert accepted[True] > accepted[False] > 0, accepted
+
+
+def test_served_sampled_requests_with_coupled_drafts_equal_plain(smollm_int4_target, mtbench_prompt_ids):
+    """Four seeded temperature-1 requests served at once with the shipped head (one ragged pass
+    a step, every request drafting): each emits its plain decoding's tokens."""
+    from eyas.engine.generate import generate
+    from eyas.scheduler.config import EngineConfig
+    from eyas.scheduler.engine import Engine
+
+    prompts = mtbench_prompt_ids[4:8]
+    params = [SamplingParams(max_tokens=24, temperature=1.0, seed=10 + i, ignore_eos=True) for i in range(4)]
+    plain = [generate(smollm_int4_target, p, q).token_ids for p, q in zip(prompts, params)]
+    config = EngineConfig(max_running=4, speculation="always", tree="1,2,3")
+    engine = Engine(smollm_int4_target, config, draft="eagle3:smollm2-135m").start()
+    try:
+        results = engine.generate_many(prompts, params, 120)
+    finally:
+        engine.shutdown()
+    assert [r.token_ids for r in results] == plain
+    assert sum(r.stats["speculative"]["accepted_tokens"] for r in results) > 0
+
+
+def test_the_sharpness_that_matches_the_target_is_learned():
+    """A draft whose logits are the target's halved: under factor 2 its coupled first
+    candidate is the target's draw every time, so 2 is learned; a draft equal to the target
+    keeps 1. Until one beats it, the prior is used."""
+    from eyas.engine.speculative.coupled_draws import SHARPNESS_CHOICES, Sharpness
+
+    generator = torch.Generator().manual_seed(0)
+    target = torch.randn(64, 512, generator=generator) * 3  # [positions, V]
+    ids = torch.arange(512)
+    coupling = CoupledDraws(1.0, noise_base=7, prompt_len=0)
+    noise = torch.stack([coupling.noise(position, ids) for position in range(64)])
+    drawn = (target + noise).argmax(-1).tolist()  # the target's draws
+    for draft, expected in ((target / 2, 2.0), (target, 1.0)):
+        sharpness = Sharpness(prior=1.5)
+        assert sharpness.value == 1.5
+        sharpness.learn(coupling, draft, ids, list(range(64)), drawn)
+        assert sharpness.seen == 64 and sharpness.value == expected
+        assert sharpness.hits[SHARPNESS_CHOICES.index(expected)] == 64
+    with pytest.raises(ValueError, match="prior"):
+        Sharpness(prior=1.1)

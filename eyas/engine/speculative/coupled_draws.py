@@ -44,6 +44,7 @@ def enabled() -> bool:
 
 
 KEPT_POSITIONS = 32  # noise rows kept for reuse: a step's depths, and the next steps' overlap
+SHARPNESS_CHOICES = (1.0, 1.25, 1.5, 2.0, 3.0)  # factors on a draft's logits, scored side by side
 
 
 @dataclass
@@ -89,3 +90,41 @@ class CoupledDraws:
         (sharpened where the draft is flatter than the target: proposers/eagle3.py)."""
         scale = self.inverse_temperature * sharpness
         return logits.float() * scale + self.noise(position, ids).to(logits.device)
+
+
+class Sharpness:
+    """The factor on a draft's logits (`CoupledDraws.scores`) under which its first candidate is
+    the target's draw most often, learned from the target's draws: at every position whose
+    drawn token becomes known, each of SHARPNESS_CHOICES is scored on the same logits and noise,
+    and the best so far is used (`prior` until one beats it). A head flatter than its target
+    wants more than 1; one that matches it, 1. A proposer's copies (one per served request)
+    share one, so serving learns from every request."""
+
+    def __init__(self, prior: float) -> None:
+        if prior not in SHARPNESS_CHOICES:
+            raise ValueError(f"prior must be one of {SHARPNESS_CHOICES}, got {prior}")
+        self.prior = prior
+        self.hits = [0] * len(SHARPNESS_CHOICES)
+        self.seen = 0
+
+    @property
+    def value(self) -> float:
+        best = max(self.hits)
+        if self.hits[SHARPNESS_CHOICES.index(self.prior)] == best:
+            return self.prior
+        return SHARPNESS_CHOICES[self.hits.index(best)]
+
+    def learn(self, coupling: CoupledDraws, logits: Tensor, ids: Tensor, positions: list[int],
+              tokens: list[int]) -> None:
+        """logits [R, N]: the draft's for output positions `positions` [R], whose draws were
+        `tokens` [R] (target ids; ids [N] maps the draft's ids to target ids)."""
+        noise = torch.stack([coupling.noise(position, ids) for position in positions]).to(logits.device)  # [R, N]
+        base = logits.float() * coupling.inverse_temperature  # [R, N]
+        picks = torch.stack([base * factor + noise for factor in SHARPNESS_CHOICES]).argmax(-1)  # [C, R]
+        drawn = torch.tensor(tokens)
+        self.hits = [hits + int((ids[row.cpu()] == drawn).sum()) for hits, row in zip(self.hits, picks)]
+        self.seen += len(tokens)
+
+    def stats(self) -> dict:
+        return {"sharpness": self.value, "sharpness_observed": self.seen,
+                "sharpness_hits": dict(zip(map(str, SHARPNESS_CHOICES), self.hits))}

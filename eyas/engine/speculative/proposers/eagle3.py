@@ -16,9 +16,10 @@ Tree rows are scratch: only committed rows stay in the head's KV.
 
 Sampled requests whose tokens are Gumbel draws (engine/gumbel.py) hand the proposer their noise
 (`draw_with`, coupled_draws.py): each depth's candidates are then ranked, and scored, by the
-log-softmax of the head's logits x COUPLED_SHARPNESS / T plus the noise of the output position
-they fill, so that the first candidate is the target's draw wherever the head's logits order
-the tokens as the target's do under that noise.
+log-softmax of the head's logits x s / T plus the noise of the output position they fill, so
+that the first candidate is the target's draw wherever the head's logits order the tokens as
+the target's do under that noise; s is learned from the target's draws (Sharpness, starting
+at COUPLED_SHARPNESS).
 
 With no fixed shape (`--tree auto`), the shape comes from sizing.py: the target's measured
 verification costs, the head's measured step costs, and the acceptance ranks observed so far;
@@ -51,15 +52,17 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from eyas.engine.speculative.coupled_draws import Sharpness
 from eyas.engine.speculative.draft import DraftTree
 from eyas.errors import EyasError
 
 
-# Coupled draws (coupled_draws.py) rank the head's logits times this over T, plus the noise:
-# the shipped SmolLM2 head is flatter than its target, and its first draft was the target's draw
-# 26.1 / 30.0 / 28.6 / 27.1% of the time at 1 / 1.5 / 2 / 3 (its own top token, uncoupled:
-# 23.8%), and 31.1 / 31.7 / 31.3% at 1 / 1.5 / 2 at temperature 0.7 (uncoupled 30.7%): `eyas
-# eval --tree chain:1 --temperature 1 --seed 0`, 20 MT-Bench prompts (BENCHMARKS.md section 3).
+# Coupled draws (coupled_draws.py) rank the head's logits times a factor over T, plus the noise;
+# the factor is learned from the target's draws (Sharpness), starting from this one: the shipped
+# SmolLM2 head is flatter than its target, and its first draft was the target's draw 26.1 / 30.0
+# / 28.6 / 27.1% of the time at 1 / 1.5 / 2 / 3 (its own top token, uncoupled: 23.8%), and 31.1
+# / 31.7 / 31.3% at 1 / 1.5 / 2 at temperature 0.7 (uncoupled 30.7%): `eyas eval --tree chain:1
+# --temperature 1 --seed 0`, 20 MT-Bench prompts (BENCHMARKS.md section 3).
 COUPLED_SHARPNESS = 1.5
 
 
@@ -125,6 +128,8 @@ class Eagle3Proposer:
         self.d2t: list[int] = []  # draft id -> target id offset (head.d2t), set in begin
         self.target_ids: Tensor | None = None  # [N] int64: the target id of each draft id
         self.coupling = None  # CoupledDraws of a request whose tokens are Gumbel draws (draw_with)
+        self.sharpness = Sharpness(COUPLED_SHARPNESS)  # learned from the draws; copies share it
+        self._coupled_probe: tuple[Tensor, int] | None = None  # (depth-1 logits [N], context) of this step
         self.past: tuple[Tensor, Tensor] | None = None  # committed KV [1, KV, n, D] (Python path)
         self._scratch_past: tuple[Tensor, Tensor] | None = None  # + the tree rows of this step
         self.committed = 0  # committed rows (slots of the head's KV)
@@ -153,6 +158,7 @@ class Eagle3Proposer:
         if self.target_ids is None:
             self.target_ids = torch.arange(len(self.d2t), dtype=torch.int64) + self.head.d2t.cpu().long()
         self.coupling = None
+        self._coupled_probe = None
         self.last_hidden = self.last_logits = None
         self._unpaid_steps = 0
         self._first_step = True  # of this request: not a price (step_seconds)
@@ -265,6 +271,8 @@ class Eagle3Proposer:
                  "rank_probabilities": [round(p, 3) for p in self.ranks.probabilities]}
         if self.choice is not None:
             shape["expected_tokens_per_step"] = round(self.choice.expected_tokens, 3)
+        if self.sharpness.seen:
+            shape.update(self.sharpness.stats())
         return shape
 
     # -- feedback from the target ---------------------------------------------------------
@@ -273,6 +281,11 @@ class Eagle3Proposer:
         the root and the accepted nodes after a verification."""
         if result is not None and tree is not None and tree.size:
             self._record_ranks(tree, result)
+        if result is not None and self._coupled_probe is not None and self.coupling is not None:
+            logits, context = self._coupled_probe  # the draws' first token filled its depth 1
+            self.sharpness.learn(self.coupling, logits[None], self.target_ids,
+                                 [self.coupling.position(context, 1)], result.emitted[:1])
+        self._coupled_probe = None
         if output is None or output.taps is None:
             if result is not None:  # a pass without taps: its rows are left out (a gap)
                 self.next_position += 1 + len(result.accepted_nodes)
@@ -301,6 +314,8 @@ class Eagle3Proposer:
         have scored."""
         logits = self.head.compute_logits(hidden[0, rows])  # [r, N] draft ids
         if self.coupling is not None:
+            positions = [self.coupling.position(index, 1) for index in next_indices]
+            self.sharpness.learn(self.coupling, logits, self.target_ids, positions, next_tokens)
             logits = torch.stack([self._ranking(row, index, 1) for row, index in zip(logits, next_indices)])
         top = self.head.draft_to_target(torch.topk(logits, len(self.ranks.counts), dim=-1).indices)
         for candidates, token in zip(top.tolist(), next_tokens):
@@ -404,6 +419,8 @@ class Eagle3Proposer:
         shape = self.shape
         device = self.last_logits.device
         context = len(token_ids)
+        if self.coupling is not None:
+            self._coupled_probe = (self.last_logits[0], context)
         log_probs = torch.log_softmax(self._ranking(self.last_logits, context, 1), dim=-1)[0]  # [N]
         k = min(shape.top_k, budget)
         top = torch.topk(log_probs, k)
@@ -447,7 +464,7 @@ class Eagle3Proposer:
         if self.coupling is None:
             return logits.float()
         return self.coupling.scores(logits, self.target_ids, self.coupling.position(context, depth),
-                                    COUPLED_SHARPNESS)
+                                    self.sharpness.value)
 
     def _head_pass(self, hidden: Tensor, ids: Tensor, positions: list[int], mask: Tensor | None,
                    scratch: int | None = None) -> Tensor:
