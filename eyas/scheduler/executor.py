@@ -35,9 +35,8 @@ from eyas.engine.gumbel import draws_by_screen, inverse_temperature, new_noise_b
 from eyas.engine.logits_process import NEAR_TIE, process_tree_rows
 from eyas.engine.logprobs import token_logprobs
 from eyas.engine.sampling import argmax_rows, next_tokens, target_probs
-from eyas.engine.speculative.acceptance import accept_drawn, accept_greedy, accept_sampling
 from eyas.engine.speculative import coupled_draws
-from eyas.engine.speculative.coupled_draws import CoupledDraws
+from eyas.engine.speculative.acceptance import accept_drawn, accept_greedy, accept_sampling
 from eyas.engine.speculative.draft import DraftTree
 from eyas.engine.speculative.prune import prune_draft
 from eyas.engine.speculative.tree import node_depths
@@ -519,8 +518,8 @@ class StepExecutor:
         request.proposer.begin(self.target, request.prompt_ids, request.params)
         if request.noise_base is not None and hasattr(request.proposer, "draw_with") and coupled_draws.enabled():
             # its drafts ranked with the noise the target will draw with (coupled_draws.py)
-            request.proposer.draw_with(CoupledDraws(inverse_temperature(request.params.temperature),
-                                                    request.noise_base, request.prompt_len))
+            request.proposer.draw_with(coupled_draws.CoupledDraws(
+                inverse_temperature(request.params.temperature), request.noise_base, request.prompt_len))
         reused = request.context_length
         if reused and self.tap_layers:
             taps = self.pool.read_taps(request.row, reused)  # [1, reused, W]

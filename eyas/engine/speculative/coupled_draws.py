@@ -14,9 +14,11 @@ Only the draft changes. The target draws at every node with the same noise as pl
 a seed, whatever the draft proposes.
 
 Which drafts: the EAGLE-3 head's tree (proposers/eagle3.py: its candidates at each depth
-ranked by the perturbed logits, scored by their log-softmax) and a draft model's chain
-(proposers/draft_model.py: each token drawn through the draft's own output screen with the
-position's noise, a deterministic chain instead of a sampled one with its probabilities).
+ranked by the perturbed logits, sharpened by a factor learned from the target's draws
+(Sharpness), scored by their log-softmax), Medusa heads (proposers/medusa.py: head k's with the
+noise of the position k + 1 ahead) and a draft model's chain (proposers/draft_model.py: each
+token drawn through the draft's own output screen with the position's noise, a deterministic
+chain instead of a sampled one with its probabilities).
 Only requests whose tokens are Gumbel draws (gumbel.draws_by_screen: temperature > 0, no top-k,
 top-p, processors or logprobs) have a noise base; the others draft as before.
 
@@ -36,6 +38,7 @@ import torch
 from torch import Tensor
 
 from eyas.engine.gumbel import noise_key
+
 
 def enabled() -> bool:
     """Whether drafts draw with the target's noise: unless EYAS_COUPLED_DRAFTS is 0 (which
