@@ -122,10 +122,11 @@ class Sharpness:
         """logits [R, N]: the draft's for output positions `positions` [R], whose draws were
         `tokens` [R] (target ids; ids [N] maps the draft's ids to target ids)."""
         noise = torch.stack([coupling.noise(position, ids) for position in positions]).to(logits.device)  # [R, N]
-        base = logits.float() * coupling.inverse_temperature  # [R, N]
-        picks = torch.stack([base * factor + noise for factor in SHARPNESS_CHOICES]).argmax(-1)  # [C, R]
-        drawn = torch.tensor(tokens)
-        self.hits = [hits + int((ids[row.cpu()] == drawn).sum()) for hits, row in zip(self.hits, picks)]
+        scales = torch.tensor([coupling.inverse_temperature * factor for factor in SHARPNESS_CHOICES])  # [C]
+        values = logits.float()[None] * scales[:, None, None].to(logits.device) + noise[None]  # [C, R, N], as scores()
+        picked = ids[values.argmax(-1).cpu()]  # [C, R] target ids
+        found = (picked == torch.tensor(tokens)[None]).sum(-1).tolist()  # [C]
+        self.hits = [hits + count for hits, count in zip(self.hits, found)]
         self.seen += len(tokens)
 
     def stats(self) -> dict:
