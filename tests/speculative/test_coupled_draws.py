@@ -141,3 +141,41 @@ def test_the_sharpness_that_matches_the_target_is_learned():
         assert sharpness.hits[SHARPNESS_CHOICES.index(expected)] == 64
     with pytest.raises(ValueError, match="prior"):
         Sharpness(prior=1.1)
+
+
+def test_a_coupled_chain_prices_each_draw_with_its_pass(tiny_target, monkeypatch):
+    """A priced draft model's cost per drafted token is its one-row pass and, when it draws with
+    the target's noise, the draw through its output screen after it."""
+    import time
+
+    from eyas.engine.speculative.proposers import draft_model
+
+    prompt = list(range(300, 312))
+    proposer = draft_model.DraftModelProposer(tiny_target, name="self")
+    proposer.begin(tiny_target, prompt, SamplingParams(temperature=1.0))
+    proposer.draw_with(CoupledDraws(1.0, noise_base=3, prompt_len=len(prompt)))
+    measured = []
+
+    class Pricing:  # what ChainPricing is asked for by propose()
+        draft_pass = 1e-3
+
+        def length(self, max_nodes: int) -> int:
+            return max_nodes
+
+        def measured(self, kind: str, seconds: float, modelled: float) -> None:
+            measured.append((kind, seconds))
+
+    proposer.pricing = Pricing()
+    draw = draft_model.sample_rows
+
+    def slow_draw(*args):  # 5 ms of this thread's CPU before each draw
+        end = time.thread_time() + 0.005
+        while time.thread_time() < end:
+            pass
+        return draw(*args)
+
+    monkeypatch.setattr(draft_model, "sample_rows", slow_draw)
+    tree = proposer.propose(prompt + [5], 3)
+    assert tree.size == 3 and tree.draft_probs is None  # a deterministic chain
+    drafts = [seconds for kind, seconds in measured if kind == "draft"]
+    assert len(drafts) == 2 and min(drafts) >= 0.005  # the two one-row passes, each with its draw

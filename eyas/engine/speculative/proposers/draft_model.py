@@ -112,6 +112,7 @@ class DraftModelProposer:
         self.after_prefill = False  # the next step follows the prefill: not a price
         self.vocabulary = DraftVocabulary.build(draft, vocabulary_size) if vocabulary_size > 0 else None
         self.coupling = None  # CoupledDraws of a request whose tokens are Gumbel draws (draw_with)
+        self._step_pass: float | None = None  # CPU seconds of the last pass when a step's (one row)
 
     def single_stream(self, target: Target, fallback: bool = True) -> None:
         """Decoding one request (speculative_generate): a priced proposer gets the measured
@@ -212,8 +213,9 @@ class DraftModelProposer:
             logits = subset.logits(out.hidden[:, -1]) if subset else out.logits[:, -1]
         seconds = time.thread_time() - started
         self.pass_seconds += seconds
-        if self.pricing is not None and len(ids) <= 2:  # a step's pass, not a catch-up's
-            self.pricing.measured("draft", seconds, self.pricing.draft_pass)
+        self._step_pass = seconds if len(ids) <= 2 else None  # a step's pass, not a catch-up's
+        if self.pricing is not None and self._step_pass is not None and self.coupling is None:
+            self.pricing.measured("draft", seconds, self.pricing.draft_pass)  # coupled: with its draw
         return logits
 
     def _common_prefix(self, token_ids: list[int]) -> int:
@@ -293,7 +295,10 @@ class DraftModelProposer:
         key = torch.tensor([coupling.key(position)], dtype=torch.int64)
         started = time.thread_time()
         token = int(sample_rows(self.draft.model.lm_head, hidden, scale, key)[0])
-        self.pass_seconds += time.thread_time() - started
+        seconds = time.thread_time() - started
+        self.pass_seconds += seconds
+        if self.pricing is not None and self._step_pass is not None:  # the pass and its draw
+            self.pricing.measured("draft", self._step_pass + seconds, self.pricing.draft_pass)
         return token
 
     def observe(self, tree: DraftTree, result: VerifyResult | None,
