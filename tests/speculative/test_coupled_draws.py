@@ -179,3 +179,32 @@ def test_a_coupled_chain_prices_each_draw_with_its_pass(tiny_target, monkeypatch
     assert tree.size == 3 and tree.draft_probs is None  # a deterministic chain
     drafts = [seconds for kind, seconds in measured if kind == "draft"]
     assert len(drafts) == 2 and min(drafts) >= 0.005  # the two one-row passes, each with its draw
+
+
+def test_a_vocabulary_subset_draws_with_each_token_ids_noise(tiny_target, monkeypatch):
+    """DraftVocabulary.draw is the argmax over the subset's ids of l / T + g at those ids (the
+    target's noise there); a draft model over the subset, drawing this way, keeps plain output."""
+    from eyas.engine.generate import generate
+    from eyas.engine.speculative.proposers.draft_model import DraftModelProposer
+    from eyas.engine.speculative.proposers.draft_vocabulary import DraftVocabulary
+
+    vocabulary = DraftVocabulary.build(tiny_target, 16384)
+    ids = vocabulary.ids
+    hidden = torch.randn(6, tiny_target.config.hidden_size, generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        full = tiny_target.model.lm_head(hidden)  # [6, V] exact
+    scale = inverse_temperature(0.8)
+    for row in range(6):
+        key = noise_key(21, row)
+        noise = gumbel.gumbel_noise(torch.tensor([key]), full.shape[-1])[0]
+        expected = int(ids[(full[row, ids] * scale + noise[ids]).argmax()])
+        assert vocabulary.draw(hidden[row : row + 1], scale, key) == expected
+
+    prompt = list(range(300, 312))
+    params = SamplingParams(max_tokens=24, temperature=1.0, seed=2, ignore_eos=True)
+    plain = generate(tiny_target, prompt, params).token_ids
+    spec = _decode(tiny_target, prompt, params, DraftModelProposer(tiny_target, vocabulary_size=16384),
+                   monkeypatch, True)
+    assert spec.token_ids == plain
+    # accepted where the target's draw lies in the subset (a third of a random model's vocabulary)
+    assert spec.stats["speculative"]["accepted_tokens"] > 0

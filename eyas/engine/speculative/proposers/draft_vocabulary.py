@@ -11,9 +11,13 @@ and re-check as the full output layer, models/output_layer.py). The subset is pa
 next ids to a multiple of 16 rows, so that its screen runs in the extension's int8 kernel
 (PyTorch's screen over 65,538 rows cost more than the extension's over all 151,936).
 
+The same subset serves a draft that draws with the target's noise (coupled_draws.py): its draw
+is the subset's Gumbel draw with each token id's noise (`draw`).
+
 Usage:
     vocabulary = DraftVocabulary.build(draft_target, size=65536)   # None if not worth it
     token = vocabulary.token(int(vocabulary.logits(hidden).argmax()))   # hidden [1, H]
+    token = vocabulary.draw(hidden, inverse_temperature(0.7), noise_key(base, position))
 """
 
 from __future__ import annotations
@@ -74,6 +78,22 @@ class DraftVocabulary:
     def logits(self, hidden: Tensor) -> Tensor:  # [R, H] after the final norm -> [R, N]
         """The subset's logits, exact at their argmax only."""
         return self.layer.greedy_logits(hidden.float())
+
+    def draw(self, hidden: Tensor, inverse_temperature: float, key: int) -> int:
+        """The subset's Gumbel draw for hidden [1, H] after the final norm: the token id of
+        argmax over the subset of l * (1/T) + g, g the noise of `key` at each token id (the
+        noise the target draws that position with, engine/speculative/coupled_draws.py); the
+        screen's bounds leave only the ids that can still win to be computed exactly."""
+        x = hidden.float().reshape(1, -1)  # [1, H]
+        approx, bound = self.layer.screen(x)  # [1, N] each
+        noise = torch.ops.eyas.gumbel_noise_at(torch.tensor([key], dtype=torch.int64), self.ids)[0]  # [N]
+        scale = float(np.float32(inverse_temperature))
+        lower = (approx[0] - bound[0]) * scale + noise
+        upper = (approx[0] + bound[0]) * scale + noise
+        candidates = torch.nonzero(upper >= lower.max()).squeeze(1)  # [c] subset indices
+        rows = torch.from_numpy(self.layer.row_source.rows(candidates.numpy()))  # [c, H]
+        values = (rows @ x[0]) * scale + noise[candidates]
+        return int(self.ids[candidates[int(values.argmax())]])
 
     def token(self, index: int) -> int:
         """The token id of the subset's `index`-th logit."""
