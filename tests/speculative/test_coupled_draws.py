@@ -2,7 +2,9 @@
 draws with. The noise at a draft's ids is the target's, bit for bit; positions line up with the
 executor's draws (a draft model equal to the target is accepted at every position, and its
 seeded output equals plain decoding's); the shipped EAGLE-3 head is accepted more often with it
-than without, on the same tokens."""
+than without, on the same tokens, alone and served with other requests; the sharpening factor
+that matches the target is learned; a draft model's subset draws with each id's noise, and its
+price per drafted token counts the draw."""
 
 from __future__ import annotations
 
