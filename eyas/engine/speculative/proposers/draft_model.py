@@ -291,15 +291,14 @@ class DraftModelProposer:
         as the target draws that position from its own hidden state; with a vocabulary subset,
         the subset's draw (DraftVocabulary.draw: a token outside it is never drafted)."""
         coupling = self.coupling
-        position = coupling.position(context, 1)
-        scale = torch.tensor([coupling.inverse_temperature], dtype=torch.float32)
-        key = torch.tensor([coupling.key(position)], dtype=torch.int64)
+        key = coupling.key(coupling.position(context, 1))
         started = time.thread_time()
         subset = self.vocabulary
         if subset is not None and subset.screened_in_extension:  # the subset's screen, as greedy drafts
-            token = subset.draw(hidden, coupling.inverse_temperature, int(key[0]))
+            token = subset.draw(hidden, coupling.inverse_temperature, key)
         else:
-            token = int(sample_rows(self.draft.model.lm_head, hidden, scale, key)[0])
+            scale = torch.tensor([coupling.inverse_temperature], dtype=torch.float32)
+            token = int(sample_rows(self.draft.model.lm_head, hidden, scale, torch.tensor([key]))[0])
         seconds = time.thread_time() - started
         self.pass_seconds += seconds
         if self.pricing is not None and self._step_pass is not None:  # the pass and its draw

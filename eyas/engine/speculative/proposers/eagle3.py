@@ -125,8 +125,9 @@ class Eagle3Proposer:
 
         self.fused = FusedHead.build(head)  # the head's layer as one C++ call (eagle3/fused.py)
         self.kv = None  # its HeadCache, one per request (begin)
-        self.d2t: list[int] = []  # draft id -> target id offset (head.d2t), set in begin
-        self.target_ids: Tensor | None = None  # [N] int64: the target id of each draft id
+        self.d2t: list[int] = head.d2t.tolist()  # draft id -> target id offset (head.d2t)
+        draft_ids = torch.arange(len(self.d2t), device=head.d2t.device)
+        self.target_ids = head.draft_to_target(draft_ids).cpu()  # [N] int64: each draft id's target id
         self.coupling = None  # CoupledDraws of a request whose tokens are Gumbel draws (draw_with)
         self.sharpness = Sharpness(COUPLED_SHARPNESS)  # learned from the draws; copies share it
         self._coupled_probe: tuple[Tensor, int] | None = None  # (depth-1 logits [N], context) of this step
@@ -154,9 +155,6 @@ class Eagle3Proposer:
         self.last_position, self.next_position, self.pending_positions = -1, 0, []
         self.pending_unverified = []
         self.kv = self.fused.new_cache() if self.fused is not None else None
-        self.d2t = self.head.d2t.tolist()
-        if self.target_ids is None:
-            self.target_ids = torch.arange(len(self.d2t), dtype=torch.int64) + self.head.d2t.cpu().long()
         self.coupling = None
         self._coupled_probe = None
         self.last_hidden = self.last_logits = None
