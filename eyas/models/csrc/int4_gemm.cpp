@@ -64,10 +64,20 @@ namespace eyas {
 namespace {
 
 constexpr int64_t kColumns = 16, kGroup = 32, kBlockBytes = 320;
-// Blocks of columns prefetched ahead by each thread: at one row a block is ~250 ns of work and
-// the hardware prefetcher alone kept ~15 GB/s in flight; 2-8 ahead gave 1.10-1.11x on plain
-// decoding, side by side in one process (BENCHMARKS.md, "Kernels and precisions").
-constexpr int64_t kAhead = 4;
+// Software prefetch: each group's 5 cache lines are requested kPrefetchBytes ahead in the
+// thread's stream of blocks (a chunk's blocks lie one after another; past a chunk's end the lines
+// belong to the next block, read once from DRAM whichever thread claims it). Requesting whole
+// blocks 4 ahead at once, as before, stalled on the burst where a block is large: on the 1.5B
+// Qwen (a down projection's block is 280 groups, 90 KB) a one-token step took 52 ms against 40
+// ms streaming 2 KB ahead, 8 rows 106 against 78 ms; 1-3 KB ahead were within 3% of each other,
+// 4-10 KB as slow as the bursts (BENCHMARKS.md, "The cost curve and its floors").
+constexpr int64_t kPrefetchBytes = 2048;
+
+// Requests the cache lines of the group kPrefetchBytes ahead of `group` (320 bytes: 5 lines).
+inline void prefetch_ahead(const uint8_t* group) {
+  const char* ahead = reinterpret_cast<const char*>(group) + kPrefetchBytes;
+  for (int line = 0; line < kBlockBytes / 64; ++line) __builtin_prefetch(ahead + 64 * line, 0, 3);
+}
 // The smallest chunk of blocks a thread claims in a region: ~0.5 us of work at one row, next to
 // ~0.1 us for a contended claim.
 constexpr int64_t kBlocksPerChunk = 2;
@@ -135,11 +145,12 @@ void quantize_group(const float* xg, int8_t* out, float* scale, float* sum) {
 // `Parts` int8 parts (2: 14 bits, 1: 8 bits).
 template <int R, int Parts>
 void tile(const uint8_t* block, int64_t groups, const int8_t* codes, int64_t in, const float* scales,
-          const float* sums, float* y, int64_t out) {
+          const float* sums, float* y, int64_t out, bool prefetch) {
   const __m512i low = _mm512_set1_epi8(0x0F);
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g, block += kBlockBytes) {
+    if (prefetch) prefetch_ahead(block);
     __m512i w[8];
     for (int p = 0; p < 4; ++p) {
       const __m512i chunk = _mm512_loadu_si512(block + 64 * p);
@@ -185,10 +196,11 @@ void tile(const uint8_t* block, int64_t groups, const int8_t* codes, int64_t in,
 // on AVX2).
 template <int Parts>
 void one_row(const uint8_t* block, int64_t groups, const int8_t* codes, int64_t, const float* scales,
-             const float* sums, float* y, int64_t) {
+             const float* sums, float* y, int64_t, bool prefetch) {
   const __m512i low = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8(int8_t(0xF0));
   __m512 acc = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g, block += kBlockBytes) {
+    if (prefetch) prefetch_ahead(block);
     __m512i w[8];  // w[p]: codes of inputs 4p..4p+3; w[p + 4]: 16 * codes of inputs 16+4p..16+4p+3
     for (int p = 0; p < 4; ++p) {
       const __m512i chunk = _mm512_loadu_si512(block + 64 * p);
@@ -221,19 +233,20 @@ void one_row(const uint8_t* block, int64_t groups, const int8_t* codes, int64_t,
   _mm512_storeu_ps(y, acc);
 }
 
-using TileFn = void (*)(const uint8_t*, int64_t, const int8_t*, int64_t, const float*, const float*, float*, int64_t);
+using TileFn = void (*)(const uint8_t*, int64_t, const int8_t*, int64_t, const float*, const float*, float*, int64_t,
+                       bool);
 template <int Parts>
 constexpr TileFn kTiles[kTileRows + 1] = {nullptr, one_row<Parts>, tile<2, Parts>, tile<3, Parts>, tile<4, Parts>,
                                           tile<5, Parts>, tile<6, Parts>, tile<7, Parts>, tile<8, Parts>};
 
-// Columns [block * 16, block * 16 + 16) of y for every row.
+// Columns [block * 16, block * 16 + 16) of y for every row (the first tile of rows prefetches).
 template <int Parts>
 void block_columns(const uint8_t* block, int64_t groups, const Quantized& xq, int64_t rows, int64_t in, float* y,
                    int64_t out) {
   for (int64_t r = 0; r < rows; r += kTileRows) {
     const int64_t n = std::min(kTileRows, rows - r);
     kTiles<Parts>[n](block, groups, xq.codes.data() + r * in * Parts, in, xq.scales.data() + r * groups,
-                     xq.sums.data() + r * groups, y + r * out, out);
+                     xq.sums.data() + r * groups, y + r * out, out, r == 0);
   }
 }
 
@@ -279,11 +292,12 @@ void quantize_group(const float* xg, int8_t* out, float* scale, float* sum) {
 // Columns half * 8 .. half * 8 + 7 of one block for `R` rows, activations in `Parts` parts.
 template <int R, int Parts>
 void tile(const uint8_t* block, int half, int64_t groups, const int8_t* codes, int64_t in, const float* scales,
-          const float* sums, float* y, int64_t out) {
+          const float* sums, float* y, int64_t out, bool prefetch) {
   const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; ++g, block += kBlockBytes) {
+    if (prefetch) prefetch_ahead(block);
     __m256i w[8];
     for (int p = 0; p < 4; ++p) {
       const __m256i chunk = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * p + 32 * half));
@@ -316,7 +330,7 @@ void tile(const uint8_t* block, int half, int64_t groups, const int8_t* codes, i
 }
 
 using TileFn = void (*)(const uint8_t*, int, int64_t, const int8_t*, int64_t, const float*, const float*, float*,
-                        int64_t);
+                        int64_t, bool);
 template <int Parts>
 constexpr TileFn kTiles[kTileRows + 1] = {nullptr, tile<1, Parts>, tile<2, Parts>, tile<3, Parts>, tile<4, Parts>};
 
@@ -327,7 +341,7 @@ void block_columns(const uint8_t* block, int64_t groups, const Quantized& xq, in
     for (int64_t r = 0; r < rows; r += kTileRows) {
       const int64_t n = std::min(kTileRows, rows - r);
       kTiles<Parts>[n](block, half, groups, xq.codes.data() + r * in * Parts, in, xq.scales.data() + r * groups,
-                       xq.sums.data() + r * groups, y + r * out, out);
+                       xq.sums.data() + r * groups, y + r * out, out, half == 0 && r == 0);
     }
   }
 }
@@ -473,17 +487,10 @@ void int4_gemm(const float* x, int64_t rows, int64_t in, const at::Tensor& packe
   const uint8_t* weights = packed.data_ptr<uint8_t>();
   // Threads claim chunks of columns (worker_pool.h); each streams its blocks' weights once per
   // tile of rows (a block of 16 columns is 320 bytes per 32 inputs: it stays in L1/L2 between
-  // tiles). Prefetching runs past the chunk's end: the next chunk is read from DRAM once either
-  // way, by whichever thread claims it.
+  // tiles), prefetching ahead in the stream as it goes (kPrefetchBytes).
   eyas::parallel_for(0, blocks, kBlocksPerChunk, [&](int64_t begin, int64_t end) {
-    for (int64_t cb = begin; cb < end; ++cb) {
-      const uint8_t* block = weights + cb * groups * kBlockBytes;
-      if (cb + kAhead < blocks) {  // more loads in flight than the hardware prefetcher keeps
-        const char* next = reinterpret_cast<const char*>(block + kAhead * groups * kBlockBytes);
-        for (int64_t byte = 0; byte < groups * kBlockBytes; byte += 64) __builtin_prefetch(next + byte, 0, 3);
-      }
-      kernel.block_columns(block, groups, xq, rows, in, y + cb * kColumns, out);
-    }
+    for (int64_t cb = begin; cb < end; ++cb)
+      kernel.block_columns(weights + cb * groups * kBlockBytes, groups, xq, rows, in, y + cb * kColumns, out);
     if (hooks.finish) hooks.finish(begin * kColumns, end * kColumns);  // while the columns are in cache
   });
 }

@@ -43,7 +43,15 @@ namespace eyas {
 namespace {
 
 constexpr int64_t kColumns = 16, kGroup = 32, kQuads = kGroup / 4, kCodeBytes = 512, kBlockBytes = 544;
-constexpr int64_t kAhead = 4;  // blocks of columns prefetched ahead (int4_gemm.cpp measured 2-8)
+// Each group's lines are requested kPrefetchBytes ahead in the thread's stream of blocks, as in
+// int4_gemm.cpp (where whole blocks requested 4 ahead stalled on large blocks).
+constexpr int64_t kPrefetchBytes = 2048;
+
+// Requests the cache lines of the group kPrefetchBytes ahead of `group` (544 bytes: 9 lines at most).
+inline void prefetch_ahead(const uint8_t* group) {
+  const char* ahead = reinterpret_cast<const char*>(group) + kPrefetchBytes;
+  for (int64_t byte = 0; byte < kBlockBytes; byte += 64) __builtin_prefetch(ahead + byte, 0, 3);
+}
 
 // Rows of x in the kernel's form: per row and group, hi[32] then lo[32] (signed), the scale d
 // and the correction 128 * sum(xq).
@@ -91,10 +99,11 @@ constexpr int64_t kTileRows = 8;
 // One block of 16 columns for R rows: y[r, col0 .. col0 + 15].
 template <int R>
 void tile(const uint8_t* block, int64_t groups, const int8_t* codes, const float* scales,
-          const int32_t* corrections, float* y, int64_t out) {
+          const int32_t* corrections, float* y, int64_t out, bool prefetch) {
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g, block += kBlockBytes) {
+    if (prefetch) prefetch_ahead(block);
     __m512i w[kQuads];
     for (int k = 0; k < kQuads; ++k) w[k] = _mm512_loadu_si512(block + 64 * k);
     const __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + kCodeBytes)));
@@ -120,7 +129,7 @@ void tile(const uint8_t* block, int64_t groups, const int8_t* codes, const float
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(y + r * out, acc[r]);
 }
 
-using TileFn = void (*)(const uint8_t*, int64_t, const int8_t*, const float*, const int32_t*, float*, int64_t);
+using TileFn = void (*)(const uint8_t*, int64_t, const int8_t*, const float*, const int32_t*, float*, int64_t, bool);
 constexpr TileFn kTiles[kTileRows + 1] = {nullptr, tile<1>, tile<2>, tile<3>, tile<4>, tile<5>, tile<6>, tile<7>, tile<8>};
 
 void block_columns(const uint8_t* block, int64_t groups, const Activations& a, int64_t rows, int64_t in, float* y,
@@ -128,7 +137,7 @@ void block_columns(const uint8_t* block, int64_t groups, const Activations& a, i
   for (int64_t r = 0; r < rows; r += kTileRows) {
     const int64_t n = std::min(kTileRows, rows - r);
     kTiles[n](block, groups, a.codes.data() + r * in * 2, a.scales.data() + r * groups,
-              a.corrections.data() + r * groups, y + r * out, out);
+              a.corrections.data() + r * groups, y + r * out, out, r == 0);
   }
 }
 
@@ -145,11 +154,12 @@ constexpr int64_t kTileRows = 4;
 // once, so the integers are vpdpbusd's and the float operations the same, lane by lane.
 template <int R>
 void tile(const uint8_t* block, int half, int64_t groups, const int8_t* codes, const float* scales,
-          const int32_t* corrections, float* y, int64_t out) {
+          const int32_t* corrections, float* y, int64_t out, bool prefetch) {
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; ++g, block += kBlockBytes) {
+    if (prefetch) prefetch_ahead(block);
     __m256i w[kQuads];
     for (int k = 0; k < kQuads; ++k) w[k] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * k + 32 * half));
     const __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + kCodeBytes + 16 * half)));
@@ -173,7 +183,8 @@ void tile(const uint8_t* block, int half, int64_t groups, const int8_t* codes, c
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * out + 8 * half, acc[r]);
 }
 
-using TileFn = void (*)(const uint8_t*, int, int64_t, const int8_t*, const float*, const int32_t*, float*, int64_t);
+using TileFn = void (*)(const uint8_t*, int, int64_t, const int8_t*, const float*, const int32_t*, float*, int64_t,
+                       bool);
 constexpr TileFn kTiles[kTileRows + 1] = {nullptr, tile<1>, tile<2>, tile<3>, tile<4>};
 
 void block_columns(const uint8_t* block, int64_t groups, const Activations& a, int64_t rows, int64_t in, float* y,
@@ -182,7 +193,7 @@ void block_columns(const uint8_t* block, int64_t groups, const Activations& a, i
     for (int64_t r = 0; r < rows; r += kTileRows) {
       const int64_t n = std::min(kTileRows, rows - r);
       kTiles[n](block, half, groups, a.codes.data() + r * in * 2, a.scales.data() + r * groups,
-                a.corrections.data() + r * groups, y + r * out, out);
+                a.corrections.data() + r * groups, y + r * out, out, half == 0 && r == 0);
     }
   }
 }
@@ -255,16 +266,10 @@ at::Tensor int8_linear(const at::Tensor& x_in, const at::Tensor& packed) {
   const Activations a = quantize_rows(x.data_ptr<float>(), rows, in);
   const uint8_t* weights = packed.data_ptr<uint8_t>();
   float* yp = y.data_ptr<float>();
-  // threads claim chunks of columns (worker_pool.h); prefetching runs past a chunk's end
+  // threads claim chunks of columns (worker_pool.h), prefetching ahead in the stream (kPrefetchBytes)
   eyas::pool_for(0, blocks, 2, [&](int64_t begin, int64_t end) {
-    for (int64_t cb = begin; cb < end; ++cb) {
-      const uint8_t* block = weights + cb * groups * kBlockBytes;
-      if (cb + kAhead < blocks) {
-        const char* next = reinterpret_cast<const char*>(block + kAhead * groups * kBlockBytes);
-        for (int64_t byte = 0; byte < groups * kBlockBytes; byte += 64) __builtin_prefetch(next + byte, 0, 3);
-      }
-      block_columns(block, groups, a, rows, in, yp + cb * kColumns, out);
-    }
+    for (int64_t cb = begin; cb < end; ++cb)
+      block_columns(weights + cb * groups * kBlockBytes, groups, a, rows, in, yp + cb * kColumns, out);
   });
   return y;
 }
