@@ -145,29 +145,49 @@ class ScreenedOutputLayer(nn.Module):
             approx, bound = self.screen(flat)  # [R, V] each
             best_lower = (approx - bound).amax(dim=1, keepdim=True)  # [R, 1]
             rows, columns = (approx + bound >= best_lower).nonzero(as_tuple=True)  # the candidates [P]
-        if lean:  # only the candidates' rows are dequantized
-            unique, inverse = torch.unique(columns, return_inverse=True)
-            candidates = torch.from_numpy(self.row_source.rows(unique.numpy()))[inverse]
-        else:
-            candidates = self.full_weight()[columns]
-        exact = (flat[rows] * candidates).sum(dim=1)  # [P], row by row
-        approx[rows, columns] = exact
+        approx[rows, columns] = self._exact(flat, rows, columns)
         return approx.reshape(*shape[:-1], self.out_features)
 
-    def sample_tokens(self, x: Tensor, inverse_temperatures: Tensor, keys: Tensor) -> Tensor:
+    def _exact(self, flat: Tensor, rows: Tensor, columns: Tensor) -> Tensor:
+        """The float32 logits of the pairs (rows [P] of flat [R, H], columns [P]) -> [P], each
+        from its own weight row (a lean row source dequantizes only those rows)."""
+        if self.row_source is not None and not self.row_source.has_table:
+            unique, inverse = torch.unique(columns, return_inverse=True)
+            weights = torch.from_numpy(self.row_source.rows(unique.numpy()))[inverse]  # [P, H]
+        else:
+            weights = self.full_weight()[columns]
+        return (flat[rows] * weights).sum(dim=1)  # [P], row by row
+
+    def sample_tokens(self, x: Tensor, inverse_temperatures: Tensor, keys: Tensor,
+                      noise_ids: Tensor | None = None) -> Tensor:
         """One exact sample of softmax(logits / T) per row of x [R, H] -> [R] int64, by the
         Gumbel-max trick over the screen (engine/gumbel.py, csrc/gumbel_screen.cpp):
-        inverse_temperatures [R] float32 (1/T), keys [R] int64 (each row's noise)."""
+        inverse_temperatures [R] float32 (1/T), keys [R] int64 (each row's noise). noise_ids
+        [V] int64: the layer's row j draws with the noise of token id noise_ids[j] (a subset
+        of a vocabulary drawing as the whole would: DraftVocabulary); the result is the index
+        of a row of this layer either way."""
         flat = x.reshape(-1, x.shape[-1]).float()  # [R, H]
-        lean = self.row_source is not None and not self.row_source.has_table
-        if not self.int8dot or lean:  # PyTorch's screen or a lean row source: the full product
-            from eyas.engine.gumbel import gumbel_argmax
+        scales = inverse_temperatures.float()  # [R]
+        if not self.int8dot:  # PyTorch's screen: the full product
+            from eyas.engine.gumbel import gumbel_noise
+            from eyas.engine.sampling import argmax_rows
 
-            return gumbel_argmax(self(flat), inverse_temperatures, keys)
-        tokens, _ = torch.ops.eyas.int8_screen_gumbel(flat, self.packed, self.scale_float, self.code_sums,
-                                                      self.weight_error, self.approx_norm, self.full_weight(),
-                                                      inverse_temperatures.float(), keys)
-        return tokens
+            noise = (gumbel_noise(keys, self.out_features) if noise_ids is None
+                     else torch.ops.eyas.gumbel_noise_at(keys, noise_ids))  # [R, V]
+            return argmax_rows(self(flat).float() * scales[:, None] + noise)
+        lean = self.row_source is not None and not self.row_source.has_table
+        if not lean and noise_ids is None:  # steps 1-3 in one C++ call
+            tokens, _ = torch.ops.eyas.int8_screen_gumbel(flat, self.packed, self.scale_float, self.code_sums,
+                                                          self.weight_error, self.approx_norm, self.full_weight(),
+                                                          scales, keys)
+            return tokens
+        # the screen and its candidates in one C++ call; their exact values from their own rows
+        ids = noise_ids if noise_ids is not None else torch.empty(0, dtype=torch.int64)
+        rows, columns, noise = torch.ops.eyas.int8_screen_gumbel_candidates(
+            flat, self.packed, self.scale_float, self.code_sums, self.weight_error, self.approx_norm,
+            scales, keys, ids)  # [P] each, by row then column
+        values = self._exact(flat, rows, columns) * scales[rows] + noise  # fl(fl(l * (1/T)) + g)
+        return first_argmax(values, rows, columns, flat.shape[0], self.out_features)
 
     def screen(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """x [R, H] float32 -> (approximate logits, bound on their error) [R, V] each."""
@@ -193,6 +213,15 @@ class ScreenedOutputLayer(nn.Module):
         bound = x_norm * self.weight_error + (input_error + accumulated) * self.approx_norm
         bound += approx.abs() * (BF16_UNIT / (1 - BF16_UNIT))
         return bound * SAFETY + 1e-6
+
+
+def first_argmax(values: Tensor, rows: Tensor, columns: Tensor, count: int, width: int) -> Tensor:
+    """Each row's column of largest value, the first among equal maxima: values, rows, columns
+    [P] (every row among 0..count-1 present at least once) -> [count] int64."""
+    best = torch.full((count,), float("-inf")).scatter_reduce(0, rows, values, "amax")  # [count]
+    at_best = values == best[rows]
+    first = torch.full((count,), width, dtype=torch.int64)
+    return first.scatter_reduce(0, rows[at_best], columns[at_best], "amin")
 
 
 def _int8_rows(chunk, vocab: int, rows_per_chunk: int = 8192

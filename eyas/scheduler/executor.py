@@ -541,7 +541,12 @@ class StepExecutor:
             ids = torch.tensor([request.prompt_ids[start:end]], device=target.device)  # [1, C]
             greedy = request.params.greedy and not request.needs_full_logits
             prompt_logprobs = request.params.prompt_logprobs
-            logits_at = "all" if prompt_logprobs is not None else "last" if chunk.final else None
+            # a screen-drawn request draws its first token as every later one (output position
+            # 0's noise): no logits of the prompt's last row, so no full product over the
+            # vocabulary (nor the float table a lean output layer would build for it)
+            drawn = request.noise_base is not None
+            last = "last" if chunk.final and not drawn else None
+            logits_at = "all" if prompt_logprobs is not None else last
             output = target.model(ids, cache=self.pool.view(row, row + 1), write_at=start,
                                   kv_len=end, logits_at=logits_at, tap_layers=self.tap_layers,
                                   greedy=greedy)
@@ -558,9 +563,14 @@ class StepExecutor:
                 return
             stage = "sample"
             self.faults.check(request, "sample")
-            last = process_tree_rows(output.logits[:, -1], request.logits_processors, [],
-                                     DraftTree.empty())  # [1, V]
-            token = int(next_tokens(last, request.params, request.generator)[0])
+            if drawn:
+                token = int(sample_rows(target.model.lm_head, output.hidden[0, -1:],
+                                        torch.tensor([inverse_temperature(request.params.temperature)]),
+                                        torch.tensor([noise_key(request.noise_base, 0)]))[0])
+            else:
+                last_logits = process_tree_rows(output.logits[:, -1], request.logits_processors, [],
+                                                DraftTree.empty())  # [1, V]
+                token = int(next_tokens(last_logits, request.params, request.generator)[0])
             if request.params.logprobs is not None:
                 request.output_logprobs += token_logprobs(output.logits[0, -1:], [token],
                                                           request.params.logprobs)

@@ -131,3 +131,27 @@ def test_noise_keys_differ_by_position_and_base():
     keys = {noise_key(base, position) for base in (0, 1, 2**61) for position in range(100)}
     assert len(keys) == 300
     assert all(-(2**63) <= key < 2**63 for key in keys)
+
+
+def test_a_subset_of_rows_draws_with_the_noise_of_its_token_ids(layer):
+    """noise_ids: row j of a layer draws with the noise of token id noise_ids[j] (a draft's
+    subset of a vocabulary drawing as the whole would); the draw is the argmax over the rows of
+    l / T + g at those ids, and the screen's candidates carry exactly that noise."""
+    ids = torch.arange(VOCAB, dtype=torch.int64) * 3 + 1000  # the ids the layer's rows stand for
+    x = torch.randn(200, HIDDEN, generator=torch.Generator().manual_seed(3))
+    keys = keys_for(200, base=777)
+    scale = torch.full((200,), inverse_temperature(0.8))
+    drawn = layer.sample_tokens(x, scale, keys, noise_ids=ids)
+    noise = torch.ops.eyas.gumbel_noise_at(keys, ids)  # [200, VOCAB]
+    assert torch.equal(noise[:, 5], gumbel_noise(keys, 1016)[:, 1015])
+    reference = (exact_logits(layer, x) * scale[:, None] + noise).argmax(dim=1)
+    assert torch.equal(drawn, reference)
+    assert not torch.equal(drawn, layer.sample_tokens(x, scale, keys))  # other noise, other draws
+    rows, columns, candidate_noise = torch.ops.eyas.int8_screen_gumbel_candidates(
+        x, layer.packed, layer.scale_float, layer.code_sums, layer.weight_error, layer.approx_norm, scale, keys, ids)
+    assert torch.equal(candidate_noise, noise[rows, columns])
+    assert torch.equal(torch.unique(rows), torch.arange(200))  # every row has a candidate
+    assert bool((drawn[rows] == columns).sum() == 200)  # each row's draw among its candidates
+    with pytest.raises(RuntimeError, match="ids must be empty or int64"):
+        torch.ops.eyas.int8_screen_gumbel_candidates(x, layer.packed, layer.scale_float, layer.code_sums,
+                                                     layer.weight_error, layer.approx_norm, scale, keys, ids[:9])

@@ -50,3 +50,33 @@ def test_a_row_source_output_layer_gives_the_float_layers_argmax_and_logits(tmp_
         assert torch.equal(getattr(again, name), tensor), name
     assert torch.equal(again.greedy_logits(x).argmax(dim=1), expected)
     torch.testing.assert_close(lean(x), x @ full.t())  # every logit: the table, made on demand
+
+
+def test_a_row_source_output_layer_draws_as_the_full_logits_without_a_float_table(tmp_path):
+    """A sampled row through an output layer read from GGUF rows is the Gumbel draw over every
+    float32 logit (the screen's candidates re-checked from their own rows), and no float table
+    is built for it (a 1.5B model's is 0.93 GB)."""
+    import numpy as np
+    from random_checkpoints import write_gguf
+
+    from eyas.engine import gumbel
+    from eyas.models.gguf_loader import GGUFSource
+    from eyas.models.output_layer import ScreenedOutputLayer
+    from eyas.models.source_embedding import SourceEmbedding
+
+    if not gumbel.available():
+        import pytest
+
+        pytest.skip("the C++ extension is not built here")
+    table = np.random.default_rng(6).standard_normal((512, 64)).astype(np.float32) * 0.5
+    source = GGUFSource(write_gguf(tmp_path / "o.gguf", {"output.weight": (table, "Q8_0")}))
+    full = source.get("lm_head.weight")  # [V, H] float32
+    lean = ScreenedOutputLayer(SourceEmbedding(source.tensors["lm_head.weight"]))
+    x = torch.randn(300, 64, generator=torch.Generator().manual_seed(7))
+    for temperature in (0.5, 1.0):
+        scales = torch.full((300,), gumbel.inverse_temperature(temperature))
+        keys = torch.tensor([gumbel.noise_key(99, position) for position in range(300)])
+        drawn = lean.sample_tokens(x, scales, keys)
+        assert torch.equal(drawn, gumbel.gumbel_argmax(x @ full.t(), scales, keys))
+        assert len(set(drawn.tolist())) > 50  # draws, not one argmax
+    assert lean.row_source._table is None

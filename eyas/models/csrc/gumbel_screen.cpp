@@ -85,9 +85,14 @@ inline float noise_of(uint64_t key, int64_t j) {
   return -log_positive(exponential);
 }
 
-// The Gumbel noise of entries [begin, end) of the row whose mixed key is `key`.
-void fill_noise(uint64_t key, int64_t begin, int64_t end, float* out) {
-  for (int64_t j = begin; j < end; ++j) out[j] = noise_of(key, j);
+// The Gumbel noise of columns [begin, end) of the row whose mixed key is `key`: of entry j, or of
+// entry ids[j] where ids is given (a subset of a vocabulary, drawn with its token ids' noise).
+void fill_noise(uint64_t key, int64_t begin, int64_t end, float* out, const int64_t* ids = nullptr) {
+  if (ids == nullptr) {
+    for (int64_t j = begin; j < end; ++j) out[j] = noise_of(key, j);
+  } else {
+    for (int64_t j = begin; j < end; ++j) out[j] = noise_of(key, ids[j]);
+  }
 }
 
 at::Tensor checked_keys(const at::Tensor& keys, int64_t rows) {
@@ -136,62 +141,96 @@ at::Tensor gumbel_noise_at(const at::Tensor& keys_in, const at::Tensor& ids_in) 
   return noise;
 }
 
-std::tuple<at::Tensor, at::Tensor> int8_screen_gumbel(
-    const at::Tensor& x_in, const at::Tensor& packed, const at::Tensor& scale, const at::Tensor& sums,
-    const at::Tensor& weight_error, const at::Tensor& approx_norm, const at::Tensor& weight_in,
-    const at::Tensor& inverse_temperature_in, const at::Tensor& keys_in) {
+namespace {
+
+// Steps 1 and 2 of a Gumbel draw through the screen: the screen's intervals, every column's noise
+// and each row's best lower value, from which a column is a candidate where its upper value
+// reaches it (`candidate`).
+struct GumbelScreen {
+  at::Tensor x, approx, bound, inverse_temperature;
+  int64_t rows = 0, vocab = 0, hidden = 0;
+  std::vector<float> noise, best_lower;  // [R, V], [R]
+  const float *a = nullptr, *b = nullptr, *t = nullptr;  // approx, bound, inverse_temperature's data
+
+  bool candidate(int64_t r, int64_t j) const {
+    const int64_t i = r * vocab + j;
+    return (a[i] + b[i]) * t[r] + noise[i] >= best_lower[r];
+  }
+};
+
+GumbelScreen gumbel_screen(const at::Tensor& x_in, const at::Tensor& packed, const at::Tensor& scale,
+                           const at::Tensor& sums, const at::Tensor& weight_error, const at::Tensor& approx_norm,
+                           const at::Tensor& inverse_temperature_in, const at::Tensor& keys_in,
+                           const at::Tensor& ids_in) {
+  GumbelScreen s;
   // 1. The screen: approx and bound [R, V].
-  const at::Tensor x = x_in.to(at::kFloat).contiguous();
-  auto [approx, bound] = int8_screen(x, packed, scale, sums, weight_error, approx_norm);
-  const int64_t rows = x.size(0), vocab = approx.size(1), hidden = x.size(1);
-  TORCH_CHECK(weight_in.dim() == 2 && weight_in.size(0) == vocab && weight_in.size(1) == hidden &&
-              weight_in.scalar_type() == at::kFloat, "weight must be float32 [", vocab, ", ", hidden, "]");
-  TORCH_CHECK(inverse_temperature_in.numel() == rows, "inverse_temperature must have R entries");
-  const at::Tensor weight = weight_in.contiguous();
-  const at::Tensor inverse_temperature = inverse_temperature_in.to(at::kFloat).contiguous();
-  const at::Tensor keys = checked_keys(keys_in, rows);
-  at::Tensor tokens = at::empty({rows}, at::kLong), candidates = at::empty({rows}, at::kLong);
-  if (rows == 0) return {tokens, candidates};
+  s.x = x_in.to(at::kFloat).contiguous();
+  std::tie(s.approx, s.bound) = int8_screen(s.x, packed, scale, sums, weight_error, approx_norm);
+  s.rows = s.x.size(0), s.vocab = s.approx.size(1), s.hidden = s.x.size(1);
+  TORCH_CHECK(inverse_temperature_in.numel() == s.rows, "inverse_temperature must have R entries");
+  s.inverse_temperature = inverse_temperature_in.to(at::kFloat).contiguous();
+  const at::Tensor keys = checked_keys(keys_in, s.rows);
+  TORCH_CHECK(ids_in.numel() == 0 || (ids_in.dim() == 1 && ids_in.size(0) == s.vocab &&
+                                      ids_in.scalar_type() == at::kLong),
+              "ids must be empty or int64 [", s.vocab, "] (the token id of each screened row)");
+  const at::Tensor ids = ids_in.contiguous();
+  const int64_t* ip = ids.numel() ? ids.data_ptr<int64_t>() : nullptr;
+  for (int64_t j = 0; ip != nullptr && j < s.vocab; ++j) TORCH_CHECK(ip[j] >= 0, "ids must be >= 0, got ", ip[j]);
   // 2. The noise and each chunk's best lower value, over (row, chunk) tasks.
-  const int64_t chunks = (vocab + kChunk - 1) / kChunk;
-  std::vector<float> noise(rows * vocab), chunk_lower(rows * chunks);
-  const float* ap = approx.data_ptr<float>();
-  const float* bp = bound.data_ptr<float>();
-  const float* tp = inverse_temperature.data_ptr<float>();
+  const int64_t chunks = (s.vocab + kChunk - 1) / kChunk;
+  s.noise.resize(s.rows * s.vocab);
+  std::vector<float> chunk_lower(s.rows * chunks);
+  const float* ap = s.a = s.approx.data_ptr<float>();
+  const float* bp = s.b = s.bound.data_ptr<float>();
+  const float* tp = s.t = s.inverse_temperature.data_ptr<float>();
   const int64_t* kp = keys.data_ptr<int64_t>();
-  eyas::pool_for(0, rows * chunks, 1, [&](int64_t begin, int64_t end) {
+  eyas::pool_for(0, s.rows * chunks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t task = begin; task < end; ++task) {
       const int64_t r = task / chunks, c = task % chunks;
-      const int64_t lo = c * kChunk, hi = std::min(vocab, lo + kChunk);
-      float* g = noise.data() + r * vocab;
-      fill_noise(mix64(uint64_t(kp[r])), lo, hi, g);
-      const float* a = ap + r * vocab;
-      const float* b = bp + r * vocab;
+      const int64_t lo = c * kChunk, hi = std::min(s.vocab, lo + kChunk);
+      float* g = s.noise.data() + r * s.vocab;
+      fill_noise(mix64(uint64_t(kp[r])), lo, hi, g, ip);
+      const float* a = ap + r * s.vocab;
+      const float* b = bp + r * s.vocab;
       const float t = tp[r];
       float best = -std::numeric_limits<float>::infinity();
       for (int64_t j = lo; j < hi; ++j) best = std::max(best, (a[j] - b[j]) * t + g[j]);
       chunk_lower[task] = best;
     }
   });
+  s.best_lower.resize(s.rows);
+  for (int64_t r = 0; r < s.rows; ++r)
+    s.best_lower[r] = *std::max_element(chunk_lower.begin() + r * chunks, chunk_lower.begin() + (r + 1) * chunks);
+  return s;
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> int8_screen_gumbel(
+    const at::Tensor& x_in, const at::Tensor& packed, const at::Tensor& scale, const at::Tensor& sums,
+    const at::Tensor& weight_error, const at::Tensor& approx_norm, const at::Tensor& weight_in,
+    const at::Tensor& inverse_temperature_in, const at::Tensor& keys_in) {
+  const GumbelScreen s = gumbel_screen(x_in, packed, scale, sums, weight_error, approx_norm, inverse_temperature_in,
+                                       keys_in, at::Tensor());
+  TORCH_CHECK(weight_in.dim() == 2 && weight_in.size(0) == s.vocab && weight_in.size(1) == s.hidden &&
+              weight_in.scalar_type() == at::kFloat, "weight must be float32 [", s.vocab, ", ", s.hidden, "]");
+  const at::Tensor weight = weight_in.contiguous();
+  at::Tensor tokens = at::empty({s.rows}, at::kLong), candidates = at::empty({s.rows}, at::kLong);
   // 3. Each row: the candidates' exact values, their argmax.
-  const float* xp = x.data_ptr<float>();
+  const float* xp = s.x.data_ptr<float>();
   const float* wp = weight.data_ptr<float>();
+  const float* tp = s.inverse_temperature.data_ptr<float>();
   int64_t* out = tokens.data_ptr<int64_t>();
   int64_t* counted = candidates.data_ptr<int64_t>();
-  eyas::pool_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+  eyas::pool_for(0, s.rows, 1, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      const float* lower = chunk_lower.data() + r * chunks;
-      const float best_lower = *std::max_element(lower, lower + chunks);
-      const float* a = ap + r * vocab;
-      const float* b = bp + r * vocab;
-      const float* g = noise.data() + r * vocab;
-      const float t = tp[r];
+      const float* g = s.noise.data() + r * s.vocab;
       float best = -std::numeric_limits<float>::infinity();
       int64_t token = -1, count = 0;
-      for (int64_t j = 0; j < vocab; ++j) {
-        if (!((a[j] + b[j]) * t + g[j] >= best_lower)) continue;
+      for (int64_t j = 0; j < s.vocab; ++j) {
+        if (!s.candidate(r, j)) continue;
         ++count;
-        const float value = exact_logit(xp + r * hidden, wp + j * hidden, hidden) * t + g[j];
+        const float value = exact_logit(xp + r * s.hidden, wp + j * s.hidden, s.hidden) * tp[r] + g[j];
         if (token < 0 || value > best) best = value, token = j;
       }
       TORCH_CHECK(token >= 0, "the Gumbel screen found no candidate (non-finite hidden state?)");
@@ -202,6 +241,37 @@ std::tuple<at::Tensor, at::Tensor> int8_screen_gumbel(
   return {tokens, candidates};
 }
 
+// Steps 1 and 2 only, for a caller that computes the candidates' exact logits itself (an output
+// layer whose float32 rows are read from the checkpoint on demand, a subset of a vocabulary):
+// (rows [P], columns [P], noise [P]), by row then column, where noise is the candidate's Gumbel
+// noise. ids [V] int64, or empty: column j is drawn with the noise of entry ids[j] (of entry j).
+// The draw is the argmax over a row's candidates of fl(fl(l * (1/T)) + noise), the first column
+// among equal maxima (models/output_layer.py).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_screen_gumbel_candidates(
+    const at::Tensor& x_in, const at::Tensor& packed, const at::Tensor& scale, const at::Tensor& sums,
+    const at::Tensor& weight_error, const at::Tensor& approx_norm, const at::Tensor& inverse_temperature_in,
+    const at::Tensor& keys_in, const at::Tensor& ids_in) {
+  const GumbelScreen s = gumbel_screen(x_in, packed, scale, sums, weight_error, approx_norm, inverse_temperature_in,
+                                       keys_in, ids_in);
+  std::vector<int64_t> found_rows, found_columns;
+  std::vector<float> found_noise;
+  for (int64_t r = 0; r < s.rows; ++r) {
+    const size_t before = found_rows.size();
+    for (int64_t j = 0; j < s.vocab; ++j) {
+      if (!s.candidate(r, j)) continue;
+      found_rows.push_back(r), found_columns.push_back(j), found_noise.push_back(s.noise[r * s.vocab + j]);
+    }
+    TORCH_CHECK(found_rows.size() > before, "the Gumbel screen found no candidate (non-finite hidden state?)");
+  }
+  const int64_t count = int64_t(found_rows.size());
+  at::Tensor rows = at::empty({count}, at::kLong), columns = at::empty({count}, at::kLong);
+  at::Tensor noise = at::empty({count}, at::kFloat);
+  std::copy(found_rows.begin(), found_rows.end(), rows.data_ptr<int64_t>());
+  std::copy(found_columns.begin(), found_columns.end(), columns.data_ptr<int64_t>());
+  std::copy(found_noise.begin(), found_noise.end(), noise.data_ptr<float>());
+  return {rows, columns, noise};
+}
+
 }  // namespace eyas
 
 TORCH_LIBRARY_FRAGMENT(eyas, m) {
@@ -210,4 +280,7 @@ TORCH_LIBRARY_FRAGMENT(eyas, m) {
   m.def("int8_screen_gumbel(Tensor x, Tensor packed, Tensor scale, Tensor sums, Tensor weight_error, "
         "Tensor approx_norm, Tensor weight, Tensor inverse_temperature, Tensor keys) -> (Tensor, Tensor)",
         &eyas::int8_screen_gumbel);
+  m.def("int8_screen_gumbel_candidates(Tensor x, Tensor packed, Tensor scale, Tensor sums, Tensor weight_error, "
+        "Tensor approx_norm, Tensor inverse_temperature, Tensor keys, Tensor ids) -> (Tensor, Tensor, Tensor)",
+        &eyas::int8_screen_gumbel_candidates);
 }

@@ -82,18 +82,12 @@ class DraftVocabulary:
     def draw(self, hidden: Tensor, inverse_temperature: float, key: int) -> int:
         """The subset's Gumbel draw for hidden [1, H] after the final norm: the token id of
         argmax over the subset of l * (1/T) + g, g the noise of `key` at each token id (the
-        noise the target draws that position with, engine/speculative/coupled_draws.py); the
-        screen's bounds leave only the ids that can still win to be computed exactly."""
-        x = hidden.float().reshape(1, -1)  # [1, H]
-        approx, bound = self.layer.screen(x)  # [1, N] each
-        noise = torch.ops.eyas.gumbel_noise_at(torch.tensor([key], dtype=torch.int64), self.ids)[0]  # [N]
-        scale = float(np.float32(inverse_temperature))
-        lower = (approx[0] - bound[0]) * scale + noise
-        upper = (approx[0] + bound[0]) * scale + noise
-        candidates = torch.nonzero(upper >= lower.max()).squeeze(1)  # [c] subset indices
-        rows = torch.from_numpy(self.layer.row_source.rows(candidates.numpy()))  # [c, H]
-        values = (rows @ x[0]) * scale + noise[candidates]
-        return int(self.ids[candidates[int(values.argmax())]])
+        noise the target draws that position with, engine/speculative/coupled_draws.py),
+        through the subset's screen (only the ids that can still win are computed exactly)."""
+        index = self.layer.sample_tokens(hidden.float().reshape(1, -1),
+                                         torch.tensor([inverse_temperature], dtype=torch.float32),
+                                         torch.tensor([key], dtype=torch.int64), noise_ids=self.ids)
+        return int(self.ids[int(index[0])])
 
     def token(self, index: int) -> int:
         """The token id of the subset's `index`-th logit."""
