@@ -339,6 +339,7 @@ def module(verbose: bool = False):
             int4_activation_bits()  # and EYAS_INT4_ACTIVATIONS's
             screen_activation_bits()  # and EYAS_SCREEN_ACTIVATIONS's
             pool_split()  # and EYAS_POOL_SPLIT's
+            int4_prefetch()  # and EYAS_INT4_PREFETCH's
     return _module or None
 
 
@@ -430,6 +431,24 @@ def pool_split() -> str:
     loaded = module() if enabled() else None
     if loaded is not None and loaded.pool_split() != choice:
         loaded.set_pool_split(choice)
+    return choice
+
+
+INT4_PREFETCHES = ("stream", "blocks")
+
+
+def int4_prefetch() -> str:
+    """How the int4 and int8 weight kernels (csrc/int4_gemm.cpp, csrc/int8_gemm.cpp) prefetch
+    their weights, from EYAS_INT4_PREFETCH: stream (the default: each group's cache lines 2 KB
+    ahead in a thread's stream of blocks) or blocks (whole blocks of columns 4 ahead, in bursts:
+    what ran before, kept for CPUs where it measures faster). The values are the same bits with
+    either; only the time changes (BENCHMARKS.md, "Kernels and precisions", says how to compare)."""
+    choice = os.environ.get("EYAS_INT4_PREFETCH", "stream").strip().lower() or "stream"
+    if choice not in INT4_PREFETCHES:
+        raise ValueError(f"EYAS_INT4_PREFETCH={choice!r}: accepted values are {', '.join(INT4_PREFETCHES)}")
+    loaded = module() if enabled() else None
+    if loaded is not None and loaded.int4_prefetch() != choice:
+        loaded.set_int4_prefetch(choice)
     return choice
 
 

@@ -316,6 +316,42 @@ def test_eyas_pool_split_chooses_how_regions_are_handed_out_and_refuses_unknown_
         ext.set_pool_split("segments")
 
 
+def test_eyas_int4_prefetch_changes_no_value_and_refuses_unknown_names():
+    """Streaming each group's lines ahead or bursting whole blocks ahead prefetches the same
+    weights: the int4 and int8 products are the same bits either way, on both kernels, for one
+    row and for tiles of rows, with blocks large (down-projection-like, 280 groups) and small."""
+    ext = int8dot()
+    torch.manual_seed(4)
+    before = ext.int8dot_kernel()
+    try:
+        for out, width in ((16 * 40, 32 * 280), (16 * 300, 64)):
+            codes = torch.randint(0, 16, (out, width))
+            packed = ext.int4_pack(codes, torch.rand(out, width // 32) * 0.1, -torch.rand(out, width // 32) * 0.5)
+            packed8 = torch.ops.eyas.int8_pack(torch.randint(-127, 128, (out, width), dtype=torch.int8),
+                                               torch.rand(out, width // 32) * 0.01)
+            x = torch.randn(11, width)
+            for name in ext.int8dot_kernels():
+                ext.set_int8dot_kernel(name)
+                results = {}
+                for mode in ("stream", "blocks"):
+                    with mock.patch.dict(os.environ, {"EYAS_INT4_PREFETCH": mode}):
+                        assert extension.int4_prefetch() == mode and ext.int4_prefetch() == mode
+                    results[mode] = [ext.int4_linear(x[:1], packed), ext.int4_linear(x, packed),
+                                     torch.ops.eyas.int8_linear(x[:1], packed8), torch.ops.eyas.int8_linear(x, packed8)]
+                for streamed, burst in zip(results["stream"], results["blocks"]):
+                    assert torch.equal(streamed, burst)
+        with mock.patch.dict(os.environ, {"EYAS_INT4_PREFETCH": ""}):
+            assert extension.int4_prefetch() == "stream" and ext.int4_prefetch() == "stream"
+        with mock.patch.dict(os.environ, {"EYAS_INT4_PREFETCH": "lines"}), \
+                pytest.raises(ValueError, match="accepted values are stream, blocks"):
+            extension.int4_prefetch()
+        with pytest.raises(RuntimeError, match="'stream' or 'blocks'"):
+            ext.set_int4_prefetch("lines")
+    finally:
+        ext.set_int8dot_kernel(before)
+        ext.set_int4_prefetch("stream")
+
+
 @pytest.mark.parametrize("rows", [1, 3, 20])
 def test_every_column_block_is_computed_once_on_any_thread_count_and_split(rows):
     """Each thread starts on its own segment of the columns and steals from the others' ends

@@ -576,6 +576,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_int8dot_kernel", &eyas::set_int8dot_kernel, "Selects a built implementation by name");
   m.def("int4_activation_bits", &eyas::int4_activation_bits, "The int4 kernel's activation bits: 14 or 8");
   m.def("set_int4_activation_bits", &eyas::set_int4_activation_bits, "Sets them (int4_gemm.cpp)");
+  m.def("int4_prefetch", &eyas::int4_prefetch, "How the int4 and int8 weight kernels prefetch: 'stream' or 'blocks'");
+  m.def("set_int4_prefetch", &eyas::set_int4_prefetch, "Sets it (int4_gemm.cpp)");
   m.def("pool_split", &eyas::pool_split_name, "How the worker pool hands out a region: 'segments' or 'chunks'");
   m.def("set_pool_split", &eyas::set_pool_split, "Sets it (worker_pool.h)");
   m.def("int4_pack", &eyas::int4_pack, "codes [O, I], scale, minimum [O, I/32] -> packed (int4_gemm.cpp)");

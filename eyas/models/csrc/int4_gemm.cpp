@@ -53,6 +53,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -64,20 +65,27 @@ namespace eyas {
 namespace {
 
 constexpr int64_t kColumns = 16, kGroup = 32, kBlockBytes = 320;
-// Software prefetch: each group's 5 cache lines are requested kPrefetchBytes ahead in the
-// thread's stream of blocks (a chunk's blocks lie one after another; past a chunk's end the lines
-// belong to the next block, read once from DRAM whichever thread claims it). Requesting whole
-// blocks 4 ahead at once, as before, stalled on the burst where a block is large: on the 1.5B
-// Qwen (a down projection's block is 280 groups, 90 KB) a one-token step took 52 ms against 40
-// ms streaming 2 KB ahead, 8 rows 106 against 78 ms; 1-3 KB ahead were within 3% of each other,
-// 4-10 KB as slow as the bursts (BENCHMARKS.md, "The cost curve and its floors").
-constexpr int64_t kPrefetchBytes = 2048;
+// Software prefetch (int4_prefetch, EYAS_INT4_PREFETCH in models/extension.py), two ways:
+// - "stream" (the default): each group's 5 cache lines are requested kPrefetchBytes ahead in the
+//   thread's stream of blocks (a chunk's blocks lie one after another; past a chunk's end the
+//   lines belong to the next block, read once from DRAM whichever thread claims it);
+// - "blocks": each block of columns, whole, kAheadBlocks blocks ahead, in one burst before the
+//   block is multiplied (what ran before).
+// The bursts stalled where a block is large: on the 1.5B Qwen (a down projection's block is 280
+// groups, 90 KB) a one-token step took 52 ms against 40 ms streaming 2 KB ahead, 8 rows 106
+// against 78 ms; 1-3 KB ahead were within 3% of each other, 4-10 KB as slow as the bursts
+// (Intel Xeon model 167; BENCHMARKS.md, "Kernels and precisions"). Only the time changes: the
+// values are the same bits either way.
+constexpr int64_t kPrefetchBytes = 2048, kAheadBlocks = 4;
+enum class Prefetch { stream, blocks };
+std::atomic<int> prefetch_mode{int(Prefetch::stream)};
 
 // Requests the cache lines of the group kPrefetchBytes ahead of `group` (320 bytes: 5 lines).
 inline void prefetch_ahead(const uint8_t* group) {
   const char* ahead = reinterpret_cast<const char*>(group) + kPrefetchBytes;
   for (int line = 0; line < kBlockBytes / 64; ++line) __builtin_prefetch(ahead + 64 * line, 0, 3);
 }
+
 // The smallest chunk of blocks a thread claims in a region: ~0.5 us of work at one row, next to
 // ~0.1 us for a contended claim.
 constexpr int64_t kBlocksPerChunk = 2;
@@ -246,7 +254,7 @@ void block_columns(const uint8_t* block, int64_t groups, const Quantized& xq, in
   for (int64_t r = 0; r < rows; r += kTileRows) {
     const int64_t n = std::min(kTileRows, rows - r);
     kTiles<Parts>[n](block, groups, xq.codes.data() + r * in * Parts, in, xq.scales.data() + r * groups,
-                     xq.sums.data() + r * groups, y + r * out, out, r == 0);
+                     xq.sums.data() + r * groups, y + r * out, out, r == 0 && int4_prefetch_streams());
   }
 }
 
@@ -341,7 +349,8 @@ void block_columns(const uint8_t* block, int64_t groups, const Quantized& xq, in
     for (int64_t r = 0; r < rows; r += kTileRows) {
       const int64_t n = std::min(kTileRows, rows - r);
       kTiles<Parts>[n](block, half, groups, xq.codes.data() + r * in * Parts, in, xq.scales.data() + r * groups,
-                       xq.sums.data() + r * groups, y + r * out, out, half == 0 && r == 0);
+                       xq.sums.data() + r * groups, y + r * out, out,
+                       half == 0 && r == 0 && int4_prefetch_streams());
     }
   }
 }
@@ -438,6 +447,15 @@ void set_int8dot_kernel(const std::string& name) {
               accepted.empty() ? "none (no AVX2 on this CPU)" : accepted);
 }
 
+bool int4_prefetch_streams() { return prefetch_mode.load(std::memory_order_relaxed) == int(Prefetch::stream); }
+
+std::string int4_prefetch() { return int4_prefetch_streams() ? "stream" : "blocks"; }
+
+void set_int4_prefetch(const std::string& name) {
+  TORCH_CHECK(name == "stream" || name == "blocks", "int4 kernel prefetch: 'stream' or 'blocks', not '", name, "'");
+  prefetch_mode.store(int(name == "stream" ? Prefetch::stream : Prefetch::blocks));
+}
+
 int int4_activation_bits() { return activation_bits; }
 
 void set_int4_activation_bits(int64_t bits) {
@@ -487,10 +505,17 @@ void int4_gemm(const float* x, int64_t rows, int64_t in, const at::Tensor& packe
   const uint8_t* weights = packed.data_ptr<uint8_t>();
   // Threads claim chunks of columns (worker_pool.h); each streams its blocks' weights once per
   // tile of rows (a block of 16 columns is 320 bytes per 32 inputs: it stays in L1/L2 between
-  // tiles), prefetching ahead in the stream as it goes (kPrefetchBytes).
+  // tiles), prefetching as int4_prefetch says (kPrefetchBytes ahead as it goes, or whole blocks).
+  const bool bursts = !int4_prefetch_streams();
   eyas::parallel_for(0, blocks, kBlocksPerChunk, [&](int64_t begin, int64_t end) {
-    for (int64_t cb = begin; cb < end; ++cb)
-      kernel.block_columns(weights + cb * groups * kBlockBytes, groups, xq, rows, in, y + cb * kColumns, out);
+    for (int64_t cb = begin; cb < end; ++cb) {
+      const uint8_t* block = weights + cb * groups * kBlockBytes;
+      if (bursts && cb + kAheadBlocks < blocks) {
+        const char* next = reinterpret_cast<const char*>(block + kAheadBlocks * groups * kBlockBytes);
+        for (int64_t byte = 0; byte < groups * kBlockBytes; byte += 64) __builtin_prefetch(next + byte, 0, 3);
+      }
+      kernel.block_columns(block, groups, xq, rows, in, y + cb * kColumns, out);
+    }
     if (hooks.finish) hooks.finish(begin * kColumns, end * kColumns);  // while the columns are in cache
   });
 }

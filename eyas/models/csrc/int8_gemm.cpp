@@ -43,9 +43,9 @@ namespace eyas {
 namespace {
 
 constexpr int64_t kColumns = 16, kGroup = 32, kQuads = kGroup / 4, kCodeBytes = 512, kBlockBytes = 544;
-// Each group's lines are requested kPrefetchBytes ahead in the thread's stream of blocks, as in
-// int4_gemm.cpp (where whole blocks requested 4 ahead stalled on large blocks).
-constexpr int64_t kPrefetchBytes = 2048;
+// Prefetch as the int4 kernel does (int4_prefetch, int4_gemm.cpp): each group's lines
+// kPrefetchBytes ahead in the thread's stream of blocks, or whole blocks kAheadBlocks ahead.
+constexpr int64_t kPrefetchBytes = 2048, kAheadBlocks = 4;
 
 // Requests the cache lines of the group kPrefetchBytes ahead of `group` (544 bytes: 9 lines at most).
 inline void prefetch_ahead(const uint8_t* group) {
@@ -137,7 +137,7 @@ void block_columns(const uint8_t* block, int64_t groups, const Activations& a, i
   for (int64_t r = 0; r < rows; r += kTileRows) {
     const int64_t n = std::min(kTileRows, rows - r);
     kTiles[n](block, groups, a.codes.data() + r * in * 2, a.scales.data() + r * groups,
-              a.corrections.data() + r * groups, y + r * out, out, r == 0);
+              a.corrections.data() + r * groups, y + r * out, out, r == 0 && int4_prefetch_streams());
   }
 }
 
@@ -193,7 +193,8 @@ void block_columns(const uint8_t* block, int64_t groups, const Activations& a, i
     for (int64_t r = 0; r < rows; r += kTileRows) {
       const int64_t n = std::min(kTileRows, rows - r);
       kTiles[n](block, half, groups, a.codes.data() + r * in * 2, a.scales.data() + r * groups,
-                a.corrections.data() + r * groups, y + r * out, out, half == 0 && r == 0);
+                a.corrections.data() + r * groups, y + r * out, out,
+                half == 0 && r == 0 && int4_prefetch_streams());
     }
   }
 }
@@ -266,10 +267,17 @@ at::Tensor int8_linear(const at::Tensor& x_in, const at::Tensor& packed) {
   const Activations a = quantize_rows(x.data_ptr<float>(), rows, in);
   const uint8_t* weights = packed.data_ptr<uint8_t>();
   float* yp = y.data_ptr<float>();
-  // threads claim chunks of columns (worker_pool.h), prefetching ahead in the stream (kPrefetchBytes)
+  // threads claim chunks of columns (worker_pool.h), prefetching as int4_prefetch says
+  const bool bursts = !int4_prefetch_streams();
   eyas::pool_for(0, blocks, 2, [&](int64_t begin, int64_t end) {
-    for (int64_t cb = begin; cb < end; ++cb)
-      block_columns(weights + cb * groups * kBlockBytes, groups, a, rows, in, yp + cb * kColumns, out);
+    for (int64_t cb = begin; cb < end; ++cb) {
+      const uint8_t* block = weights + cb * groups * kBlockBytes;
+      if (bursts && cb + kAheadBlocks < blocks) {
+        const char* next = reinterpret_cast<const char*>(block + kAheadBlocks * groups * kBlockBytes);
+        for (int64_t byte = 0; byte < groups * kBlockBytes; byte += 64) __builtin_prefetch(next + byte, 0, 3);
+      }
+      block_columns(block, groups, a, rows, in, yp + cb * kColumns, out);
+    }
   });
   return y;
 }

@@ -50,6 +50,13 @@ void set_int8dot_kernel(const std::string& name);
 int int4_activation_bits();
 void set_int4_activation_bits(int64_t bits);
 
+// How the int4 and int8 weight kernels prefetch their weights (int4_gemm.cpp): "stream" (each
+// group's lines a fixed distance ahead, the default) or "blocks" (whole blocks of columns a few
+// ahead, in bursts). The same bits either way.
+bool int4_prefetch_streams();
+std::string int4_prefetch();
+void set_int4_prefetch(const std::string& name);
+
 #ifdef EYAS_VNNI
 inline __m512i activation_high(__m512i q) { return _mm512_srai_epi32(_mm512_add_epi32(q, _mm512_set1_epi32(64)), 7); }
 #endif
