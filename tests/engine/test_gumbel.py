@@ -155,3 +155,24 @@ def test_a_subset_of_rows_draws_with_the_noise_of_its_token_ids(layer):
     with pytest.raises(RuntimeError, match="ids must be empty or int64"):
         torch.ops.eyas.int8_screen_gumbel_candidates(x, layer.packed, layer.scale_float, layer.code_sums,
                                                      layer.weight_error, layer.approx_norm, scale, keys, ids[:9])
+
+
+def test_a_plain_temperature_request_never_reads_every_logit(tiny_target, monkeypatch):
+    """A plain-temperature request draws every token through the screen, its first one (from
+    the prompt's last row) included: the output layer's full product never runs for it (a lean
+    output layer would build its float table for that). A top-k request reads every logit."""
+    from eyas.engine.generate import generate
+
+    lm_head = tiny_target.model.lm_head
+    if not hasattr(lm_head, "sample_tokens"):
+        pytest.skip("this target's output layer has no screen")
+    full_products = []
+    forward = type(lm_head).forward
+    monkeypatch.setattr(type(lm_head), "forward", lambda self, x: full_products.append(tuple(x.shape)) or forward(self, x))
+    prompt = list(range(300, 312))
+    sampled = generate(tiny_target, prompt, SamplingParams(max_tokens=8, temperature=0.9, seed=3, ignore_eos=True))
+    assert len(sampled.token_ids) == 8 and full_products == []
+    again = generate(tiny_target, prompt, SamplingParams(max_tokens=8, temperature=0.9, seed=3, ignore_eos=True))
+    assert again.token_ids == sampled.token_ids  # seeded: the same draws
+    generate(tiny_target, prompt, SamplingParams(max_tokens=2, temperature=0.9, top_k=5, seed=3, ignore_eos=True))
+    assert full_products  # top-k samples from full probabilities
