@@ -253,22 +253,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_screen_gumbel_candidates(
     const at::Tensor& keys_in, const at::Tensor& ids_in) {
   const GumbelScreen s = gumbel_screen(x_in, packed, scale, sums, weight_error, approx_norm, inverse_temperature_in,
                                        keys_in, ids_in);
-  std::vector<int64_t> found_rows, found_columns;
-  std::vector<float> found_noise;
-  for (int64_t r = 0; r < s.rows; ++r) {
-    const size_t before = found_rows.size();
-    for (int64_t j = 0; j < s.vocab; ++j) {
-      if (!s.candidate(r, j)) continue;
-      found_rows.push_back(r), found_columns.push_back(j), found_noise.push_back(s.noise[r * s.vocab + j]);
-    }
-    TORCH_CHECK(found_rows.size() > before, "the Gumbel screen found no candidate (non-finite hidden state?)");
+  std::vector<std::vector<int64_t>> found(s.rows);  // each row's candidate columns, rows in parallel
+  eyas::pool_for(0, s.rows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r)
+      for (int64_t j = 0; j < s.vocab; ++j)
+        if (s.candidate(r, j)) found[r].push_back(j);
+  });
+  int64_t count = 0;
+  for (const auto& row : found) {
+    TORCH_CHECK(!row.empty(), "the Gumbel screen found no candidate (non-finite hidden state?)");
+    count += int64_t(row.size());
   }
-  const int64_t count = int64_t(found_rows.size());
   at::Tensor rows = at::empty({count}, at::kLong), columns = at::empty({count}, at::kLong);
   at::Tensor noise = at::empty({count}, at::kFloat);
-  std::copy(found_rows.begin(), found_rows.end(), rows.data_ptr<int64_t>());
-  std::copy(found_columns.begin(), found_columns.end(), columns.data_ptr<int64_t>());
-  std::copy(found_noise.begin(), found_noise.end(), noise.data_ptr<float>());
+  int64_t* rp = rows.data_ptr<int64_t>();
+  int64_t* cp = columns.data_ptr<int64_t>();
+  float* np = noise.data_ptr<float>();
+  for (int64_t r = 0; r < s.rows; ++r)
+    for (const int64_t j : found[r]) *rp++ = r, *cp++ = j, *np++ = s.noise[r * s.vocab + j];
   return {rows, columns, noise};
 }
 
