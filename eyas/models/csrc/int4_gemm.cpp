@@ -73,7 +73,7 @@ constexpr int64_t kColumns = 16, kGroup = 32, kBlockBytes = 320;
 //   block is multiplied (what ran before).
 // The bursts stalled where a block is large: on the 1.5B Qwen (a down projection's block is 280
 // groups, 90 KB) a one-token step took 52 ms against 40 ms streaming 2 KB ahead, 8 rows 106
-// against 78 ms; 1-3 KB ahead were within 3% of each other, 4-10 KB as slow as the bursts
+// against 78 ms; 1-2.5 KB ahead were within 5% of each other, 5-10 KB as slow as the bursts
 // (Intel Xeon model 167; BENCHMARKS.md, "Kernels and precisions"). Only the time changes: the
 // values are the same bits either way.
 constexpr int64_t kPrefetchBytes = 2048, kAheadBlocks = 4;
