@@ -83,11 +83,14 @@ def gumbel_noise(keys: Tensor, vocab: int) -> Tensor:
     return torch.ops.eyas.gumbel_noise(keys, vocab)
 
 
-def gumbel_argmax(logits: Tensor, inverse_temperatures: Tensor, keys: Tensor) -> Tensor:
+def gumbel_argmax(logits: Tensor, inverse_temperatures: Tensor, keys: Tensor,
+                  noise_ids: Tensor | None = None) -> Tensor:
     """The draws from full logits [R, V] float32 -> [R]: argmax(l * (1/T) + g), the same values
-    the screen compares (where the float32 logits agree to the last bit)."""
+    the screen compares (where the float32 logits agree to the last bit). noise_ids [V] int64:
+    column j takes the noise of token id noise_ids[j] (a subset of a vocabulary)."""
     logits = logits.float()
-    noise = gumbel_noise(keys, logits.shape[-1])
+    noise = (gumbel_noise(keys, logits.shape[-1]) if noise_ids is None
+             else torch.ops.eyas.gumbel_noise_at(keys, noise_ids))  # [R, V]
     return argmax_rows(logits * inverse_temperatures.float()[:, None] + noise)
 
 

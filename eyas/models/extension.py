@@ -382,6 +382,24 @@ def main() -> int:
     return 0
 
 
+def _setting(variable: str, accepted: tuple[str, ...], lower: bool = False) -> str:
+    """The value of the environment variable `variable`, one of `accepted` (the first where it is
+    unset or empty); anything else is an error that names the accepted values."""
+    text = os.environ.get(variable, accepted[0]).strip()
+    choice = (text.lower() if lower else text) or accepted[0]
+    if choice not in accepted:
+        raise ValueError(f"{variable}={choice!r}: accepted values are {', '.join(accepted)}")
+    return choice
+
+
+def _apply(getter: str, setter: str, value) -> None:
+    """Set the loaded extension's setting (`getter` / `setter`, its bindings) to `value` where it
+    differs; nothing where the extension is off or cannot be built."""
+    loaded = module() if enabled() else None
+    if loaded is not None and getattr(loaded, getter)() != value:
+        getattr(loaded, setter)(value)
+
+
 INT4_ACTIVATIONS = ("14", "8")
 
 
@@ -391,13 +409,9 @@ def int4_activation_bits() -> int:
     int8 part: half the integer work of each extra row, lower agreement), from
     EYAS_INT4_ACTIVATIONS. Every pass of a process uses the same, so speculation stays lossless
     with either."""
-    choice = os.environ.get("EYAS_INT4_ACTIVATIONS", "14").strip() or "14"
-    if choice not in INT4_ACTIVATIONS:
-        raise ValueError(f"EYAS_INT4_ACTIVATIONS={choice!r}: accepted values are {', '.join(INT4_ACTIVATIONS)}")
-    loaded = module() if enabled() else None
-    if loaded is not None and loaded.int4_activation_bits() != int(choice):
-        loaded.set_int4_activation_bits(int(choice))
-    return int(choice)
+    bits = int(_setting("EYAS_INT4_ACTIVATIONS", INT4_ACTIVATIONS))
+    _apply("int4_activation_bits", "set_int4_activation_bits", bits)
+    return bits
 
 
 SCREEN_ACTIVATIONS = ("8", "14")
@@ -408,13 +422,9 @@ def screen_activation_bits() -> int:
     (the default: one int8 pass per row, a power-of-two step per group of 32 inputs) or 14
     bits (two passes, one scale per row: a tighter bound, so fewer candidates re-checked in
     float32), from EYAS_SCREEN_ACTIVATIONS. The argmax is exact with either."""
-    choice = os.environ.get("EYAS_SCREEN_ACTIVATIONS", "8").strip() or "8"
-    if choice not in SCREEN_ACTIVATIONS:
-        raise ValueError(f"EYAS_SCREEN_ACTIVATIONS={choice!r}: accepted values are {', '.join(SCREEN_ACTIVATIONS)}")
-    loaded = module() if enabled() else None
-    if loaded is not None and loaded.screen_activation_bits() != int(choice):
-        loaded.set_screen_activation_bits(int(choice))
-    return int(choice)
+    bits = int(_setting("EYAS_SCREEN_ACTIVATIONS", SCREEN_ACTIVATIONS))
+    _apply("screen_activation_bits", "set_screen_activation_bits", bits)
+    return bits
 
 
 POOL_SPLITS = ("segments", "chunks")
@@ -425,12 +435,8 @@ def pool_split() -> str:
     EYAS_POOL_SPLIT: segments (the default: one contiguous segment per thread, then stealing from
     the others' ends) or chunks (chunks in turn from one counter, kept for comparisons). The
     values are the same bits with either; only the time changes."""
-    choice = os.environ.get("EYAS_POOL_SPLIT", "segments").strip().lower() or "segments"
-    if choice not in POOL_SPLITS:
-        raise ValueError(f"EYAS_POOL_SPLIT={choice!r}: accepted values are {', '.join(POOL_SPLITS)}")
-    loaded = module() if enabled() else None
-    if loaded is not None and loaded.pool_split() != choice:
-        loaded.set_pool_split(choice)
+    choice = _setting("EYAS_POOL_SPLIT", POOL_SPLITS, lower=True)
+    _apply("pool_split", "set_pool_split", choice)
     return choice
 
 
@@ -443,12 +449,8 @@ def int4_prefetch() -> str:
     ahead in a thread's stream of blocks) or blocks (whole blocks of columns 4 ahead, in bursts:
     what ran before, kept for CPUs where it measures faster). The values are the same bits with
     either; only the time changes (BENCHMARKS.md, "Kernels and precisions", says how to compare)."""
-    choice = os.environ.get("EYAS_INT4_PREFETCH", "stream").strip().lower() or "stream"
-    if choice not in INT4_PREFETCHES:
-        raise ValueError(f"EYAS_INT4_PREFETCH={choice!r}: accepted values are {', '.join(INT4_PREFETCHES)}")
-    loaded = module() if enabled() else None
-    if loaded is not None and loaded.int4_prefetch() != choice:
-        loaded.set_int4_prefetch(choice)
+    choice = _setting("EYAS_INT4_PREFETCH", INT4_PREFETCHES, lower=True)
+    _apply("int4_prefetch", "set_int4_prefetch", choice)
     return choice
 
 

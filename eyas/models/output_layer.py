@@ -169,12 +169,9 @@ class ScreenedOutputLayer(nn.Module):
         flat = x.reshape(-1, x.shape[-1]).float()  # [R, H]
         scales = inverse_temperatures.float()  # [R]
         if not self.int8dot:  # PyTorch's screen: the full product
-            from eyas.engine.gumbel import gumbel_noise
-            from eyas.engine.sampling import argmax_rows
+            from eyas.engine.gumbel import gumbel_argmax
 
-            noise = (gumbel_noise(keys, self.out_features) if noise_ids is None
-                     else torch.ops.eyas.gumbel_noise_at(keys, noise_ids))  # [R, V]
-            return argmax_rows(self(flat).float() * scales[:, None] + noise)
+            return gumbel_argmax(self(flat), scales, keys, noise_ids)
         lean = self.row_source is not None and not self.row_source.has_table
         if not lean and noise_ids is None:  # steps 1-3 in one C++ call
             tokens, _ = torch.ops.eyas.int8_screen_gumbel(flat, self.packed, self.scale_float, self.code_sums,

@@ -76,15 +76,12 @@ constexpr int64_t kColumns = 16, kGroup = 32, kBlockBytes = 320;
 // against 78 ms; 1-2.5 KB ahead were within 5% of each other, 5-10 KB as slow as the bursts
 // (Intel Xeon model 167; BENCHMARKS.md, "Kernels and precisions"). Only the time changes: the
 // values are the same bits either way.
-constexpr int64_t kPrefetchBytes = 2048, kAheadBlocks = 4;
+// (kPrefetchBytes, kAheadBlocks and the two prefetches: int8dot.h, shared with int8_gemm.cpp.)
 enum class Prefetch { stream, blocks };
 std::atomic<int> prefetch_mode{int(Prefetch::stream)};
 
-// Requests the cache lines of the group kPrefetchBytes ahead of `group` (320 bytes: 5 lines).
-inline void prefetch_ahead(const uint8_t* group) {
-  const char* ahead = reinterpret_cast<const char*>(group) + kPrefetchBytes;
-  for (int line = 0; line < kBlockBytes / 64; ++line) __builtin_prefetch(ahead + 64 * line, 0, 3);
-}
+// The cache lines of the group kPrefetchBytes ahead of `group` (320 bytes: 5 lines).
+inline void prefetch_ahead(const uint8_t* group) { prefetch_group_ahead<kBlockBytes>(group); }
 
 // The smallest chunk of blocks a thread claims in a region: ~0.5 us of work at one row, next to
 // ~0.1 us for a contended claim.
@@ -510,10 +507,8 @@ void int4_gemm(const float* x, int64_t rows, int64_t in, const at::Tensor& packe
   eyas::parallel_for(0, blocks, kBlocksPerChunk, [&](int64_t begin, int64_t end) {
     for (int64_t cb = begin; cb < end; ++cb) {
       const uint8_t* block = weights + cb * groups * kBlockBytes;
-      if (bursts && cb + kAheadBlocks < blocks) {
-        const char* next = reinterpret_cast<const char*>(block + kAheadBlocks * groups * kBlockBytes);
-        for (int64_t byte = 0; byte < groups * kBlockBytes; byte += 64) __builtin_prefetch(next + byte, 0, 3);
-      }
+      if (bursts && cb + kAheadBlocks < blocks)
+        prefetch_bytes(block + kAheadBlocks * groups * kBlockBytes, groups * kBlockBytes);
       kernel.block_columns(block, groups, xq, rows, in, y + cb * kColumns, out);
     }
     if (hooks.finish) hooks.finish(begin * kColumns, end * kColumns);  // while the columns are in cache

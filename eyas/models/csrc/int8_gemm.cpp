@@ -43,15 +43,9 @@ namespace eyas {
 namespace {
 
 constexpr int64_t kColumns = 16, kGroup = 32, kQuads = kGroup / 4, kCodeBytes = 512, kBlockBytes = 544;
-// Prefetch as the int4 kernel does (int4_prefetch, int4_gemm.cpp): each group's lines
-// kPrefetchBytes ahead in the thread's stream of blocks, or whole blocks kAheadBlocks ahead.
-constexpr int64_t kPrefetchBytes = 2048, kAheadBlocks = 4;
-
-// Requests the cache lines of the group kPrefetchBytes ahead of `group` (544 bytes: 9 lines at most).
-inline void prefetch_ahead(const uint8_t* group) {
-  const char* ahead = reinterpret_cast<const char*>(group) + kPrefetchBytes;
-  for (int64_t byte = 0; byte < kBlockBytes; byte += 64) __builtin_prefetch(ahead + byte, 0, 3);
-}
+// The cache lines of the group kPrefetchBytes ahead of `group` (544 bytes: 9 lines at most),
+// prefetched as the int4 kernel's are (int4_prefetch, int8dot.h).
+inline void prefetch_ahead(const uint8_t* group) { prefetch_group_ahead<kBlockBytes>(group); }
 
 // Rows of x in the kernel's form: per row and group, hi[32] then lo[32] (signed), the scale d
 // and the correction 128 * sum(xq).
@@ -272,10 +266,8 @@ at::Tensor int8_linear(const at::Tensor& x_in, const at::Tensor& packed) {
   eyas::pool_for(0, blocks, 2, [&](int64_t begin, int64_t end) {
     for (int64_t cb = begin; cb < end; ++cb) {
       const uint8_t* block = weights + cb * groups * kBlockBytes;
-      if (bursts && cb + kAheadBlocks < blocks) {
-        const char* next = reinterpret_cast<const char*>(block + kAheadBlocks * groups * kBlockBytes);
-        for (int64_t byte = 0; byte < groups * kBlockBytes; byte += 64) __builtin_prefetch(next + byte, 0, 3);
-      }
+      if (bursts && cb + kAheadBlocks < blocks)
+        prefetch_bytes(block + kAheadBlocks * groups * kBlockBytes, groups * kBlockBytes);
       block_columns(block, groups, a, rows, in, yp + cb * kColumns, out);
     }
   });

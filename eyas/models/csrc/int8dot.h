@@ -57,6 +57,22 @@ bool int4_prefetch_streams();
 std::string int4_prefetch();
 void set_int4_prefetch(const std::string& name);
 
+// Streaming: a group's `Bytes` bytes of weights are requested kPrefetchBytes ahead of `group`
+// in a thread's stream of blocks. Bursts: a whole block of columns (`bytes`), kAheadBlocks
+// blocks ahead, before the block is multiplied.
+constexpr int64_t kPrefetchBytes = 2048, kAheadBlocks = 4;
+
+template <int64_t Bytes>
+inline void prefetch_group_ahead(const uint8_t* group) {
+  const char* ahead = reinterpret_cast<const char*>(group) + kPrefetchBytes;
+  for (int64_t byte = 0; byte < Bytes; byte += 64) __builtin_prefetch(ahead + byte, 0, 3);
+}
+
+inline void prefetch_bytes(const uint8_t* start, int64_t bytes) {
+  const char* first = reinterpret_cast<const char*>(start);
+  for (int64_t byte = 0; byte < bytes; byte += 64) __builtin_prefetch(first + byte, 0, 3);
+}
+
 #ifdef EYAS_VNNI
 inline __m512i activation_high(__m512i q) { return _mm512_srai_epi32(_mm512_add_epi32(q, _mm512_set1_epi32(64)), 7); }
 #endif
