@@ -157,6 +157,8 @@ def _add_regenerate(commands: Any) -> None:
     local = parser.add_argument_group("in-process")
     local.add_argument("--dtype", default="auto", choices=PRECISIONS,
                        help="precision of the in-process target (default: %(default)s)")
+    local.add_argument("--device", default="cpu",
+                       help="where the in-process target runs: cpu, cuda or cuda:N (default: %(default)s)")
     local.add_argument("--batch-size", type=int, default=None,
                        help="decode fixed batches of N conversations, turn by turn, instead of the "
                             "serving engine's continuous batching (the older, slower path)")
@@ -186,7 +188,7 @@ def _regenerate(args: argparse.Namespace) -> int:
         )
     config = RegenerateConfig(
         input=args.input, output=args.output, endpoint=endpoint, model=args.model, dtype=args.dtype,
-        concurrency=32 if args.concurrency is None else args.concurrency, batch_size=args.batch_size, limit=args.limit, pii=_pii_config(args), progress=not args.no_progress,
+        device=args.device, concurrency=32 if args.concurrency is None else args.concurrency, batch_size=args.batch_size, limit=args.limit, pii=_pii_config(args), progress=not args.no_progress,
         sampling=SamplingConfig(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                                 top_k=args.top_k, seed=args.seed),
     )

@@ -5,6 +5,8 @@ Usage:
         --endpoint http://gpu-1:8000 --endpoint http://gpu-2:8000 --concurrency 32
     eyas data regenerate --input data/prepared/train.jsonl --output data/regen.jsonl \
         --model smollm2-135m --concurrency 32 --max-tokens 256
+    eyas data regenerate --input data/prepared/train.jsonl --output data/regen.jsonl \
+        --model /models/SmolLM2-135M-Instruct --device cuda --concurrency 512 --dtype float32
 
 Each input record's user turns (and system prompt) are kept; its answers, if any, are thrown
 away and written again by the target: turn 1 is answered, the answer joins the history, turn 2
@@ -57,6 +59,7 @@ class RegenerateConfig:
     endpoint: EndpointConfig | None = None  # answers from a server ...
     model: str | None = None  # ... or from the target in-process (alias, folder or .gguf)
     dtype: str = "auto"  # in-process precision (eyas.engine.target.PRECISIONS)
+    device: str = "cpu"  # in-process: where the target runs (cpu, cuda, cuda:N)
     concurrency: int = 32  # in-process: conversations in flight in the serving engine
     batch_size: int | None = None  # in-process: fixed batches of N instead of the engine (reference path)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
@@ -67,6 +70,9 @@ class RegenerateConfig:
     def __post_init__(self) -> None:
         if (self.endpoint is None) == (self.model is None):
             raise EyasError("give exactly one of --endpoint URL (a server) or --model SPEC (in-process)")
+        if self.endpoint is not None and self.device != "cpu":
+            raise EyasError(f"--device {self.device} places the in-process target (--model); "
+                            f"an --endpoint serves its own")
         if self.batch_size is not None and self.batch_size < 1:
             raise EyasError(f"--batch-size must be >= 1, got {self.batch_size}")
         if self.concurrency < 1:
@@ -291,7 +297,7 @@ def _run_in_process(config: RegenerateConfig, pending: list[Conversation], outpu
     from eyas.engine.target import load_target
 
     assert config.model is not None
-    target = load_target(config.model, dtype=config.dtype)
+    target = load_target(config.model, dtype=config.dtype, device=config.device)
     report.model_load_seconds = time.perf_counter() - started
     started = time.perf_counter()  # tokens/s counts decoding only
     sampling = config.sampling

@@ -41,10 +41,13 @@ def run_with_engine(config: Any, pending: list[Conversation], output: ResumableJ
     from eyas.scheduler.engine import Engine
 
     assert config.model is not None
-    target = load_target(config.model, dtype=config.dtype)
+    target = load_target(config.model, dtype=config.dtype, device=config.device)
     context = target.config.context_length
     rows = config.concurrency
-    engine = Engine(target, EngineConfig(max_running=rows, max_waiting=rows, max_step_tokens=max(512, rows),
+    # A CPU step costs about its rows: 512 tokens keeps each step short. A GPU step costs about
+    # the same for 512 rows or 2,048: a larger budget lets new turns prefill beside full decoding.
+    step_tokens = max(512, rows) if target.device.type == "cpu" else max(2048, 2 * rows)
+    engine = Engine(target, EngineConfig(max_running=rows, max_waiting=rows, max_step_tokens=step_tokens,
                                          max_model_len=context, speculation="never"), draft="none")
     report.model_load_seconds = time.perf_counter() - started
     started = time.perf_counter()  # tokens/s counts decoding only

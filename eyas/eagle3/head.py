@@ -34,6 +34,7 @@ from eyas.eagle3.config import Eagle3Config
 from eyas.eagle3.vocab import DraftVocab
 from eyas.models.llama import rope_inverse_frequencies
 from eyas.models.quant import Int4Linear
+from eyas.models.sdpa import attention
 
 
 def rotate_half(x: Tensor) -> Tensor:  # [..., D]: (x1, x2) -> (-x2, x1)
@@ -88,7 +89,7 @@ class Eagle3Attention(nn.Module):
         if past_kv is not None:
             k = torch.cat([past_kv[0].to(k.dtype), k], dim=2)  # [B, KV, S, D]
             v = torch.cat([past_kv[1].to(v.dtype), v], dim=2)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        out = attention(q, k, v, mask)
         out = out.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_dim)
         return self.o_proj(out), (k, v)
 

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from eyas.models import fused_cpu
 from eyas.models.config import ModelConfig
 from eyas.models.kv_cache import KVCache, RowsView
+from eyas.models.sdpa import attention
 
 
 @dataclass
@@ -120,8 +121,7 @@ class Attention(nn.Module):
         if cache is not None:
             cache.write(self.layer_index, write_at, k, v)
             k, v = cache.read(self.layer_index, kv_len)  # [B, KV, S, D]
-        out = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask,
-                                             enable_gqa=True).to(x.dtype)
+        out = attention(q, k.to(q.dtype), v.to(q.dtype), mask).to(x.dtype)
         return self.o_proj(out.transpose(1, 2).reshape(batch, length, heads * head_dim))
 
 

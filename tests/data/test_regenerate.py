@@ -183,3 +183,9 @@ def test_engine_regeneration_with_a_seed_is_reproducible(tmp_path: Path, tiny_mo
         outputs.append(sorted((r["id"], r["conversations"]) for r in read_output(tmp_path / f"{name}.jsonl")))
     assert outputs[0] == outputs[1]  # the same seed: the same answers, whatever the scheduling
     assert outputs[0] != outputs[2]  # another seed: other answers (a random tiny model is far from peaked)
+
+
+def test_device_is_for_the_in_process_target(tmp_path: Path) -> None:
+    with pytest.raises(EyasError, match="--device cuda places the in-process target"):
+        RegenerateConfig(input="x", output=tmp_path / "y.jsonl", endpoint=endpoint_config("http://127.0.0.1:1"),
+                         device="cuda")
