@@ -95,9 +95,11 @@ class OfflineSource:
         return self.store.iter_token_arrays()
 
 
-def collate(samples: list[TrainSample]) -> Batch:
+def collate(samples: list[TrainSample], multiple: int = 1) -> Batch:
+    """Samples right-padded to the longest, rounded up to `multiple` tokens (on a GPU, few
+    distinct shapes: kernels that plan or tune per shape then reuse their plans)."""
     lengths = torch.tensor([s.input_ids.numel() for s in samples], dtype=torch.int64)
-    batch, length = len(samples), int(lengths.max())
+    batch, length = len(samples), -(-int(lengths.max()) // multiple) * multiple
     input_ids = torch.zeros(batch, length, dtype=torch.int64)
     loss_mask = torch.zeros(batch, length, dtype=torch.int64)
     offline = samples[0].taps is not None

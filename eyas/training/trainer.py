@@ -91,6 +91,9 @@ class Trainer:
         self.config = config
         self.context = DistributedContext.start(config.device)
         self.device = self.context.device
+        # On a GPU a batch's length is rounded up to 64 tokens: a few shapes, whose kernel plans
+        # and tuning are reused (padding rows are never scored). A CPU computes every row it is given.
+        self.pad_multiple = 64 if self.device.type == "cuda" else 1
         self.output = Path(config.output)
         self._load_target_and_data(target)
         self._build_head()
@@ -269,7 +272,8 @@ class Trainer:
         config, context = self.config, self.context
         self.model.train()
         plan = self.plan.micro_batches(step, context.rank, context.world_size, config.micro_batch_size)
-        micro_batches = [(collate([self.source.get(i) for i in indices]), list(indices)) for indices in plan]
+        micro_batches = [(collate([self.source.get(i) for i in indices], self.pad_multiple), list(indices))
+                         for indices in plan]
         # 1. The loss normalizer: answer tokens of the whole global batch.
         local = sum(answer_count(batch.loss_mask) for batch, _ in micro_batches)
         normalizer = float(context.all_reduce_sum(torch.tensor(float(local))).clamp(min=1.0))
@@ -311,7 +315,7 @@ class Trainer:
         answers = torch.zeros(1)
         for start in range(0, len(mine), size):
             indices = mine[start:start + size]
-            batch = collate([self.source.get(i) for i in indices])
+            batch = collate([self.source.get(i) for i in indices], self.pad_multiple)
             _, loss_sums, correct, counted, tokens = self._micro_batch(batch, indices)
             answers += float(answer_count(batch.loss_mask))
             sums += torch.cat([loss_sums.cpu(), correct.cpu().float(), counted.cpu().float(),

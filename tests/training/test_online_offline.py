@@ -78,3 +78,21 @@ def test_second_epoch_reads_the_target_argmax_from_the_cache(tmp_path, tiny_targ
         second = trainer._micro_batch(batch, indices)
     assert torch.equal(first[1], second[1]) and torch.equal(first[2], second[2])
     assert float(first[1].sum()) > 0  # drafted target rows weigh in the loss
+
+
+def test_padding_a_batch_to_a_multiple_changes_nothing_that_is_scored(tmp_path, tiny_target_dir, tiny_target,
+                                                                      tokenized_file) -> None:
+    """What a GPU does (batch lengths rounded up to 64 tokens) gives the loss, accuracies and
+    gradients of the unpadded batch: padding rows are never scored and, causal, never read."""
+    from eyas.training.data import collate
+
+    plain = make_trainer(tmp_path, "plain", tiny_target_dir, tiny_target, data=str(tokenized_file))
+    padded = make_trainer(tmp_path, "padded", tiny_target_dir, tiny_target, data=str(tokenized_file))
+    padded.pad_multiple = 64
+    assert plain.pad_multiple == 1  # a CPU pads nothing
+    assert collate([plain.source.get(0), plain.source.get(1)], 64).input_ids.shape[1] == 64
+    a, b = plain.train_step(0), padded.train_step(0)
+    assert a.tokens == b.tokens > 0 and a.accuracies == b.accuracies
+    assert abs(a.loss - b.loss) < 1e-5 * a.loss
+    for (name, x), (_, y) in zip(plain.head.named_parameters(), padded.head.named_parameters()):
+        assert torch.allclose(x, y, atol=1e-6, rtol=1e-4), name
