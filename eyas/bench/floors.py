@@ -141,11 +141,13 @@ def describe_limits(limits: MachineLimits | None, threads: int | None = None) ->
         f"{count} thread{'s' if count > 1 else ''}: {limits.read_bytes_per_second[count] / 1e9:.1f} GB/s, "
         f"{limits.int8_multiply_adds_per_second[count] / 1e9:.0f} G multiply-adds/s"
         for count in sorted(limits.read_bytes_per_second))
-    from eyas.models.extension import int4_prefetch
+    from eyas.models.extension import int4_amx, int4_prefetch
 
+    amx = ("; AMX tiles for passes of 16+ rows (EYAS_INT4_AMX; the compute floors below are the "
+           "probe's, vpdpbusd's)" if int4_amx() else "")
     return [f"CPU: {limits.cpu}, {using}; int8 kernels: {limits.kernel} "
             f"({MULTIPLY_ADD_MIX.get(limits.kernel, limits.kernel)}), weights prefetched by "
-            f"{int4_prefetch()} (EYAS_INT4_PREFETCH)",
+            f"{int4_prefetch()} (EYAS_INT4_PREFETCH){amx}",
             f"measured (models/probe.py, {limits.buffer_megabytes} MB read): {by_threads}"]
 
 

@@ -340,6 +340,7 @@ def module(verbose: bool = False):
             screen_activation_bits()  # and EYAS_SCREEN_ACTIVATIONS's
             pool_split()  # and EYAS_POOL_SPLIT's
             int4_prefetch()  # and EYAS_INT4_PREFETCH's
+            int4_amx()  # and EYAS_INT4_AMX's
     return _module or None
 
 
@@ -452,6 +453,22 @@ def int4_prefetch() -> str:
     choice = _setting("EYAS_INT4_PREFETCH", INT4_PREFETCHES, lower=True)
     _apply("int4_prefetch", "set_int4_prefetch", choice)
     return choice
+
+
+INT4_AMX = ("auto", "off")
+
+
+def int4_amx() -> bool:
+    """Whether the int4 kernel (csrc/int4_gemm.cpp) multiplies whole tiles of 16 rows with Intel
+    AMX, from EYAS_INT4_AMX: auto (the default: where the CPU, this build and Linux allow it) or
+    off (vpdpbusd for every row). The values are the same bits either way; AMX is faster from 16
+    rows on (prefill chunks, wide batches), and the one-token step and small drafts never use it."""
+    choice = _setting("EYAS_INT4_AMX", INT4_AMX, lower=True)
+    loaded = module() if enabled() else None
+    if loaded is None or not hasattr(loaded, "int4_amx"):
+        return False
+    _apply("int4_amx", "set_int4_amx", choice == "auto" and loaded.int4_amx_available())
+    return bool(loaded.int4_amx())
 
 
 if __name__ == "__main__":

@@ -352,6 +352,47 @@ def test_eyas_int4_prefetch_changes_no_value_and_refuses_unknown_names():
         ext.set_int4_prefetch("stream")
 
 
+def test_amx_tiles_give_the_vnni_bits_for_every_row_count():
+    """Whole tiles of 16 rows go to AMX (csrc/int4_gemm.cpp), the rest to vpdpbusd: every row
+    gets the bits of its one-row product and of the AMX-off product, at 14 and 8 bits, with
+    blocks large and small, a row of zeros and rows at the activations' extremes included."""
+    ext = int8dot()
+    if not ext.int4_amx_available():
+        with pytest.raises(RuntimeError, match="AMX is not available here"):
+            ext.set_int4_amx(True)
+        pytest.skip("no AMX on this CPU or build")
+    torch.manual_seed(5)
+    before = ext.int4_amx()
+    try:
+        for out, width in ((16 * 12, 32 * 40), (16 * 40, 64)):
+            codes = torch.randint(0, 16, (out, width))
+            codes[:16] = 15  # extreme codes under extreme activations: the largest integers
+            packed = ext.int4_pack(codes, torch.rand(out, width // 32) * 0.1, -torch.rand(out, width // 32) * 0.5)
+            x = torch.randn(70, width) * torch.logspace(-3, 2, width)
+            x[5] = 0.0
+            x[6] = torch.where(torch.arange(width) % 2 == 0, 1.0, -1.0)
+            for bits in (14, 8):
+                ext.set_int4_activation_bits(bits)
+                for rows in (16, 17, 31, 32, 45, 70):
+                    ext.set_int4_amx(False)
+                    vnni = ext.int4_linear(x[:rows], packed)
+                    ext.set_int4_amx(True)
+                    amx = ext.int4_linear(x[:rows], packed)
+                    assert torch.equal(amx, vnni), (bits, rows)
+                alone = torch.stack([ext.int4_linear(x[row: row + 1], packed)[0] for row in range(70)])
+                assert torch.equal(ext.int4_linear(x, packed), alone)
+        with mock.patch.dict(os.environ, {"EYAS_INT4_AMX": "off"}):
+            assert extension.int4_amx() is False and not ext.int4_amx()
+        with mock.patch.dict(os.environ, {"EYAS_INT4_AMX": ""}):
+            assert extension.int4_amx() is True and ext.int4_amx()
+        with mock.patch.dict(os.environ, {"EYAS_INT4_AMX": "on"}), \
+                pytest.raises(ValueError, match="accepted values are auto, off"):
+            extension.int4_amx()
+    finally:
+        ext.set_int4_activation_bits(14)
+        ext.set_int4_amx(before)
+
+
 @pytest.mark.parametrize("rows", [1, 3, 20])
 def test_every_column_block_is_computed_once_on_any_thread_count_and_split(rows):
     """Each thread starts on its own segment of the columns and steals from the others' ends

@@ -576,6 +576,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_int8dot_kernel", &eyas::set_int8dot_kernel, "Selects a built implementation by name");
   m.def("int4_activation_bits", &eyas::int4_activation_bits, "The int4 kernel's activation bits: 14 or 8");
   m.def("set_int4_activation_bits", &eyas::set_int4_activation_bits, "Sets them (int4_gemm.cpp)");
+  m.def("int4_amx_available", &eyas::int4_amx_available, "Whether the int4 kernel can use AMX tiles here");
+  m.def("int4_amx", &eyas::int4_amx, "Whether the int4 kernel multiplies tiles of 16 rows with AMX");
+  m.def("set_int4_amx", &eyas::set_int4_amx, "Turns AMX on or off for the int4 kernel (int4_gemm.cpp)");
   m.def("int4_prefetch", &eyas::int4_prefetch, "How the int4 and int8 weight kernels prefetch: 'stream' or 'blocks'");
   m.def("set_int4_prefetch", &eyas::set_int4_prefetch, "Sets it (int4_gemm.cpp)");
   m.def("pool_split", &eyas::pool_split_name, "How the worker pool hands out a region: 'segments' or 'chunks'");

@@ -61,6 +61,12 @@
 #include "int8dot.h"
 #include "phase_timer.h"
 
+#if defined(EYAS_VNNI) && defined(__AMX_TILE__) && defined(__AMX_INT8__)
+#define EYAS_AMX 1
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 namespace eyas {
 namespace {
 
@@ -112,6 +118,25 @@ struct Quantized {
 
 // Which activation arithmetic runs (int8dot.h): 14 bits (two int8 parts) unless set to 8.
 int activation_bits = 14;
+
+#ifdef EYAS_AMX
+// Linux hands out AMX's 8 KB of tile state only on request (arch_prctl, once per process).
+bool amx_permitted() {
+  static const bool granted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */,
+                                      18 /* XFEATURE_XTILEDATA */) == 0;
+  return granted;
+}
+#endif
+
+// Whether whole tiles of 16 rows run on AMX (int4_amx, EYAS_INT4_AMX): where the CPU and the
+// build have it and Linux grants it, unless turned off.
+std::atomic<bool> amx_on{
+#ifdef EYAS_AMX
+    amx_permitted()
+#else
+    false
+#endif
+};
 
 #ifdef EYAS_VNNI
 namespace vnni {
@@ -244,10 +269,143 @@ template <int Parts>
 constexpr TileFn kTiles[kTileRows + 1] = {nullptr, one_row<Parts>, tile<2, Parts>, tile<3, Parts>, tile<4, Parts>,
                                           tile<5, Parts>, tile<6, Parts>, tile<7, Parts>, tile<8, Parts>};
 
+#ifdef EYAS_AMX
+// Intel AMX (Sapphire Rapids and later Xeons): one tdpbsud multiplies a tile of up to 16 rows x
+// 32 int8 activations by 32 x 16 unsigned codes into 16 x 16 int32 dot products, 16 x 16 x 32
+// multiply-adds in one instruction where vpdpbusd does 16 x 4. The integers are exact, as
+// vpdpbusd's, and the float epilogue of each row is tile<>'s, operation for operation, so a row
+// gets the same bits with or without AMX (tests/models/test_int4_int8dot.py). With one scale
+// per 32 inputs on both sides, every group's 16 x 16 dots leave the tile for that epilogue (the
+// int32 dots back from memory, convert, two fused multiply-adds per row), which is what a row
+// costs here. Overlapping the tile work of one group with the epilogue of the last (below), the
+// product runs 1.27x / 1.34x / 1.42x the VNNI kernel's speed at 16 / 32 / 64 rows (Xeon model
+// 167; BENCHMARKS.md, "Kernels and precisions"); below 16 rows it would lose, and stays on vpdpbusd.
+namespace amx {
+
+constexpr int64_t kRows = 16;
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// tmm0/1 and tmm6/7: dot products of the high and low activation parts, 16 rows x 16 int32 (two
+// sets); tmm2, tmm3: the parts, 16 rows x 32 int8; tmm4, tmm5: a group's codes, 8 rows of 16
+// columns x 4 inputs (two sets).
+const TileConfig& config() {
+  static const TileConfig tiles = [] {
+    TileConfig c;
+    for (int t : {0, 1, 6, 7}) c.colsb[t] = 64, c.rows[t] = kRows;
+    for (int t : {2, 3}) c.colsb[t] = kGroup, c.rows[t] = kRows;
+    for (int t : {4, 5}) c.colsb[t] = 64, c.rows[t] = 8;
+    return c;
+  }();
+  return tiles;
+}
+
+// The epilogue of group g for rows [0, R) of a tile: vnni::tile<>'s, operation for operation.
+template <int Parts>
+inline void epilogue(const uint8_t* group, const int32_t* dots, const float* scales, const float* sums,
+                     int64_t groups, int64_t g, int64_t R, __m512* acc) {
+  const __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + 256)));
+  const __m512 minimum = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + 288)));
+  for (int64_t r = 0; r < R; ++r) {
+    const __m512i high = _mm512_load_si512(dots + 16 * r);
+    const __m512i dot = Parts == 1 ? high : _mm512_add_epi32(_mm512_slli_epi32(high, 7), _mm512_load_si512(dots + 256 + 16 * r));
+    const __m512 d = _mm512_mul_ps(scale, _mm512_set1_ps(scales[r * groups + g]));
+    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), d, acc[r]);
+    acc[r] = _mm512_fmadd_ps(minimum, _mm512_set1_ps(sums[r * groups + g]), acc[r]);
+  }
+}
+
+// The dot products of group g for a 16-row tile into dots [Parts][16 x 16]: tiles set 0 (C in
+// tmm0/1, codes in tmm4) or set 1 (tmm6/7, tmm5), so that one group's tile work can start while
+// the last group's results are still being read; the activation parts load into tmm2/3. (The
+// tile intrinsics take literal register numbers, hence the macro.)
+#define EYAS_GROUP_DOTS(HI, LO, CODES)            \
+  _tile_loadd(CODES, weights, 64);                \
+  _tile_zero(HI);                                 \
+  _tile_loadd(2, xg, stride);                     \
+  _tile_dpbsud(HI, 2, CODES);                     \
+  _tile_stored(HI, dots, 64);                     \
+  if (Parts == 2) {                               \
+    _tile_zero(LO);                               \
+    _tile_loadd(3, xg + kGroup, stride);          \
+    _tile_dpbsud(LO, 3, CODES);                   \
+    _tile_stored(LO, dots + 256, 64);             \
+  }
+
+template <int Parts, int Set>
+inline void group_dots(const uint8_t* weights, const int8_t* xg, int64_t stride, int32_t* dots) {
+  if (Set == 0) {
+    EYAS_GROUP_DOTS(0, 1, 4)
+  } else {
+    EYAS_GROUP_DOTS(6, 7, 5)
+  }
+}
+#undef EYAS_GROUP_DOTS
+
+// One block of 16 columns for every row. The block's codes are unpacked once into tile rows
+// (shared by every 16-row tile); then, per tile, group g's tile work (loads, tdpbsud, stores)
+// is issued before group g - 1's float epilogue, so the two units overlap. Rows past the last
+// 16-row tile go to vpdpbusd.
+template <int Parts>
+void block_columns(const uint8_t* block, int64_t groups, const Quantized& xq, int64_t rows, int64_t in, float* y,
+                   int64_t out) {
+  static thread_local std::vector<uint8_t> weights;  // [groups][8 x 64]
+  if (int64_t(weights.size()) < groups * 512) weights.resize(groups * 512);
+  alignas(64) int32_t dots[2][Parts * 256];
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  const bool prefetch = int4_prefetch_streams();
+  for (int64_t g = 0; g < groups; ++g) {  // tile rows in input order: inputs 4k..4k+3 of each column
+    const uint8_t* group = block + g * kBlockBytes;
+    if (prefetch) prefetch_ahead(group);
+    uint8_t* w = weights.data() + g * 512;
+    for (int p = 0; p < 4; ++p) {
+      const __m512i chunk = _mm512_loadu_si512(group + 64 * p);
+      _mm512_storeu_si512(w + 64 * p, _mm512_and_si512(chunk, low));
+      _mm512_storeu_si512(w + 64 * (p + 4), _mm512_and_si512(_mm512_srli_epi16(chunk, 4), low));
+    }
+  }
+  _tile_loadconfig(&config());  // per block: other code on this thread (oneDNN) may set its own
+  const int64_t whole = rows / kRows * kRows, stride = in * Parts;
+  for (int64_t r0 = 0; r0 < whole; r0 += kRows) {
+    const int8_t* codes = xq.codes.data() + r0 * stride;
+    const float* scales = xq.scales.data() + r0 * groups;
+    const float* sums = xq.sums.data() + r0 * groups;
+    __m512 acc[kRows];
+    for (int r = 0; r < kRows; ++r) acc[r] = _mm512_setzero_ps();
+    for (int64_t g = 0; g <= groups; ++g) {
+      if (g < groups) {
+        if (g & 1)
+          group_dots<Parts, 1>(weights.data() + g * 512, codes + g * kGroup * Parts, stride, dots[1]);
+        else
+          group_dots<Parts, 0>(weights.data() + g * 512, codes + g * kGroup * Parts, stride, dots[0]);
+      }
+      if (g > 0)
+        epilogue<Parts>(block + (g - 1) * kBlockBytes, dots[(g - 1) & 1], scales, sums, groups, g - 1, kRows, acc);
+    }
+    for (int r = 0; r < kRows; ++r) _mm512_storeu_ps(y + (r0 + r) * out, acc[r]);
+  }
+  for (int64_t r = whole; r < rows; r += kTileRows) {
+    const int64_t n = std::min(kTileRows, rows - r);
+    vnni::kTiles<Parts>[n](block, groups, xq.codes.data() + r * stride, in, xq.scales.data() + r * groups,
+                           xq.sums.data() + r * groups, y + r * out, out, false);
+  }
+}
+
+}  // namespace amx
+#endif
+
 // Columns [block * 16, block * 16 + 16) of y for every row (the first tile of rows prefetches).
 template <int Parts>
 void block_columns(const uint8_t* block, int64_t groups, const Quantized& xq, int64_t rows, int64_t in, float* y,
                    int64_t out) {
+#ifdef EYAS_AMX
+  if (rows >= amx::kRows && amx_on.load(std::memory_order_relaxed))
+    return amx::block_columns<Parts>(block, groups, xq, rows, in, y, out);
+#endif
   for (int64_t r = 0; r < rows; r += kTileRows) {
     const int64_t n = std::min(kTileRows, rows - r);
     kTiles<Parts>[n](block, groups, xq.codes.data() + r * in * Parts, in, xq.scales.data() + r * groups,
@@ -451,6 +609,22 @@ std::string int4_prefetch() { return int4_prefetch_streams() ? "stream" : "block
 void set_int4_prefetch(const std::string& name) {
   TORCH_CHECK(name == "stream" || name == "blocks", "int4 kernel prefetch: 'stream' or 'blocks', not '", name, "'");
   prefetch_mode.store(int(name == "stream" ? Prefetch::stream : Prefetch::blocks));
+}
+
+bool int4_amx_available() {
+#ifdef EYAS_AMX
+  return amx_permitted();
+#else
+  return false;
+#endif
+}
+
+bool int4_amx() { return amx_on.load(std::memory_order_relaxed); }
+
+void set_int4_amx(bool on) {
+  TORCH_CHECK(!on || int4_amx_available(), "AMX is not available here (the CPU, this build of the extension "
+              "or the kernel's permission for its tile state)");
+  amx_on.store(on);
 }
 
 int int4_activation_bits() { return activation_bits; }

@@ -46,6 +46,11 @@ Int8Dot int8dot_kernel();
 std::string int8dot_kernel_name();
 // Selects a compiled implementation by name; an error names the accepted ones.
 void set_int8dot_kernel(const std::string& name);
+// Whether the int4 kernel multiplies whole tiles of 16 rows with AMX (int4_gemm.cpp): on where
+// available (the CPU, the build and Linux's permission), unless set off. The same bits either way.
+bool int4_amx_available();
+bool int4_amx();
+void set_int4_amx(bool on);
 // The int4 kernel's activation arithmetic: 14 bits (the default) or 8 bits (int4_gemm.cpp).
 int int4_activation_bits();
 void set_int4_activation_bits(int64_t bits);
