@@ -1,5 +1,6 @@
 // int4 weights x int8 activations with integer dot products: the matrix products of the fused
-// layers, on AVX512-VNNI or AVX2 (int8dot.h: the same bits on both).
+// layers, on AVX512-VNNI or AVX2 (int8dot.h: the same bits on both), and where the CPU has AMX,
+// whole tiles of 16 rows on its tiles (amx:: below: the same bits again).
 //
 // Why: PyTorch's CPU int4 kernel turns every weight back into a float and multiplies in bf16;
 // on the 2-core machine a SmolLM2 layer costs 134 us for one row and ~47 us more per extra row,
