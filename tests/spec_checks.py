@@ -37,15 +37,17 @@ def assert_greedy_equals_plain(target, prompts: Sequence[list[int]], proposer, n
     return totals
 
 
-def assert_batched_serving_equals_plain(target, draft: str, seed: int) -> int:
-    """Five random prompts served at once by the engine (`--draft draft`, speculation always,
-    small chunks and KV slots) equal plain greedy decoding of each; returns the draft tokens
-    verified in all."""
+def assert_batched_serving_equals_plain(target, draft: str, seed: int,
+                                        prompts: Sequence[list[int]] | None = None) -> int:
+    """`prompts` (default: five random ones) served at once by the engine (`--draft draft`,
+    speculation always, small chunks and KV slots) equal plain greedy decoding of each; returns
+    the draft tokens verified in all."""
     from eyas.scheduler.config import EngineConfig
     from eyas.scheduler.engine import Engine
 
-    rng = random.Random(seed)
-    prompts = [[rng.randrange(100, 5000) for _ in range(rng.randrange(2, 40))] for _ in range(5)]
+    if prompts is None:
+        rng = random.Random(seed)
+        prompts = [[rng.randrange(100, 5000) for _ in range(rng.randrange(2, 40))] for _ in range(5)]
     params = SamplingParams(max_tokens=16, ignore_eos=True)
     plain = [generate(target, p, params).token_ids for p in prompts]
     config = EngineConfig(max_running=4, prefill_chunk=16, initial_kv_slots=16, speculation="always")

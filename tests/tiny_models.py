@@ -47,3 +47,28 @@ def build_tiny_model(folder: Path, tokenizer, model_type: str = "llama", seed: i
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+def build_word_level_target(folder: Path, vocab: int = 256, hidden_size: int = 32, intermediate_size: int = 64,
+                            num_hidden_layers: int = 8, max_position_embeddings: int = 256,
+                            chat_template: str | None = None) -> Path:
+    """Save a random Llama over a word-level tokenizer of `vocab` words t0..t{vocab-1} (no
+    packaged model needed), its output layer peaked so that its argmax is not a coin toss."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden_size, intermediate_size=intermediate_size,
+                         num_hidden_layers=num_hidden_layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=max_position_embeddings, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(40.0)
+    model.save_pretrained(folder)
+    tokenizer = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="t0")
+    if chat_template is not None:
+        fast.chat_template = chat_template
+    fast.save_pretrained(folder)
+    return folder

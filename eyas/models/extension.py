@@ -465,7 +465,7 @@ def int4_amx() -> bool:
     rows on (prefill chunks, wide batches), and the one-token step and small drafts never use it."""
     choice = _setting("EYAS_INT4_AMX", INT4_AMX, lower=True)
     loaded = module() if enabled() else None
-    if loaded is None or not hasattr(loaded, "int4_amx"):
+    if loaded is None:
         return False
     _apply("int4_amx", "set_int4_amx", choice == "auto" and loaded.int4_amx_available())
     return bool(loaded.int4_amx())

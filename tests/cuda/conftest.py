@@ -11,35 +11,18 @@ from pathlib import Path
 import pytest
 import torch
 
+from tiny_models import build_word_level_target
+
 VOCAB = 256
 TEMPLATE = ("{% for m in messages %}t1 {{ m['content'] }} t2 {% endfor %}"
             "{% if add_generation_prompt %}t3 {% endif %}")
 
 
-
-def build_cuda_target(folder: Path) -> Path:
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         tie_word_embeddings=False)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
-    with torch.no_grad():  # a peaked output layer: greedy choices are not coin tosses
-        model.lm_head.weight.mul_(40.0)
-    model.save_pretrained(folder)
-    tokenizer = Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t0"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="t0")
-    fast.chat_template = TEMPLATE
-    fast.save_pretrained(folder)
-    return folder
-
-
 @pytest.fixture(scope="session")
 def cuda_target_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_cuda_target(tmp_path_factory.mktemp("cuda-target"))
+    return build_word_level_target(tmp_path_factory.mktemp("cuda-target"), VOCAB, hidden_size=64,
+                                   intermediate_size=128, num_hidden_layers=6, max_position_embeddings=512,
+                                   chat_template=TEMPLATE)
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from eyas.engine.sampling import SamplingParams
+from spec_checks import assert_batched_serving_equals_plain
 
 if not torch.cuda.is_available() and os.environ.get("EYAS_CUDA_TESTS_ON_CPU") != "1":
     pytest.skip("no CUDA device (EYAS_CUDA_TESTS_ON_CPU=1 runs these tests on the CPU)", allow_module_level=True)
@@ -51,21 +52,8 @@ def test_batched_decoding_on_the_gpu_equals_one_prompt_at_a_time(targets, prompt
 
 
 def test_prompt_lookup_speculation_on_the_gpu_equals_plain(targets, prompts) -> None:
-    from eyas.engine.generate import generate
-    from eyas.scheduler.config import EngineConfig
-    from eyas.scheduler.engine import Engine
-
     _, gpu = targets
-    params = SamplingParams(max_tokens=NEW_TOKENS)
-    plain = [generate(gpu, prompt, params).token_ids for prompt in prompts]
-    config = EngineConfig(max_running=4, prefill_chunk=64, initial_kv_slots=128, speculation="always")
-    engine = Engine(gpu, config, draft="ngram:3,1,3").start()
-    try:
-        results = engine.generate_many(prompts, params, 120)
-    finally:
-        engine.shutdown()
-    assert [r.token_ids for r in results] == plain
-    assert sum(r.stats["speculative"]["draft_tokens"] for r in results) > 0
+    assert assert_batched_serving_equals_plain(gpu, "ngram:3,1,3", seed=0, prompts=prompts) > 0
 
 
 def test_in_process_regeneration_on_the_gpu_writes_the_cpu_answers(tmp_path: Path, cuda_target_dir: Path) -> None:

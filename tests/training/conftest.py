@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tiny_models import single_thread
+from tiny_models import build_word_level_target, single_thread
 
 VOCAB = 256
 NUM_SAMPLES = 24
@@ -17,24 +17,6 @@ NUM_SAMPLES = 24
 @pytest.fixture(autouse=True)
 def single_threaded(one_thread) -> None:
     """Every training test runs on one thread (tests/conftest.py)."""
-
-
-def build_tiny_target(folder: Path) -> Path:
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=8,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         tie_word_embeddings=False)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
-    with torch.no_grad():  # a peaked output layer: the target's argmax is not a coin toss
-        model.lm_head.weight.mul_(40.0)
-    model.save_pretrained(folder)
-    tokenizer = Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t0"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="t0").save_pretrained(folder)
-    return folder
 
 
 def make_samples(count: int, seed: int = 1):
@@ -53,7 +35,7 @@ def make_samples(count: int, seed: int = 1):
 
 @pytest.fixture(scope="session")
 def tiny_target_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_target(tmp_path_factory.mktemp("tiny-target"))
+    return build_word_level_target(tmp_path_factory.mktemp("tiny-target"), VOCAB)
 
 
 @pytest.fixture(scope="session")
