@@ -50,6 +50,7 @@ ARMS: dict[str, list[str]] = {
     "init-from-target": ["--init-layer-from-target"],
     "lr-schedule-linear": ["--lr-schedule", "linear"],
     "bf16-autocast": ["--precision", "bfloat16"],
+    "ttt-3-bf16": ["--ttt-steps", "3", "--precision", "bfloat16"],
 }
 COST_FLAGS = ("ttt_steps", "draft_vocab_size", "precision", "micro_batch_size", "grad_accum")
 EVAL_TTT_STEPS = 5

@@ -15,6 +15,10 @@ from tiny_models import build_tiny_model, single_thread
 
 warnings.filterwarnings("ignore", category=UserWarning)
 torch.set_num_threads(min(2, os.cpu_count() or 1))
+# Training's `--precision auto` stays float32 on a CPU with AMX too, so that the training tests'
+# float32 references hold on any machine (and in the subprocesses they start); the tests of the
+# rule itself set it back.
+os.environ["EYAS_CPU_BF16"] = "off"
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -115,7 +115,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     opt.add_argument("--max-grad-norm", type=float, default=s,
                      help=f"gradient clipping (default: {_default('max_grad_norm')})")
     opt.add_argument("--precision", default=s, choices=("auto", "float32", "bfloat16"),
-                     help="head autocast: auto = bf16 on GPU, fp32 on CPU (default: auto)")
+                     help="head autocast: auto = bf16 on a GPU and on a CPU with AMX, fp32 on other CPUs "
+                          "(default: auto)")
     opt.add_argument("--target-dtype", default=s,
                      help=f"online: target precision, as load_target takes it "
                           f"(default: {_default('target_dtype')})")

@@ -22,6 +22,7 @@ from torch import Tensor
 from eyas.eagle3.config import default_target_layer_ids
 from eyas.errors import EyasError
 from eyas.models.config import ModelConfig
+from eyas.models.kv_cache import KVCache
 from eyas.models.llama import Transformer
 from eyas.models.registry import resolve_model
 from eyas.models.weight_source import open_weights
@@ -79,7 +80,17 @@ def compute_target_features(
     input_ids: Tensor,  # [B, T], right-padded (padding never reaches a real row: causal)
     tap_layers: Sequence[int],  # boundary ids
 ) -> tuple[Tensor, Tensor]:
-    """taps [B, T, 3H] (residual entering each tap layer) and hidden [B, T, H] (after the norm)."""
-    out = model(input_ids, tap_layers=tuple(tap_layers), logits_at=None)
+    """taps [B, T, 3H] (residual entering each tap layer) and hidden [B, T, H] (after the norm).
+
+    An int4 target on a CPU runs its fused C++ layer stack (the serving engine's: the same
+    values the head reads when it drafts, ~1.5x the Python layers' speed), which keeps keys and
+    values in a cache: one is made for the call."""
+    cache = None
+    if model.fused_layers() is not None:
+        config = model.config
+        batch, length = input_ids.shape
+        cache = KVCache(config.num_hidden_layers, batch, config.num_key_value_heads, length, config.head_dim,
+                        dtype=model.kv_dtype, device=input_ids.device)
+    out = model(input_ids, cache=cache, tap_layers=tuple(tap_layers), logits_at=None)
     assert out.taps is not None
     return out.taps, out.hidden

@@ -7,6 +7,7 @@ Usage:
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,18 @@ RESULT_SETTINGS = (
 # The value of each setting added after the first checkpoints were written, as those ran.
 SETTINGS_BEFORE_THEY_EXISTED = {"labels": "soft", "feature_noise": "none", "feature_noise_std": 0.2,
                                 "lr_schedule": "cosine", "init_layer_from_target": False}
+
+
+def cpu_has_amx() -> bool:
+    """Whether this CPU runs AMX tiles (and the OS grants them), as PyTorch's oneDNN sees it;
+    False when EYAS_CPU_BF16=off (`--precision auto` then stays float32 on such a CPU)."""
+    if os.environ.get("EYAS_CPU_BF16", "auto") == "off":
+        return False
+    probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    try:
+        return bool(probe()) if probe is not None else False
+    except RuntimeError:
+        return False
 
 
 @dataclass
@@ -141,12 +154,25 @@ class TrainConfig:
         return self.medusa_heads if self.method == "medusa" else self.ttt_steps
 
     def autocast_dtype(self, device: torch.device) -> torch.dtype | None:
-        """The autocast dtype of the head's forward, or None for plain float32."""
+        """The autocast dtype of the head's forward, or None for plain float32. auto: bfloat16
+        on a GPU that has it and on a CPU with AMX tiles (its bfloat16 products run ~4-7x
+        float32's there: a step 1.2-1.4x faster, the same held-out accuracy per token),
+        float32 on other CPUs."""
         if self.precision == "bfloat16":
             return torch.bfloat16
-        if self.precision == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported():
-            return torch.bfloat16
+        if self.precision == "auto":
+            if device.type == "cuda" and torch.cuda.is_bf16_supported():
+                return torch.bfloat16
+            if device.type == "cpu" and cpu_has_amx():
+                return torch.bfloat16
         return None
+
+    def shape_multiple(self, device: torch.device) -> int:
+        """Rows of a batch and of each unrolled step are rounded up to this (rows never scored
+        fill the rest): 64 where a backend prepares a kernel per new shape (CUDA, whose
+        attention plans; bfloat16 on a CPU, whose oneDNN matmuls are built per shape: ~3.5 ms
+        each, against 0.13 ms for a product of the head's), else 1."""
+        return 64 if device.type == "cuda" or self.autocast_dtype(device) is not None else 1
 
     def result_settings(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if k in RESULT_SETTINGS}

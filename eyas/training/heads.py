@@ -41,7 +41,7 @@ def build_eagle3(config: TrainConfig, info: TargetInfo, layer_ids: list[int], vo
         init_layer_from_target(head, info)
     head = head.to(device)
     head.set_embedding(embedding.to(device))
-    return head, TrainingTimeTest(head, config.ttt_steps)
+    return head, TrainingTimeTest(head, config.ttt_steps, config.shape_multiple(device))
 
 
 @torch.no_grad()

@@ -91,9 +91,10 @@ class Trainer:
         self.config = config
         self.context = DistributedContext.start(config.device)
         self.device = self.context.device
-        # On a GPU a batch's length is rounded up to 64 tokens: a few shapes, whose kernel plans
-        # and tuning are reused (padding rows are never scored). A CPU computes every row it is given.
-        self.pad_multiple = 64 if self.device.type == "cuda" else 1
+        # On a GPU, and in bfloat16 on a CPU, a batch's length is rounded up to 64 tokens: a few
+        # shapes, whose kernel plans are reused (padding rows are never scored). A float32 CPU
+        # run computes every row it is given.
+        self.pad_multiple = config.shape_multiple(self.device)
         self.output = Path(config.output)
         self._load_target_and_data(target)
         self._build_head()

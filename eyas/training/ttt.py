@@ -170,7 +170,8 @@ def score_each_row(logits: Tensor, target: TargetDistribution, rows: Tensor,
     """Per row: soft cross-entropy [M] and hit [M] bool of draft logits [M, N] against the
     target's distribution at (rows, target_times) [M] each. A target argmax outside the draft
     vocabulary weighs nothing in the loss and counts as a miss (the head cannot draft it)."""
-    log_q = F.log_softmax(logits.float(), dim=-1)
+    logits = logits.float()  # bfloat16 under autocast: widened once (exact), argmax on the same values
+    log_q = F.log_softmax(logits, dim=-1)
     drafted = target.in_draft[rows, target_times]  # [M]
     probs = target.probs[rows, target_times]  # [M, N]
     losses = -(drafted.float() * (probs * log_q).sum(-1))
@@ -200,10 +201,14 @@ class TTTResult:
 class TrainingTimeTest(nn.Module):
     """The whole K-step unroll as one module, so that DDP sees one forward per backward."""
 
-    def __init__(self, head: Eagle3Head, steps: int) -> None:
+    def __init__(self, head: Eagle3Head, steps: int, row_multiple: int = 1) -> None:
         super().__init__()
         self.head = head
         self.steps = steps
+        # Rows per step and scored rows rounded up to this (unscored rows fill them): few
+        # matmul shapes, for backends that prepare a kernel per shape (oneDNN's bfloat16 on a
+        # CPU: ~3.5 ms for each new one, against 0.13 ms for the product itself).
+        self.row_multiple = row_multiple
 
     def forward(
         self,
@@ -217,7 +222,7 @@ class TrainingTimeTest(nn.Module):
         # 1. Step-0 alignment: row t reads token t+1 and learns the target's row t+1, counted when
         #    token t+2 is an answer token; at step k the same row is scored when token t+2+k is.
         answers = [shift_left(loss_mask, 2 + step).bool() for step in range(self.steps)]  # [B, T] each
-        columns = unrolled_rows(answers)  # the rows each step runs
+        columns = unrolled_rows(answers, self.row_multiple)  # the rows each step runs
         hidden, past_kv, previous = taps, None, columns[0]
         scored_hidden, scored_rows, scored_times, counted = [], [], [], []
         for step, rows_now in enumerate(columns):
@@ -245,7 +250,9 @@ class TrainingTimeTest(nn.Module):
             hidden, past_kv, previous = out.hidden, out.past_kv, rows_now
         # 5. The output layer (the widest matmul) once over the scored rows of every step: one
         #    larger matmul and one weight gradient instead of K.
-        logits = self.head.compute_logits(torch.cat(scored_hidden))  # [sum M_k, N]
+        scored = torch.cat(scored_hidden)  # [M, H], M = sum M_k
+        padding = -scored.shape[0] % self.row_multiple
+        logits = self.head.compute_logits(F.pad(scored, (0, 0, 0, padding)))[: scored.shape[0]]  # [M, N]
         loss_rows, hit_rows = score_each_row(logits, target, torch.cat(scored_rows), torch.cat(scored_times))
         sizes = [int(rows.numel()) for rows in scored_rows]
         sizes += [0] * (self.steps - len(sizes))  # steps with no row left
@@ -255,19 +262,33 @@ class TrainingTimeTest(nn.Module):
                          counted=torch.stack(counted))
 
 
-def unrolled_rows(answers: list[Tensor]) -> list[Tensor]:
+def unrolled_rows(answers: list[Tensor], multiple: int = 1) -> list[Tensor]:
     """The time indices [T_k] that step k of the unroll runs, from the scored rows answers[k]
     [B, T] bool: step 0 runs every row (its keys are every later step's context); step k >= 1
     only the rows scored at step k or later (a row's output feeds its own next step and is
     seen by no other row), taken over the whole micro batch. Each step's rows lie within the
-    previous step's."""
+    previous step's.
+
+    multiple: each step's count is rounded up to a multiple of it (at most T) with the latest
+    rows of the previous step that it does not run; those rows are computed and never scored
+    (a row sees only its own keys of steps >= 1, so they change no other row)."""
     length = answers[0].shape[1]
     device = answers[0].device
     columns, later = [], torch.zeros(length, dtype=torch.bool, device=device)
     for answer in reversed(answers[1:]):
         later = later | answer.any(0)
-        columns.append(later.nonzero().squeeze(1))
-    return [torch.arange(length, device=device)] + columns[::-1]
+        columns.append(later.clone())
+    runs = torch.ones(length, dtype=torch.bool, device=device)  # the previous step's rows
+    rows = [torch.arange(length, device=device)]
+    for needed in columns[::-1]:
+        extra = min(-int(needed.sum()) % multiple, int((runs & ~needed).sum()))
+        if extra:
+            spare = (runs & ~needed).nonzero().squeeze(1)[-extra:]  # the latest rows not needed
+            needed = needed.clone()
+            needed[spare] = True
+        rows.append(needed.nonzero().squeeze(1))
+        runs = needed
+    return rows
 
 
 def weighted_loss(loss_sums: Tensor, decay: float) -> Tensor:

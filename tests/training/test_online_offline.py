@@ -3,6 +3,8 @@ data gives the same loss and the same weights."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -82,17 +84,37 @@ def test_second_epoch_reads_the_target_argmax_from_the_cache(tmp_path, tiny_targ
 
 def test_padding_a_batch_to_a_multiple_changes_nothing_that_is_scored(tmp_path, tiny_target_dir, tiny_target,
                                                                       tokenized_file) -> None:
-    """What a GPU does (batch lengths rounded up to 64 tokens) gives the loss, accuracies and
-    gradients of the unpadded batch: padding rows are never scored and, causal, never read."""
+    """What a GPU, or bfloat16 on a CPU, does (batch lengths and each unrolled step's rows
+    rounded up to 64) gives the loss, accuracies and gradients of the unpadded batch: padding
+    rows are never scored and, causal, never read."""
     from eyas.training.data import collate
 
     plain = make_trainer(tmp_path, "plain", tiny_target_dir, tiny_target, data=str(tokenized_file))
     padded = make_trainer(tmp_path, "padded", tiny_target_dir, tiny_target, data=str(tokenized_file))
-    padded.pad_multiple = 64
-    assert plain.pad_multiple == 1  # a CPU pads nothing
+    padded.pad_multiple = padded.model.row_multiple = 64
+    assert plain.pad_multiple == plain.model.row_multiple == 1  # float32 on a CPU pads nothing
+    cpu = torch.device("cpu")
+    assert replace(plain.config, precision="bfloat16").shape_multiple(cpu) == 64
+    assert replace(plain.config, precision="float32").shape_multiple(torch.device("cuda")) == 64
     assert collate([plain.source.get(0), plain.source.get(1)], 64).input_ids.shape[1] == 64
     a, b = plain.train_step(0), padded.train_step(0)
     assert a.tokens == b.tokens > 0 and a.accuracies == b.accuracies
     assert abs(a.loss - b.loss) < 1e-5 * a.loss
     for (name, x), (_, y) in zip(plain.head.named_parameters(), padded.head.named_parameters()):
         assert torch.allclose(x, y, atol=1e-6, rtol=1e-4), name
+
+
+def test_precision_auto_is_bfloat16_on_a_cpu_with_amx_unless_turned_off(monkeypatch) -> None:
+    from eyas.training import config as config_module
+
+    config = TrainConfig(model="m", output="o", features="f")
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(config_module.torch.cpu, "_is_amx_tile_supported", lambda: True, raising=False)
+    monkeypatch.setenv("EYAS_CPU_BF16", "auto")
+    assert config.autocast_dtype(cpu) == torch.bfloat16 and config.shape_multiple(cpu) == 64
+    monkeypatch.setenv("EYAS_CPU_BF16", "off")
+    assert config.autocast_dtype(cpu) is None and config.shape_multiple(cpu) == 1
+    monkeypatch.setenv("EYAS_CPU_BF16", "auto")
+    monkeypatch.setattr(config_module.torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    assert config.autocast_dtype(cpu) is None
+    assert TrainConfig(model="m", output="o", features="f", precision="bfloat16").autocast_dtype(cpu) == torch.bfloat16

@@ -135,6 +135,50 @@ def test_loss_counts_answer_rows_in_the_draft_vocab_only() -> None:
     assert torch.equal(unroll(taps, ids, loss_mask, changed).loss_sums, result.loss_sums)
 
 
+def test_unrolled_rows_rounded_up_with_the_latest_spare_rows() -> None:
+    """With a multiple, each step runs its needed rows plus the latest rows of the previous step
+    that it does not need, up to a multiple of it (at most the previous step's rows)."""
+    loss_mask = torch.tensor([[0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 0, 0],
+                              [0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0]])
+    answers = [shift_left(loss_mask, 2 + step).bool() for step in range(4)]
+    needed = unrolled_rows(answers)
+    assert [c.tolist() for c in needed][1:] == [[0, 1, 2, 3, 4, 5, 6], [0, 1, 2, 3, 4, 5], [0, 1, 2, 3, 4]]
+    padded = unrolled_rows(answers, multiple=4)
+    assert [c.tolist() for c in padded] == [list(range(12)), [0, 1, 2, 3, 4, 5, 6, 11],
+                                            [0, 1, 2, 3, 4, 5, 6, 11], [0, 1, 2, 3, 4, 5, 6, 11]]
+    for earlier, later, rows in zip(padded, padded[1:], needed[1:]):
+        assert set(rows.tolist()) <= set(later.tolist()) <= set(earlier.tolist())
+    wide = unrolled_rows(answers, multiple=64)  # never more rows than the step before
+    assert all(c.tolist() == list(range(12)) for c in wide)
+
+
+def test_padded_rows_change_no_scored_row() -> None:
+    """Rounding the rows of each step and of the output layer up (`row_multiple`, for backends
+    that build a kernel per shape) adds rows that nobody scores: the same losses, hits and
+    gradients."""
+    head, steps = tiny_head(5), 4
+    generator = torch.Generator().manual_seed(11)
+    taps = torch.randn(2, 13, 3 * H, generator=generator)
+    input_ids = torch.randint(0, V, (2, 13), generator=generator)
+    loss_mask = (torch.rand(2, 13, generator=generator) > 0.4).long()
+    loss_mask[:, -3:] = 0
+    target = random_target(2, 13, seed=6)
+    results, grads = [], []
+    for multiple in (1, 8):
+        head.zero_grad()
+        result = TrainingTimeTest(head, steps, row_multiple=multiple)(taps, input_ids, loss_mask, target)
+        weighted_loss(result.loss_sums, 0.8).backward()
+        results.append(result)
+        grads.append({name: p.grad.clone() for name, p in head.named_parameters() if p.grad is not None})
+    plain, padded = results
+    assert torch.allclose(plain.loss_sums, padded.loss_sums, rtol=1e-5, atol=1e-6)
+    assert plain.correct.tolist() == padded.correct.tolist()
+    assert plain.counted.tolist() == padded.counted.tolist() and float(plain.loss_sums.detach().sum()) > 0
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        assert torch.allclose(grads[0][name], grads[1][name], rtol=1e-4, atol=1e-6), name
+
+
 def reference_unroll(head: Eagle3Head, steps: int, taps, input_ids, loss_mask, target):
     """The unroll with the output layer applied step by step (plain reference)."""
     length = input_ids.shape[1]
