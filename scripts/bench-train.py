@@ -5,6 +5,7 @@ Usage:
     OMP_NUM_THREADS=2 python scripts/bench-train.py --tree old=/tmp/eyas-old --tree new=. \
         --features features64 --rounds 3 --steps 12 -- --draft-vocab-size 8192 --ttt-steps 5
     python scripts/bench-train.py --tree mb1=. --tree "mb4=.::--micro-batch-size 4" ...
+    python scripts/bench-train.py ... --steps 600 --after 300 --log-every 50   # a 294-sample store's 2nd epoch
 
 Each round runs every tree once, in turn (a shared machine's load changes over minutes), with
 `eyas train --max-steps STEPS --log-every STEPS/3` and the arguments after `--`; a run's
@@ -26,9 +27,11 @@ import tempfile
 from pathlib import Path
 
 
-def one_run(tree: Path, features: str, steps: int, extra: list[str], out: Path) -> tuple[float, float]:
-    """(tokens/s, last training loss) of one `eyas train` run from `tree`."""
-    every = max(1, steps // 3)
+def one_run(tree: Path, features: str, steps: int, extra: list[str], out: Path,
+            after: int = 0, every: int | None = None) -> tuple[float, float]:
+    """(tokens/s, last training loss) of one `eyas train` run from `tree`: the median of its
+    logged windows after the first, or of those that end after step `after` where given."""
+    every = every or max(1, steps // 3)
     command = [sys.executable, "-m", "eyas", "train", "--model", "smollm2-135m", "--features", features,
                "--out", str(out), "--max-steps", str(steps), "--log-every", str(every), "--save-every", "0",
                "--eval-fraction", "0", "--no-progress", *extra]
@@ -36,7 +39,8 @@ def one_run(tree: Path, features: str, steps: int, extra: list[str], out: Path) 
     subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
     with open(out / "metrics.csv", encoding="utf-8") as handle:
         rows = [row for row in csv.DictReader(handle) if row["split"] == "train"]
-    rates = [float(row["tokens_per_s"]) for row in rows[1:]] or [float(rows[0]["tokens_per_s"])]
+    windows = [row for row in rows if int(row["step"]) > after] if after else rows[1:]
+    rates = [float(row["tokens_per_s"]) for row in windows] or [float(rows[0]["tokens_per_s"])]
     return statistics.median(rates), float(rows[-1]["loss"])
 
 
@@ -47,6 +51,10 @@ def main() -> None:
     parser.add_argument("--features", required=True)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--after", type=int, default=0,
+                        help="count only the windows that end after this step (e.g. the store's "
+                             "sample count: later epochs, whose target argmax is cached)")
+    parser.add_argument("--log-every", type=int, default=None, help="steps per logged window (default: steps / 3)")
     parser.add_argument("extra", nargs="*", help="more `eyas train` arguments (after --)")
     args = parser.parse_args()
     trees = []  # (name, source tree, its own extra arguments)
@@ -61,7 +69,7 @@ def main() -> None:
     for round_number in range(args.rounds):
         for name, tree, own in trees:
             rate, loss = one_run(tree, args.features, args.steps, [*args.extra, *own],
-                                 work / f"{name}-{round_number}")
+                                 work / f"{name}-{round_number}", args.after, args.log_every)
             rates[name].append(rate)
             losses[name] = loss
             print(f"round {round_number + 1} {name}: {rate:.1f} tok/s, final loss {loss:.5f}", flush=True)
