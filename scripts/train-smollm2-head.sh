@@ -156,7 +156,7 @@ ship "$RUN/stage4/train/head"
 #     generate, 118 by `eyas data regenerate --device cuda`; 2,614 by the int4 target on this
 #     CPU, `eyas data regenerate --dtype int4 --concurrency 64`), joined in
 #     $RUN/stage5/regenerated.jsonl; the features taken through the served int4 target's fused
-#     layers (the values the head reads when it drafts); one epoch with TTT depth 3 from the
+#     layers (the values the head reads when it drafts); two epochs with TTT depth 3 from the
 #     head shipped before, bf16 autocast on a CPU with AMX (`--precision auto`).
 mkdir -p "$RUN/stage5"
 "$EYAS" data render --model smollm2-135m --input "$RUN/stage5/regenerated.jsonl" \
@@ -166,12 +166,16 @@ mkdir -p "$RUN/stage5"
 "$EYAS" train --model smollm2-135m --features "$RUN/stage5/features" --out "$RUN/stage5/train" \
     --init-from eyas/assets/heads/smollm2-135m --ttt-steps "$TTT_STEPS" --epochs 1 --lr 3e-4 \
     --save-every 500 --eval-fraction 0.02 --resume
+# A second epoch, from the first's head, in another order (--seed 1).
+"$EYAS" train --model smollm2-135m --features "$RUN/stage5/features" --out "$RUN/stage5/train2" \
+    --init-from "$RUN/stage5/train/head" --ttt-steps "$TTT_STEPS" --epochs 1 --lr 2e-4 --seed 1 \
+    --save-every 1000 --eval-fraction 0.02 --resume
 
 # 22. Evaluate it beside the shipped head as in step 19 (and alone on MT-Bench), then ship it.
-for pair in shipped=smollm2-135m new="$RUN/stage5/train/head"; do
+for pair in shipped=smollm2-135m new="$RUN/stage5/train2/head"; do
     name=${pair%%=*} head=${pair#*=}
     OMP_NUM_THREADS=1 "$EYAS" eval diagnose --head "$head" --held-out-prompts 48 --train-prompts 0 \
         --skip-counts 1 --vocab-sizes 8192 --mtbench-prompts 0 --output-dir "$RUN/stage5/diagnose-$name"
     "$EYAS" eval --draft "eagle3:$head" --num-prompts 40 --max-tokens 128 --output-dir "$RUN/stage5/eval-$name"
 done
-ship "$RUN/stage5/train/head"
+ship "$RUN/stage5/train2/head"
