@@ -276,16 +276,15 @@ def unrolled_rows(answers: list[Tensor], multiple: int = 1) -> list[Tensor]:
     device = answers[0].device
     columns, later = [], torch.zeros(length, dtype=torch.bool, device=device)
     for answer in reversed(answers[1:]):
-        later = later | answer.any(0)
-        columns.append(later.clone())
+        later = later | answer.any(0)  # a new tensor each step
+        columns.append(later)
     runs = torch.ones(length, dtype=torch.bool, device=device)  # the previous step's rows
     rows = [torch.arange(length, device=device)]
     for needed in columns[::-1]:
-        extra = min(-int(needed.sum()) % multiple, int((runs & ~needed).sum()))
+        spare = (runs & ~needed).nonzero().squeeze(1)  # rows the previous step ran, this one need not
+        extra = min(-int(needed.sum()) % multiple, spare.numel())
         if extra:
-            spare = (runs & ~needed).nonzero().squeeze(1)[-extra:]  # the latest rows not needed
-            needed = needed.clone()
-            needed[spare] = True
+            needed[spare[-extra:]] = True  # the latest of them
         rows.append(needed.nonzero().squeeze(1))
         runs = needed
     return rows
