@@ -12,7 +12,8 @@ Examples:
     eyas train --model smollm2-135m --features features/smol --out runs/smol --epochs 2
     eyas train --model smollm2-135m --features features/smol --out runs/smol --resume
     eyas train --config presets/cpu.yaml --model smollm2-135m --data train.jsonl --out runs/x
-    eyas train --method medusa --model smollm2-135m --features features/smol --out runs/medusa \
+    eyas train --model smollm2-135m --features features/smol --out runs/long --epochs 20 --max-time 2h
+    eyas train --method medusa --model smollm2-135m --features features/smol --out runs/medusa \\
         --medusa-heads 4 --draft-vocab-size 8192 --lr 1e-3
     torchrun --nproc_per_node 2 -m eyas.cli.train --model smollm2-135m --data train.jsonl \\
         --out runs/ddp --micro-batch-size 2        # DDP: gloo on CPU, nccl on GPU
@@ -24,6 +25,21 @@ import argparse
 import sys
 from dataclasses import MISSING, fields
 
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def _duration(text: str) -> float:
+    """Seconds of '900', '900s', '45m' or '1.5h'."""
+    text = text.strip().lower()
+    scale = _UNITS.get(text[-1:], None)
+    try:
+        value = float(text[:-1] if scale else text) * (scale or 1.0)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive duration like 900, 900s, 45m or 1.5h, "
+                                         f"got {text!r}")
+    return value
 
 
 def _default(name: str) -> object:
@@ -101,6 +117,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help=f"micro batches per optimizer step (default: {_default('grad_accum')})")
     opt.add_argument("--epochs", type=float, default=s, help=f"(default: {_default('epochs')})")
     opt.add_argument("--max-steps", type=int, default=s, help="optimizer steps (overrides --epochs)")
+    opt.add_argument("--max-time", dest="max_time_s", type=_duration, default=s, metavar="DURATION",
+                     help="time budget, e.g. 45m, 2h, 900 (seconds): no new step once this much "
+                          "training time is spent (the final evaluation and save follow). The "
+                          "learning rate follows the larger of the steps' and the time's share, so "
+                          "it still warms up and decays to its floor; --epochs / --max-steps stay the "
+                          "upper bound")
     opt.add_argument("--lr", dest="learning_rate", type=float, default=s,
                      help=f"peak AdamW learning rate (default: {_default('learning_rate')})")
     opt.add_argument("--lr-schedule", default=s, choices=("cosine", "linear", "constant"),
@@ -157,7 +179,8 @@ def run_train(args: argparse.Namespace) -> int:
     try:
         summary = trainer.train()
         if trainer.context.is_main:
-            print(f"[eyas] head written to {summary.head_dir}; {summary.tokens_per_second:.0f} "
+            print(f"[eyas] head written to {summary.head_dir} after {summary.steps} steps; "
+                  f"{summary.tokens_per_second:.0f} "
                   f"training tokens/s over {summary.seconds:.0f} s")
             if summary.held_out is not None:
                 accuracies = " ".join(f"{a:.3f}" for a in summary.held_out.accuracies)

@@ -30,10 +30,12 @@ RESULT_SETTINGS = (
     "weight_decay", "adam_beta1", "adam_beta2", "max_grad_norm", "precision",
     "init_lm_head_from_target", "init_from", "eval_fraction", "eval_max_samples", "seed",
     "labels", "feature_noise", "feature_noise_std", "lr_schedule", "init_layer_from_target",
+    "max_time_s",
 )
 # The value of each setting added after the first checkpoints were written, as those ran.
 SETTINGS_BEFORE_THEY_EXISTED = {"labels": "soft", "feature_noise": "none", "feature_noise_std": 0.2,
-                                "lr_schedule": "cosine", "init_layer_from_target": False}
+                                "lr_schedule": "cosine", "init_layer_from_target": False,
+                                "max_time_s": None}
 
 
 def cpu_has_amx() -> bool:
@@ -74,6 +76,9 @@ class TrainConfig:
     grad_accum: int = 1
     epochs: float = 1.0
     max_steps: int | None = None  # overrides epochs
+    max_time_s: float | None = None  # a time budget: no new step once this much training time
+    #                                  is spent; the schedule runs by the larger of the steps'
+    #                                  and the time's share, so it still decays to its floor
     learning_rate: float = 1e-4
     lr_schedule: str = "cosine"  # after the warmup: cosine, linear (to the floor) or constant
     min_lr_ratio: float = 0.0
@@ -133,6 +138,8 @@ class TrainConfig:
                 raise EyasError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.max_steps is not None and self.max_steps <= 0:
             raise EyasError(f"max_steps must be positive, got {self.max_steps}")
+        if self.max_time_s is not None and not self.max_time_s > 0:
+            raise EyasError(f"max_time_s (--max-time) must be positive seconds, got {self.max_time_s}")
         if self.epochs <= 0:
             raise EyasError(f"epochs must be positive, got {self.epochs}")
         if not 0.0 <= self.eval_fraction < 1.0:

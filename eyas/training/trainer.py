@@ -89,6 +89,7 @@ class TrainSummary:
 class Trainer:
     def __init__(self, config: TrainConfig, target: Target | None = None) -> None:
         self.config = config
+        self.clock = time.perf_counter  # the time budget's clock (tests give a fake one)
         self.context = DistributedContext.start(config.device)
         self.device = self.context.device
         # On a GPU, and in bfloat16 on a CPU, a batch's length is rounded up to 64 tokens: a few
@@ -200,8 +201,9 @@ class Trainer:
             betas=(config.adam_beta1, config.adam_beta2), fused=self.device.type in ("cpu", "cuda"))
         self.schedule = WarmupSchedule(config.learning_rate, self.total_steps,
                                        int(config.warmup_ratio * self.total_steps), config.min_lr_ratio,
-                                       config.lr_schedule)
+                                       config.lr_schedule, config.max_time_s)
         self.start_step = 0
+        self.time_spent = 0.0  # training seconds before this process (a resumed run's budget)
         if config.resume:  # the newest checkpoint that verifies (skipped ones are named on stderr)
             found = restore_newest_checkpoint(self.output, self.head, self.optimizer,
                                               is_main=self.context.is_main)
@@ -211,8 +213,10 @@ class Trainer:
                 check_resume_settings(state, config.result_settings(), self.global_batch)
                 self.schedule.check_state(state["schedule"])
                 self.start_step = int(state["step"])
+                self.time_spent = float(state.get("time_spent_s", 0.0))
                 if self.context.is_main:
                     print(f"[eyas] resuming from {folder} (step {self.start_step})", flush=True)
+        self.time_spent_now = self.time_spent
 
     # ---- one micro batch -----------------------------------------------------------------------
     def _micro_batch(self, batch: Batch, indices: list[int], noise_key: tuple[int, int] | None = None
@@ -269,7 +273,8 @@ class Trainer:
         return TargetLabels(in_draft.to(self.device), argmax_draft.to(self.device))
 
     # ---- one optimizer step --------------------------------------------------------------------
-    def train_step(self, step: int) -> StepStats:
+    def train_step(self, step: int, position: float | None = None) -> StepStats:
+        """One optimizer step; `position`: the schedule's (under a time budget), else `step`."""
         config, context = self.config, self.context
         self.model.train()
         plan = self.plan.micro_batches(step, context.rank, context.world_size, config.micro_batch_size)
@@ -278,7 +283,7 @@ class Trainer:
         # 1. The loss normalizer: answer tokens of the whole global batch.
         local = sum(answer_count(batch.loss_mask) for batch, _ in micro_batches)
         normalizer = float(context.all_reduce_sum(torch.tensor(float(local))).clamp(min=1.0))
-        lr = self.schedule.apply(self.optimizer, step)
+        lr = self.schedule.apply(self.optimizer, step if position is None else position)
         k = config.loss_terms
         sums = torch.zeros(3 * k + 1)  # loss_sums, correct, counted, tokens
         # 2. Forward and backward per micro batch; gradients sync on the last one only.
@@ -344,43 +349,67 @@ class Trainer:
         bar = tqdm(total=self.total_steps, initial=self.start_step, unit="step", desc="train",
                    disable=not (config.progress and context.is_main), dynamic_ncols=True)
         started = time.perf_counter()
+        budget_start = self.clock()  # the time budget's clock (training time, every rank alike)
         window_tokens, window_start = 0, started
         total_tokens = 0
+        done = self.start_step
         stats: StepStats | None = None
         held_out: StepStats | None = None
-        for step in range(self.start_step, self.total_steps):
-            stats = self.train_step(step)
+        position = self.schedule.position(self.start_step, self.time_spent)
+        # a resumed run whose budget was already spent takes no step (its head is written)
+        last_step = self.start_step if self.schedule.out_of_time(self.time_spent) else self.total_steps
+        for step in range(self.start_step, last_step):
+            stats = self.train_step(step, position)
             done = step + 1
+            self.time_spent_now = self._time_spent(budget_start)
+            out_of_time = self.schedule.out_of_time(self.time_spent_now)
+            last = done == self.total_steps or out_of_time
+            position = self.schedule.position(done, self.time_spent_now)
             window_tokens += stats.tokens
             total_tokens += stats.tokens
             bar.update(1)
             bar.set_postfix(loss=f"{stats.loss:.3f}", acc0=f"{stats.accuracies[0]:.2f}",
                             tau=f"{stats.accept_length:.2f}")
-            if done % config.log_every == 0 or done == self.total_steps:
+            if done % config.log_every == 0 or last:
                 now = time.perf_counter()
                 logger.log(self._row(done, "train", stats, window_tokens / max(now - window_start, 1e-9),
                                      now - started))
                 window_tokens, window_start = 0, now
             periodic = config.save_every and done % config.save_every == 0
-            if periodic or done == self.total_steps:
+            if periodic or last:
                 self._save(done)
             evaluate_now = (done % config.eval_every == 0) if config.eval_every else periodic
-            if evaluate_now or done == self.total_steps:
+            if evaluate_now or last:
                 held_out = self.evaluate()
                 if held_out is not None:
                     logger.log(self._row(done, "held_out", held_out, 0.0, time.perf_counter() - started))
+            if out_of_time:
+                if context.is_main:
+                    bar.write(f"[eyas] the time budget of {config.max_time_s:.0f} s is spent: stopping "
+                              f"after step {done} of at most {self.total_steps}")
+                break
             if stop_after is not None and done >= stop_after:
                 break
         bar.close()
         logger.close()
         seconds = time.perf_counter() - started
         head_dir = self.output / "head"
-        if context.is_main and (stop_after is None or stop_after >= self.total_steps):
+        finished = done == self.total_steps or self.schedule.out_of_time(self.time_spent_now)
+        if context.is_main and finished:
             write_head(self.head, head_dir)
         context.barrier()
-        return TrainSummary(steps=self.total_steps, head_dir=str(head_dir), train=stats,
+        return TrainSummary(steps=done, head_dir=str(head_dir), train=stats,
                             held_out=held_out, tokens_per_second=total_tokens / max(seconds, 1e-9),
                             seconds=seconds)
+
+    def _time_spent(self, budget_start: float) -> float:
+        """Training seconds spent, this run's and those before a resume; under a time budget
+        every rank takes rank 0's (their schedules and their stop must agree)."""
+        spent = self.time_spent + self.clock() - budget_start
+        if self.config.max_time_s is not None and self.context.is_distributed:
+            mine = torch.tensor([spent if self.context.is_main else 0.0], dtype=torch.float64)
+            spent = float(self.context.all_reduce_sum(mine))
+        return spent
 
     def _save(self, step: int) -> None:
         if self.context.is_main:
@@ -389,6 +418,7 @@ class Trainer:
                                                        "samples_seen": step * self.global_batch},
                      "global_batch": self.global_batch, "world_size": self.context.world_size,
                      "schedule": self.schedule.state_dict(), "settings": self.config.result_settings()}
+            state["time_spent_s"] = self.time_spent_now
             save_checkpoint(self.output, step, self.head, self.optimizer, state,
                             self.config.keep_checkpoints)
         self.context.barrier()

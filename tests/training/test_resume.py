@@ -103,3 +103,56 @@ def test_init_from_starts_from_a_trained_head_with_its_vocabulary(tmp_path, tiny
                init_from=str(tmp_path / "first" / "head"))
     with pytest.raises(EyasError, match="is not an eyas head"):
         Trainer(config(tmp_path, "bad", feature_store_dir, model=tiny_target_dir, init_from=str(tmp_path)))
+
+
+class FakeClock:
+    """A clock that moves one second each time it is read."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+def lrs(folder) -> list[float]:
+    with open(folder / "metrics.csv") as handle:
+        return [float(row["lr"]) for row in csv.DictReader(handle) if row["split"] == "train"]
+
+
+def test_a_time_budget_stops_the_run_and_drives_the_schedule(tmp_path, tiny_target_dir, feature_store_dir) -> None:
+    # Each step reads the clock once: after step n, n seconds are spent. A budget of 3.5 s
+    # stops after step 4 of at most 40; the rate follows the time's share (40 * n / 3.5 > n).
+    run = config(tmp_path, "budget", feature_store_dir, model=tiny_target_dir, max_steps=40, save_every=2,
+                 max_time_s=3.5, warmup_ratio=0.0, min_lr_ratio=0.1)
+    trainer = Trainer(run)
+    trainer.clock = FakeClock()
+    summary = trainer.train()
+    assert summary.steps == 4
+    schedule = trainer.schedule
+    expected = [schedule.lr_at(max(n, 40 * n / 3.5)) for n in range(4)]
+    assert lrs(tmp_path / "budget") == pytest.approx(expected, rel=1e-6)
+    assert expected[0] == pytest.approx(1e-3) and expected[3] < 0.5e-3  # decayed by time, not steps
+    assert (tmp_path / "budget" / "head" / "model.safetensors").is_file()
+    assert [step for step, _ in list_checkpoints(tmp_path / "budget")] == [2, 4]
+    state = json.loads((list_checkpoints(tmp_path / "budget")[-1][1] / "trainer_state.json").read_text())
+    assert state["time_spent_s"] == pytest.approx(4.0) and state["schedule"]["max_time_s"] == 3.5
+    # Killed after step 3, resumed from step 2: the budget continues from the 2 s spent
+    first = Trainer(config(tmp_path, "killed", feature_store_dir, model=tiny_target_dir, max_steps=40,
+                           save_every=2, max_time_s=3.5, warmup_ratio=0.0, min_lr_ratio=0.1))
+    first.clock = FakeClock()
+    first.train(stop_after=3)
+    assert not (tmp_path / "killed" / "head").exists()
+    second = Trainer(config(tmp_path, "killed", feature_store_dir, model=tiny_target_dir, max_steps=40,
+                            save_every=2, max_time_s=3.5, warmup_ratio=0.0, min_lr_ratio=0.1, resume=True))
+    second.clock = FakeClock()
+    assert second.start_step == 2 and second.time_spent == pytest.approx(2.0)
+    assert second.train().steps == 4
+    assert lrs(tmp_path / "killed") == pytest.approx(expected, rel=1e-6)
+    for name, tensor in weights(trainer).items():
+        assert torch.allclose(weights(second)[name], tensor, atol=1e-6, rtol=1e-5), name
+    # another budget is another schedule: refused
+    with pytest.raises(EyasError, match=r"max_time_s: 3.5 -> 7.0"):
+        Trainer(config(tmp_path, "killed", feature_store_dir, model=tiny_target_dir, max_steps=40, save_every=2,
+                       max_time_s=7.0, warmup_ratio=0.0, min_lr_ratio=0.1, resume=True))

@@ -66,3 +66,18 @@ def test_config_is_validated() -> None:
         TrainConfig(model="m", output="o", data="d", micro_batch_size=0)
     with pytest.raises(EyasError, match="needs --model and --out"):
         TrainConfig.from_dict({"data": "d"})
+
+
+def test_a_time_budget_moves_the_schedule_by_the_larger_share() -> None:
+    schedule = WarmupSchedule(base_lr=1.0, total_steps=100, warmup_steps=10, max_time_s=50.0)
+    assert schedule.position(5, 0.0) == 5.0
+    assert schedule.position(5, 25.0) == 50.0  # half the time spent: half-way
+    assert schedule.position(80, 25.0) == 80.0  # steps ahead of the clock: the steps
+    assert schedule.lr_at(schedule.position(5, 25.0)) == pytest.approx(0.5 * (1 + math.cos(math.pi * 40 / 90)))
+    assert not schedule.out_of_time(49.9) and schedule.out_of_time(50.0)
+    plain = WarmupSchedule(base_lr=1.0, total_steps=100, warmup_steps=10)
+    assert plain.position(5, 1e9) == 5.0 and not plain.out_of_time(1e9)
+    with pytest.raises(EyasError, match="time budget must be positive"):
+        WarmupSchedule(base_lr=1.0, total_steps=100, max_time_s=0.0)
+    with pytest.raises(EyasError, match="max_time_s"):
+        TrainConfig(model="m", output="o", data="d", max_time_s=-1.0)

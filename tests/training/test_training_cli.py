@@ -21,6 +21,13 @@ def test_flags_map_onto_the_config_and_absent_flags_keep_its_defaults() -> None:
     assert config.learning_rate == 3e-4 and config.target_layer_ids == [2, 4, 5]
     assert config.init_lm_head_from_target is False and config.resume is True
     assert config.ttt_steps == 7 and config.ttt_decay == 0.8  # TrainConfig's defaults
+    assert config.max_time_s is None
+    for text, seconds in (("900", 900.0), ("90s", 90.0), ("45m", 2700.0), ("1.5h", 5400.0)):
+        args = parser.parse_args(["train", "--model", "m", "--data", "d", "--out", "o", "--max-time", text])
+        assert train_cli.config_from_args(args).max_time_s == seconds
+    for bad in ("0", "-5m", "2d", "soon"):
+        with pytest.raises(argparse.ArgumentTypeError, match="positive duration like 900, 900s, 45m"):
+            train_cli._duration(bad)
 
 
 def test_preset_then_flags(tmp_path) -> None:
