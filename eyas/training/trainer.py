@@ -367,6 +367,12 @@ class Trainer:
             position = self.schedule.position(done, self.time_spent_now)
             window_tokens += stats.tokens
             total_tokens += stats.tokens
+            if config.max_time_s is not None and not last:  # the bar's end: where the budget runs out
+                rate = (done - self.start_step) / max(self.time_spent_now - self.time_spent, 1e-9)
+                expected = done + rate * max(config.max_time_s - self.time_spent_now, 0.0)
+                bar.total = min(self.total_steps, max(done + 1, round(expected)))
+            elif out_of_time:
+                bar.total = done
             bar.update(1)
             bar.set_postfix(loss=f"{stats.loss:.3f}", acc0=f"{stats.accuracies[0]:.2f}",
                             tau=f"{stats.accept_length:.2f}")
