@@ -57,6 +57,19 @@ save_head(load_head(sys.argv[1]), "eyas/assets/heads/smollm2-135m", dtype=torch.
 PY
 }
 
+# The head in HEAD_DIR beside the shipped one: teacher-forced on the fixed held-out split, then
+# alone on MT-Bench, into STAGE_DIR/diagnose-{shipped,new} and STAGE_DIR/eval-{shipped,new}.
+#                                              compare_with_shipped STAGE_DIR HEAD_DIR
+compare_with_shipped() {
+    local pair name head
+    for pair in shipped=smollm2-135m new="$2"; do
+        name=${pair%%=*} head=${pair#*=}
+        OMP_NUM_THREADS=1 "$EYAS" eval diagnose --head "$head" --held-out-prompts 48 --train-prompts 0 \
+            --skip-counts 1 --vocab-sizes 8192 --mtbench-prompts 0 --output-dir "$1/diagnose-$name"
+        "$EYAS" eval --draft "eagle3:$head" --num-prompts 40 --max-tokens 128 --output-dir "$1/eval-$name"
+    done
+}
+
 # 1. ShareGPT user prompts (first turn), PII/DLP filtered, 1,500 characters at most.
 "$EYAS" data prepare --source sharegpt --output-dir "$RUN/prepared" --keep user --max-turns 1 \
     --min-chars 16 --max-chars 1500 --workers 1
@@ -174,12 +187,7 @@ mkdir -p "$RUN/stage5"
     --save-every 1000 --eval-fraction 0.02 --resume
 
 # 22. Evaluate it beside the shipped head as in step 19 (and alone on MT-Bench), then ship it.
-for pair in shipped=smollm2-135m new="$RUN/stage5/train2/head"; do
-    name=${pair%%=*} head=${pair#*=}
-    OMP_NUM_THREADS=1 "$EYAS" eval diagnose --head "$head" --held-out-prompts 48 --train-prompts 0 \
-        --skip-counts 1 --vocab-sizes 8192 --mtbench-prompts 0 --output-dir "$RUN/stage5/diagnose-$name"
-    "$EYAS" eval --draft "eagle3:$head" --num-prompts 40 --max-tokens 128 --output-dir "$RUN/stage5/eval-$name"
-done
+compare_with_shipped "$RUN/stage5" "$RUN/stage5/train2/head"
 ship "$RUN/stage5/train2/head"
 
 # 23. A sixth stage (with 23b, the shipped head since the evening of 2026-11-27): the fifth stage's 5,804
@@ -205,10 +213,5 @@ DEVICE=${DEVICE:-cuda}
     --max-time 120 --eval-fraction 0.02 --eval-max-samples 100 --save-every 100000 --resume
 
 # 24. Evaluate it beside the shipped head as in step 22, then ship it.
-for pair in shipped=smollm2-135m new="$RUN/stage6/train2/head"; do
-    name=${pair%%=*} head=${pair#*=}
-    OMP_NUM_THREADS=1 "$EYAS" eval diagnose --head "$head" --held-out-prompts 48 --train-prompts 0 \
-        --skip-counts 1 --vocab-sizes 8192 --mtbench-prompts 0 --output-dir "$RUN/stage6/diagnose-$name"
-    "$EYAS" eval --draft "eagle3:$head" --num-prompts 40 --max-tokens 128 --output-dir "$RUN/stage6/eval-$name"
-done
+compare_with_shipped "$RUN/stage6" "$RUN/stage6/train2/head"
 ship "$RUN/stage6/train2/head"
