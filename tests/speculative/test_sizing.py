@@ -83,3 +83,46 @@ def test_timed_passes_read_text_so_the_screen_leaves_decodings_few_candidates(sm
         approx, bound = lm.screen(hidden.float().contiguous())  # [32, V] each
     candidates = ((approx + bound) >= (approx - bound).amax(dim=1, keepdim=True)).sum(dim=1)
     assert int(candidates.median()) <= 2 and int(candidates.max()) <= 16
+
+
+def test_passes_are_timed_in_rounds_so_a_burst_of_load_hits_every_size_once(monkeypatch):
+    """Each round visits every size; a burst lasting as long as one size's repeats would have
+    priced that size alone (a one-token pass above a two-token one), and the medians of rounds
+    do not see it."""
+    from eyas.engine.speculative import sizing
+
+    clock, calls = [0.0], []
+    monkeypatch.setattr(sizing.time, "perf_counter", lambda: clock[0])
+    cost = {1: 3.0, 2: 3.5, 4: 5.0}
+
+    def step_of(size):
+        def step():
+            calls.append(size)
+            burst = 10.0 if 4 <= len(calls) <= 6 else 0.0  # the first timed round only
+            clock[0] += cost[size] + burst
+        return step
+
+    medians = sizing._interleaved_medians({size: step_of(size) for size in cost}, repeats=3)
+    assert calls == [1, 2, 4] * 4  # a warm-up, then three rounds
+    assert medians == cost
+
+
+def test_costs_measured_on_a_busy_machine_are_used_but_not_cached(monkeypatch, tiny_target):
+    from eyas.engine.speculative import sizing
+
+    paths = []
+    real_path = sizing.cost_cache_path
+
+    def cache_path(key: str):
+        paths.append(real_path(key + "|busy-test"))  # not a model that other tests measured
+        return paths[-1]
+
+    monkeypatch.setattr(sizing, "cost_cache_path", cache_path)
+    monkeypatch.setattr(sizing, "machine_busy", lambda: True)
+    model = sizing.load_or_measure(tiny_target, sizes=(1, 2))
+    assert set(model.verify_seconds) == {1, 2} and all(s > 0 for s in model.verify_seconds.values())
+    assert not paths[-1].exists()
+    monkeypatch.setattr(sizing, "machine_busy", lambda: False)
+    sizing.load_or_measure(tiny_target, sizes=(1, 2))
+    assert paths[-1].exists()
+    paths[-1].unlink()

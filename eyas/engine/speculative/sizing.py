@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import json
+import os
 import platform
 import time
 from dataclasses import asdict, dataclass, field
@@ -35,7 +36,7 @@ from eyas.utils.io import cache_dir, write_json_atomic
 
 TOKEN_SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64)
 PRIOR_RANKS = (0.55, 0.12, 0.05, 0.03)  # P(target token = rank-r child), before any data
-COST_VERSION = "6"  # part of the cache key: bumped when what a measurement times changes
+COST_VERSION = "7"  # part of the cache key: bumped when what a measurement times changes
 
 
 @dataclass
@@ -82,16 +83,32 @@ class CostModel:
         return {t: round(s / one, 3) for t, s in sorted(self.verify_seconds.items())}
 
 
-def _median_seconds(fn: Callable[[], None], repeats: int, before: Callable[[], None] | None = None) -> float:
-    fn()  # warm-up
-    times = []
+def _interleaved_medians(steps: dict[int, Callable[[], None]], repeats: int,
+                         before: Callable[[], None] | None = None) -> dict[int, float]:
+    """Median seconds of each step, timed in `repeats` rounds that visit every size in turn: a
+    burst of load on a shared machine then lands on one round of many sizes, not on every repeat
+    of one size (timed size after size, such a burst once priced a one-token pass above a
+    two-token one, and the sizer drafted trees that ran at 0.96x plain)."""
+    for step in steps.values():
+        step()  # warm-up
+    times: dict[int, list[float]] = {size: [] for size in steps}
     for _ in range(repeats):
-        if before is not None:
-            before()
-        started = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - started)
-    return sorted(times)[len(times) // 2]
+        for size, step in steps.items():
+            if before is not None:
+                before()
+            started = time.perf_counter()
+            step()
+            times[size].append(time.perf_counter() - started)
+    return {size: sorted(values)[len(values) // 2] for size, values in times.items()}
+
+
+def machine_busy() -> bool:
+    """Whether other work competes for this process's cores now (1-minute load average above
+    its threads + 1): costs measured then are not worth caching."""
+    try:
+        return os.getloadavg()[0] > torch.get_num_threads() + 1
+    except OSError:  # no load average on this platform
+        return False
 
 
 def _evict_caches(megabytes: int = 64) -> Callable[[], None]:
@@ -140,7 +157,7 @@ def measure_verify_costs(target, context: int = 256, sizes=TOKEN_SIZES, repeats:
 
     cache = new_cache(target, 1, context + max(sizes) + 1)
     prefill_context(target, cache, context)
-    return {size: _median_seconds(verify_pass(target, cache, context, size), repeats) for size in sizes}
+    return _interleaved_medians({size: verify_pass(target, cache, context, size) for size in sizes}, repeats)
 
 
 def verify_pass(target, cache, context: int, size: int) -> Callable[[], None]:
@@ -176,20 +193,20 @@ def measure_draft_costs(head, context: int = 256, rows=(1, 2, 3, 4, 6, 8), repea
         fused.run(past_taps[0], context_ids[0], torch.arange(context), 0, cache)
     else:
         past = head(past_taps, context_ids, torch.arange(context, device=device)[None]).past_kv
-    costs = {}
+    steps = {}
     for count in rows:
         hidden = torch.zeros(1, count, config.hidden_size, dtype=dtype, device=device)
         ids = torch.zeros(1, count, dtype=torch.long, device=device)
         positions = torch.full((1, count), context, device=device)
         mask = torch.ones(1, count, context + count, dtype=torch.bool, device=device)
         if fused is not None:
-            def step():
+            def step(hidden=hidden, ids=ids, positions=positions, mask=mask):
                 return head.compute_logits(fused.run(hidden[0], ids[0], positions[0], context, cache, mask[0]))
         else:
-            def step():
+            def step(hidden=hidden, ids=ids, positions=positions, mask=mask):
                 return head(hidden, ids, positions, attn_mask=mask, past_kv=past)
-        costs[count] = _median_seconds(step, repeats, before=evict)
-    return costs
+        steps[count] = step
+    return _interleaved_medians(steps, repeats, before=evict)
 
 
 def cost_cache_path(key: str) -> Path:
@@ -213,9 +230,14 @@ def load_or_measure(target, head=None, sizes: tuple[int, ...] = TOKEN_SIZES) -> 
         raw = json.loads(path.read_text())
         return CostModel({int(k): v for k, v in raw["verify_seconds"].items()},
                          {int(k): v for k, v in raw["draft_seconds"].items()})
+    busy = machine_busy()
     model = CostModel(measure_verify_costs(target, sizes=sizes),
                       measure_draft_costs(head) if head is not None else {1: 0.0})
-    write_json_atomic(path, {"key": key, **asdict(model)})
+    if busy or machine_busy():  # used now, measured again by the next process
+        print(f"[eyas] note: the machine was busy (load average {os.getloadavg()[0]:.1f}) while the "
+              f"draft-tree sizer timed its passes; they are not cached", flush=True)
+    else:
+        write_json_atomic(path, {"key": key, **asdict(model)})
     return model
 
 
