@@ -82,8 +82,10 @@ def main() -> None:
         for name, tree in trees:
             env = {**os.environ, "PYTHONPATH": str(Path(tree).resolve())}
             out = Path(work.name) / f"{name}-{round_number}"
-            result = subprocess.run([sys.executable, "-c", CHILD, args.features, str(out), str(args.epochs), extra],
-                                    env=env, check=True, capture_output=True, text=True)
+            # `python -c` puts the working directory first on sys.path: run in the tree
+            result = subprocess.run([sys.executable, "-c", CHILD, str(Path(args.features).resolve()), str(out),
+                                     str(args.epochs), extra],
+                                    env=env, cwd=Path(tree).resolve(), check=True, capture_output=True, text=True)
             report = json.loads(result.stdout.strip().splitlines()[-1])
             rates[name].append(report["rates"])
             losses[name] = report["loss"]

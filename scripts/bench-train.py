@@ -32,11 +32,13 @@ def one_run(tree: Path, features: str, steps: int, extra: list[str], out: Path,
     """(tokens/s, last training loss) of one `eyas train` run from `tree`: the median of its
     logged windows after the first, or of those that end after step `after` where given."""
     every = every or max(1, steps // 3)
-    command = [sys.executable, "-m", "eyas", "train", "--model", "smollm2-135m", "--features", features,
-               "--out", str(out), "--max-steps", str(steps), "--log-every", str(every), "--save-every", "0",
+    command = [sys.executable, "-m", "eyas", "train", "--model", "smollm2-135m",
+               "--features", str(Path(features).resolve()), "--out", str(out.resolve()), "--max-steps", str(steps), "--log-every", str(every), "--save-every", "0",
                "--eval-fraction", "0", "--no-progress", *extra]
+    # `python -m` puts the working directory first on sys.path: run in the tree, or the tree the
+    # script is started from would shadow it
     env = {**os.environ, "PYTHONPATH": str(tree.resolve())}
-    subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(command, env=env, cwd=tree.resolve(), check=True, stdout=subprocess.DEVNULL)
     with open(out / "metrics.csv", encoding="utf-8") as handle:
         rows = [row for row in csv.DictReader(handle) if row["split"] == "train"]
     windows = [row for row in rows if int(row["step"]) > after] if after else rows[1:]

@@ -53,7 +53,9 @@ ship() {
     .venv/bin/python - "$1" <<'PY'
 import sys, torch
 from eyas.eagle3.checkpoint import load_head, save_head
-save_head(load_head(sys.argv[1]), "eyas/assets/heads/smollm2-135m", dtype=torch.bfloat16)
+head = load_head(sys.argv[1])
+head.config.target_model = "smollm2-135m"  # the alias, not the path the run loaded
+save_head(head, "eyas/assets/heads/smollm2-135m", dtype=torch.bfloat16)
 PY
 }
 
@@ -190,7 +192,7 @@ mkdir -p "$RUN/stage5"
 compare_with_shipped "$RUN/stage5" "$RUN/stage5/train2/head"
 ship "$RUN/stage5/train2/head"
 
-# 23. A sixth stage (with 23b, the shipped head since the evening of 2026-11-27): the fifth stage's 5,804
+# 23. A sixth stage (with 23b, shipped on the evening of 2026-11-27): the fifth stage's 5,804
 #     conversations again, online on one GPU (the float32 target there, TF32 matmuls), from the
 #     fifth-stage head under a time budget of 444 s: ten epochs at ~37,000 training tokens/s
 #     beside a second run on the same H200 (~70,000 alone). DEVICE=cpu runs it too (its
@@ -215,3 +217,44 @@ DEVICE=${DEVICE:-cuda}
 # 24. Evaluate it beside the shipped head as in step 22, then ship it.
 compare_with_shipped "$RUN/stage6" "$RUN/stage6/train2/head"
 ship "$RUN/stage6/train2/head"
+
+# 25. A seventh stage (the shipped head since late 2026-11-27), on the same GPU: answers to the
+#     prepared prompts that have none yet (the shipped run: 4,592 of its prepared set, written
+#     with transformers' generate on the GPU, 1,536 prompts a batch, 938k answer tokens in 263 s,
+#     while step 26's first run trained beside it; `--endpoint` against a vLLM or SGLang server
+#     is the way at scale).
+mkdir -p "$RUN/stage7"
+.venv/bin/python - "$RUN" <<'PY'
+import json, sys
+run = sys.argv[1]
+seen = {json.loads(line)["id"] for line in open(f"{run}/stage6/regenerated.jsonl")}
+with open(f"{run}/stage7/todo.jsonl", "w") as out:
+    for line in open(f"{run}/prepared/train.jsonl"):
+        if json.loads(line)["id"] not in seen:
+            out.write(line)
+PY
+"$EYAS" data regenerate --model smollm2-135m --device "$DEVICE" --dtype float32 --concurrency 256 \
+    --max-tokens 256 --input "$RUN/stage7/todo.jsonl" --output "$RUN/stage7/regenerated.jsonl"
+"$EYAS" data render --model smollm2-135m --input "$RUN/stage7/regenerated.jsonl" \
+    --output "$RUN/stage7/new.tokenized.jsonl" --max-length 1024
+cat "$RUN/stage6/train.tokenized.jsonl" "$RUN/stage7/new.tokenized.jsonl" > "$RUN/stage7/train.tokenized.jsonl"
+
+# 26. Three runs under time budgets: D1, the sixth-stage head on the 8,773 older conversations
+#     (195 s, beside step 25's generation: ~29,500 tokens/s); D2, D1's head on all 13,465 (210 s
+#     alone, ~71,700 tokens/s); D3, D2's head on them again at half the rate (185 s).
+"$EYAS" train --model smollm2-135m --data "$RUN/stage6/train.tokenized.jsonl" --out "$RUN/stage7/d1" \
+    --device "$DEVICE" --init-from "$RUN/stage6/train2/head" --ttt-steps "$TTT_STEPS" \
+    --draft-vocab-size 8192 --micro-batch-size 16 --max-length 1024 --lr 1e-4 --epochs 60 \
+    --max-time 195 --eval-fraction 0.02 --eval-max-samples 100 --save-every 100000 --resume
+"$EYAS" train --model smollm2-135m --data "$RUN/stage7/train.tokenized.jsonl" --out "$RUN/stage7/d2" \
+    --device "$DEVICE" --init-from "$RUN/stage7/d1/head" --ttt-steps "$TTT_STEPS" \
+    --draft-vocab-size 8192 --micro-batch-size 16 --max-length 1024 --lr 1e-4 --epochs 60 \
+    --max-time 210 --eval-fraction 0.02 --eval-max-samples 100 --save-every 100000 --resume
+"$EYAS" train --model smollm2-135m --data "$RUN/stage7/train.tokenized.jsonl" --out "$RUN/stage7/d3" \
+    --device "$DEVICE" --init-from "$RUN/stage7/d2/head" --ttt-steps "$TTT_STEPS" \
+    --draft-vocab-size 8192 --micro-batch-size 16 --max-length 1024 --lr 5e-5 --epochs 60 \
+    --max-time 185 --eval-fraction 0.02 --eval-max-samples 100 --save-every 100000 --resume
+
+# 27. Evaluate it beside the shipped head as in step 22, then ship it.
+compare_with_shipped "$RUN/stage7" "$RUN/stage7/d3/head"
+ship "$RUN/stage7/d3/head"

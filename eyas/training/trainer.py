@@ -45,7 +45,7 @@ from eyas.training.checkpoints import (
     save_checkpoint,
     write_head,
 )
-from eyas.training.config import SETTINGS_BEFORE_THEY_EXISTED, TrainConfig
+from eyas.training.config import SETTINGS_BEFORE_THEY_EXISTED, TrainConfig, cpu_has_amx
 from eyas.training.data import Batch, BatchPlan, OfflineSource, OnlineSource, collate, split_held_out
 from eyas.training.distributed import DistributedContext
 from eyas.training.heads import build_eagle3, build_medusa
@@ -158,7 +158,10 @@ class Trainer:
             vocab = build_draft_vocab(self.counts, size)
         self.vocab_coverage = vocab.coverage(self.counts)
         self.vocab = vocab
-        self.output_layer = TargetOutputLayer(self.lm_head_weight, vocab)
+        # With fast bfloat16 products (AMX), the first epoch's full-vocabulary argmax is screened
+        # in bfloat16 with a proven bound (the same labels; eyas/training/label_screen.py).
+        self.output_layer = TargetOutputLayer(self.lm_head_weight, vocab,
+                                              screen=self.device.type == "cpu" and cpu_has_amx())
         # The target's argmax per sample row (in_draft [T], argmax_draft [T]), by sample index:
         # it depends on the sample alone, so from the second epoch on only the draft
         # vocabulary's rows of the target's output layer run.

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from eyas.eagle3.head import Eagle3Head
 from eyas.eagle3.vocab import DraftVocab
+from eyas.training.label_screen import OtherRowsScreen
 
 
 def ttt_attention_mask(length: int, step: int, device: torch.device | str = "cpu") -> Tensor:
@@ -55,15 +56,19 @@ def shift_left(x: Tensor, count: int = 1) -> Tensor:
 class TargetOutputLayer:
     """The target's output layer [V, H] in float32, split by the draft vocabulary: its N kept rows
     give the distribution; the V - N others matter only to the argmax (is the target's top token
-    drafted at all), which depends on the sample alone and is kept between epochs (TargetLabels)."""
+    drafted at all), which depends on the sample alone and is kept between epochs (TargetLabels).
 
-    def __init__(self, weight: Tensor, vocab: DraftVocab) -> None:
+    screen: answer that question from a bfloat16 product with a proven error bound first
+    (OtherRowsScreen: the same labels, for CPUs whose bfloat16 matmuls are fast)."""
+
+    def __init__(self, weight: Tensor, vocab: DraftVocab, screen: bool = False) -> None:
         weight = weight.float()
         t2d = vocab.t2d.to(weight.device)
         self.kept = weight[t2d].contiguous()  # [N, H], in draft-id order (kept ids increase)
         self.other = weight[~t2d].contiguous()  # [V - N, H]
         self.kept_ids = vocab.kept_ids.to(weight.device)  # [N] target ids
         self.other_ids = (~t2d).nonzero().squeeze(1)  # [V - N] target ids
+        self.screen = OtherRowsScreen(self.other) if screen and self.other.numel() else None
 
 
 @dataclass
@@ -111,21 +116,28 @@ def target_distribution(hidden: Tensor, lm_head: Tensor | TargetOutputLayer, voc
     picked = None if rows is None else rows.reshape(-1).nonzero().squeeze(1)  # [R]
     if picked is not None:
         flat = flat[picked]
+    in_bf16 = flat.dtype == torch.bfloat16  # offline features: no rounding for the screen
     flat = flat.float()
     probs, in_draft, argmax_draft = [], [], []
     for start in range(0, flat.shape[0], chunk_tokens):
-        logits = flat[start:start + chunk_tokens] @ layer.kept.T  # [c, N]
+        chunk = flat[start:start + chunk_tokens]  # [c, H]
+        logits = chunk @ layer.kept.T  # [c, N]
         probs.append(torch.softmax(logits, dim=-1))
         if labels is None:  # the argmax over the whole vocabulary, first index on ties
             best = logits.argmax(-1)  # [c] draft ids
             value = logits.gather(1, best[:, None]).squeeze(1)
             drafted = torch.ones_like(best, dtype=torch.bool)
             if layer.other.numel():
-                others = flat[start:start + chunk_tokens] @ layer.other.T  # [c, V - N]
+                # rows the screen settles skip the float32 product
+                unsure: slice | Tensor = slice(None)
+                if layer.screen is not None:
+                    known, drafted = layer.screen.resolve(chunk, value, in_bf16)
+                    unsure = (~known).nonzero().squeeze(1)  # [u] rows
+                others = chunk[unsure] @ layer.other.T  # [u, V - N]
                 other_best = others.argmax(-1)
                 other_value = others.gather(1, other_best[:, None]).squeeze(1)
-                drafted = (value > other_value) | ((value == other_value) &
-                                                   (layer.kept_ids[best] < layer.other_ids[other_best]))
+                drafted[unsure] = (value[unsure] > other_value) | (
+                    (value[unsure] == other_value) & (layer.kept_ids[best[unsure]] < layer.other_ids[other_best]))
             in_draft.append(drafted)
             argmax_draft.append(torch.where(drafted, best, 0))
     if not probs:  # no row is read
