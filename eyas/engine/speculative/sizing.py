@@ -102,13 +102,27 @@ def _interleaved_medians(steps: dict[int, Callable[[], None]], repeats: int,
     return {size: sorted(values)[len(values) // 2] for size, values in times.items()}
 
 
-def machine_busy() -> bool:
-    """Whether other work competes for this process's cores now (1-minute load average above
-    its threads + 1): costs measured then are not worth caching."""
+def _own_load() -> float:
+    """This process's share of the load average: its CPU seconds over its life (0 where /proc
+    cannot say when it started)."""
     try:
-        return os.getloadavg()[0] > torch.get_num_threads() + 1
+        ticks = os.sysconf("SC_CLK_TCK")
+        started = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19]) / ticks
+        alive = float(Path("/proc/uptime").read_text().split()[0]) - started
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    used = os.times()
+    return (used.user + used.system) / max(alive, 1.0)
+
+
+def machine_busy() -> bool:
+    """Whether other work competes for the cores now: the 1-minute load average, less this
+    process's own share of it, above one core. Costs measured then are not worth caching."""
+    try:
+        load = os.getloadavg()[0]
     except OSError:  # no load average on this platform
         return False
+    return load - _own_load() > 1.0
 
 
 def _evict_caches(megabytes: int = 64) -> Callable[[], None]:
