@@ -49,10 +49,12 @@ class OtherRowsScreen:
         self.other = other
         self.norms = other.norm(dim=1)  # [V - N]
         order = self.norms.argsort(descending=True)
-        count = max(1, int(EXACT_SHARE * other.shape[0])) if other.shape[0] > 1 else other.shape[0]
+        count = min(other.shape[0], max(1, int(EXACT_SHARE * other.shape[0])))
         self.exact_index, self.low_index = order[:count], order[count:]  # into other's rows
         self.exact = other[self.exact_index].contiguous()  # [E, H] float32
         self.low = other[self.low_index].to(torch.bfloat16).contiguous()  # [L, H], L = V - N - E
+        self.exact_norms = self.norms[self.exact_index]  # [E], largest first
+        self.low_norms = self.norms[self.low_index]  # [L], largest first
         self.hidden_size = other.shape[1]
 
     def _relative(self, hidden_in_bf16: bool) -> float:
@@ -84,12 +86,12 @@ class OtherRowsScreen:
         certain = torch.ones(hidden.shape[0], dtype=torch.bool, device=hidden.device)
         if low.shape[1]:
             top = low.amax(dim=1).float()  # [c]
-            low_norm = self.norms[self.low_index[0]]
-            certain &= top + 2 * UNIT_BF16 * top.abs() + self._relative(hidden_in_bf16) * norm * low_norm < value
+            bound = top + 2 * UNIT_BF16 * top.abs() + self._relative(hidden_in_bf16) * norm * self.low_norms[0]
+            certain &= bound < value
         if exact.shape[1]:
             # float32 here too, but another product than the old path's: its own rounding may
             # differ from that one's by a few units, so a margin for both
-            margin = 4 * self.hidden_size * UNIT_F32 * norm * self.norms[self.exact_index[0]]
+            margin = 4 * self.hidden_size * UNIT_F32 * norm * self.exact_norms[0]
             certain &= exact.amax(dim=1) + margin < value
         return certain
 
@@ -117,9 +119,9 @@ class OtherRowsScreen:
         norm = h.norm(dim=1, keepdim=True)  # [u, 1]
         approx = low[unsure].float()  # [u, L]
         reach = (approx + 2 * UNIT_BF16 * approx.abs()
-                 + self._relative(hidden_in_bf16) * norm * self.norms[self.low_index]) >= v[:, None]  # [u, L]
+                 + self._relative(hidden_in_bf16) * norm * self.low_norms) >= v[:, None]  # [u, L]
         margin = 4 * self.hidden_size * UNIT_F32 * norm  # [u, 1]: times ||w_j||, float32 against float64
-        reach_exact = exact[unsure] + margin * self.norms[self.exact_index] >= v[:, None]  # [u, E]
+        reach_exact = exact[unsure] + margin * self.exact_norms >= v[:, None]  # [u, E]
         few = reach.sum(dim=1) + reach_exact.sum(dim=1) <= MAX_CANDIDATES  # [u] the others: unknown
         reach &= few[:, None]
         reach_exact &= few[:, None]
