@@ -345,6 +345,8 @@ class Trainer:
             vocabulary = ("the target's output layer (shared)" if config.share_lm_head else
                           f"draft vocabulary {self.vocab.size} covers {self.vocab_coverage:.1%} of "
                           f"answer tokens")
+            if self.output_layer.screen is not None:
+                vocabulary += "; the labels' full-vocabulary argmax screened in bfloat16 (AMX, exact)"
             print(f"[eyas] train ({what}): {len(self.train_indices)} samples "
                   f"({len(self.eval_indices)} held out), {self.total_steps} steps of "
                   f"{self.global_batch} samples, {context.world_size} rank(s); {vocabulary}",
