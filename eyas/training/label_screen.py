@@ -78,12 +78,12 @@ class OtherRowsScreen:
         if hidden.shape[0] == 0:
             return torch.zeros(0, dtype=torch.bool, device=hidden.device)
         low, exact = self._products(hidden)
-        return self._certain(hidden, value, hidden_in_bf16, low, exact)
+        return self._certain(hidden.norm(dim=1), value, hidden_in_bf16, low, exact)
 
-    def _certain(self, hidden: Tensor, value: Tensor, hidden_in_bf16: bool, low: Tensor, exact: Tensor
+    def _certain(self, norm: Tensor, value: Tensor, hidden_in_bf16: bool, low: Tensor, exact: Tensor
                  ) -> Tensor:
-        norm = hidden.norm(dim=1)  # [c]
-        certain = torch.ones(hidden.shape[0], dtype=torch.bool, device=hidden.device)
+        """certain() from the products (norm [c]: each hidden row's)."""
+        certain = torch.ones(norm.shape[0], dtype=torch.bool, device=norm.device)
         if low.shape[1]:
             top = low.amax(dim=1).float()  # [c]
             bound = top + 2 * UNIT_BF16 * top.abs() + self._relative(hidden_in_bf16) * norm * self.low_norms[0]
@@ -109,14 +109,15 @@ class OtherRowsScreen:
         if rows == 0:
             return known, drafted
         low, exact = self._products(hidden)
-        certain = self._certain(hidden, value, hidden_in_bf16, low, exact)
+        norms = hidden.norm(dim=1)  # [c]
+        certain = self._certain(norms, value, hidden_in_bf16, low, exact)
         known |= certain
         drafted |= certain
         unsure = (~certain).nonzero().squeeze(1)  # [u]
         if unsure.numel() == 0:
             return known, drafted
         h, v = hidden[unsure], value[unsure]  # [u, H], [u]
-        norm = h.norm(dim=1, keepdim=True)  # [u, 1]
+        norm = norms[unsure, None]  # [u, 1]
         approx = low[unsure].float()  # [u, L]
         reach = (approx + 2 * UNIT_BF16 * approx.abs()
                  + self._relative(hidden_in_bf16) * norm * self.low_norms) >= v[:, None]  # [u, L]
