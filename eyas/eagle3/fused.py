@@ -8,7 +8,10 @@ computes the same layer once it also takes the token embeddings: attention input
 cat(RMSNorm(embeds), RMSNorm(hidden)), residual the hidden state. This module packs the head's
 int4 q/k/v and gate/up projections together (the int8dot layout is blocks of 16 output
 columns, so packed weights concatenate), keeps the head's keys and values in a preallocated
-float32 cache, and runs fc, the layer and the output layer in three calls.
+float32 cache, and runs fc, the layer and the output layer in three calls; the last one also
+computes the final norm (models/csrc/head_output.cpp), as F.rms_norm does it, bit for bit: in a
+drafting step F.rms_norm's ~15 small ATen ops cost 40-75 us of cold code, more than the
+output layer's arithmetic.
 
 The head class stays one (`Eagle3Head`, trained and served alike): this is its inference path
 where the extension runs the target, and `tests/eagle3/test_fused_head.py` checks it against
@@ -67,6 +70,7 @@ class FusedHead:
     eps: float
     fc_packed: Tensor | None  # fc's int8dot weights, None where fc is another linear
     lm_head_packed: Tensor | None  # the same for lm_head
+    norm_in_cpp: bool  # the final norm inside lm_head's call (rms_norm_int4_linear): the same bits here
     _tables: list = field(default_factory=lambda: [torch.empty(0), torch.empty(0)])  # cos, sin [S, D]
     _slots: list = field(default_factory=lambda: [torch.empty(0, dtype=torch.long)])  # [S] 0, 1, ..
     _causal: dict = field(default_factory=dict)  # rows T -> [T, S] bool, row t sees columns <= S - T + t
@@ -99,8 +103,10 @@ class FusedHead:
         gate_up = torch.cat([mlp.gate_proj.packed, mlp.up_proj.packed])
         weights = (layer.hidden_norm.weight.detach(), qkv, empty, None, attn.o_proj.packed, empty,
                    layer.post_attention_layernorm.weight.detach(), gate_up, empty, mlp.down_proj.packed, empty)
+        lm_head_packed = _int8dot_weights(head.lm_head)
         return cls(head, weights, layer.input_layernorm.weight.detach(), float(layer.input_layernorm.eps),
-                   _int8dot_weights(head.fc), _int8dot_weights(head.lm_head))
+                   _int8dot_weights(head.fc), lm_head_packed,
+                   lm_head_packed is not None and _norm_matches_torch(head.norm))
 
     def new_cache(self) -> HeadCache:
         attn = self.head.midlayer.self_attn
@@ -174,11 +180,30 @@ class FusedHead:
             None if mask is None else mask[None], attn.num_heads, attn.num_kv_heads, embeds, self.norm_embeds)
 
     def logits(self, hidden: Tensor) -> Tensor:
-        """[T, H] the layer's output -> [T, N] draft-vocabulary logits: `head.compute_logits`'s
-        norm and output layer, the same ops called without the modules around them."""
+        """[T, H] the layer's output (float32) -> [T, N] draft-vocabulary logits:
+        `head.compute_logits`'s norm and output layer, the same bits: one C++ call where the
+        extension computes the norm as F.rms_norm does (`norm_in_cpp`), else the same ops
+        called without the modules around them."""
         norm = self.head.norm
+        if self.norm_in_cpp and hidden.dtype == torch.float32:
+            return extension.module().rms_norm_int4_linear(hidden, norm.weight, norm.eps, self.lm_head_packed)
         normed = F.rms_norm(hidden.float(), (hidden.shape[-1],), norm.weight.float(), norm.eps).to(hidden.dtype)
         return _linear(self.head.lm_head, self.lm_head_packed, normed)
+
+
+def _norm_matches_torch(norm) -> bool:
+    """Whether the extension's torch_rms_norm gives F.rms_norm's bits for `norm` (the head's
+    final RMSNorm, float32) on this machine and PyTorch build: checked once on 256 random rows
+    of its width, at scales from 1e-3 to 1e3 (its order of additions is aten's on x86, from
+    cpu/SumKernel.cpp; a PyTorch that sums in another order fails here and keeps F.rms_norm)."""
+    weight = norm.weight.detach()
+    if weight.dtype != torch.float32 or weight.dim() != 1:
+        return False
+    generator = torch.Generator().manual_seed(0)
+    rows = torch.randn(256, weight.shape[0], generator=generator)
+    rows *= torch.logspace(-3, 3, 256)[:, None]
+    expected = F.rms_norm(rows, (weight.shape[0],), weight, norm.eps)
+    return torch.equal(extension.module().torch_rms_norm(rows, weight, norm.eps), expected)
 
 
 def _int8dot_weights(linear) -> Tensor | None:

@@ -55,6 +55,7 @@ from torch import Tensor
 from eyas.engine.speculative.coupled_draws import Sharpness
 from eyas.engine.speculative.draft import DraftTree
 from eyas.errors import EyasError
+from eyas.models import extension
 
 
 # Coupled draws (coupled_draws.py) rank the head's logits times a factor over T, plus the noise;
@@ -420,13 +421,11 @@ class Eagle3Proposer:
         context = len(token_ids)
         if self.coupling is not None:
             self._coupled_probe = (self.last_logits[0], context)
-        log_probs = torch.log_softmax(self._ranking(self.last_logits, context, 1), dim=-1)[0]  # [N]
-        k = min(shape.top_k, budget)
-        top = torch.topk(log_probs, k)
+        scores = self._ranking(self.last_logits, context, 1)  # [1, N]
+        top_values, top_ids = self._top_log_probs(scores, min(shape.top_k, budget))
         d2t = self.d2t
-        targets = [i + d2t[i] for i in top.indices.tolist()]  # head.draft_to_target
-        candidates = [_Node(t, -1, float(s), 1, r + 1)
-                      for r, (t, s) in enumerate(zip(targets, top.values.tolist()))]
+        targets = [i + d2t[i] for i in top_ids[0]]  # head.draft_to_target
+        candidates = [_Node(t, -1, s, 1, r + 1) for r, (t, s) in enumerate(zip(targets, top_values[0]))]
         frontier = list(range(len(candidates)))
         row_of: dict[int, int] = {}  # candidate -> its row in `out_hidden`, the last pass's output
         out_hidden = self.last_hidden  # [1, 1, H] the last committed row's (the depth-1 nodes' parent)
@@ -443,17 +442,27 @@ class Eagle3Proposer:
             out_hidden = self._head_pass(hiddens, ids, [position] * len(frontier), mask, scratch=len(tree_keys))
             tree_keys.extend(frontier)
             row_of = {parent: row for row, parent in enumerate(frontier)}
-            scores = torch.log_softmax(self._ranking(self._logits(out_hidden)[0], context, depth), dim=-1)  # [F, N]
-            child_top = torch.topk(scores, shape.top_k, dim=-1)
-            child_targets = [[i + d2t[i] for i in row] for row in child_top.indices.tolist()]  # [F][top_k]
+            child_values, child_ids = self._top_log_probs(self._ranking(self._logits(out_hidden)[0], context, depth),
+                                                          shape.top_k)  # [F][top_k]
+            child_targets = [[i + d2t[i] for i in row] for row in child_ids]
             children: list[int] = []
-            for parent, tokens, values in zip(frontier, child_targets, child_top.values.tolist()):
+            for parent, tokens, values in zip(frontier, child_targets, child_values):
                 for rank, (token, score) in enumerate(zip(tokens, values)):
                     candidates.append(_Node(token, parent, candidates[parent].score + score, depth, rank + 1))
                     children.append(len(candidates) - 1)
             children.sort(key=lambda c: -candidates[c].score)
             frontier = children[: shape.top_k]
         return candidates
+
+    def _top_log_probs(self, scores: Tensor, k: int) -> tuple[list[list[float]], list[list[int]]]:
+        """The k largest log-probabilities of each row of scores [R, N] float32 (its log-softmax)
+        and their draft ids, largest first, as lists [R][k]: torch.topk(torch.log_softmax(scores,
+        -1), k), the same numbers in the same order; one C++ call beside the fused head
+        (models/csrc/head_output.cpp)."""
+        if self.fused is not None:
+            return extension.module().log_softmax_top_k(scores, k)
+        top = torch.topk(torch.log_softmax(scores, dim=-1), k, dim=-1)
+        return top.values.tolist(), top.indices.tolist()
 
     def _ranking(self, logits: Tensor, context: int, depth: int) -> Tensor:
         """What a depth-`depth` draft's candidates are ranked and scored by, from the head's
