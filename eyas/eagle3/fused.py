@@ -155,29 +155,40 @@ class FusedHead:
             kept = self._causal[rows] = torch.ones(rows, width, dtype=torch.bool).tril(width - rows)
         return kept[:, kept.shape[1] - kv_len :]
 
-    def run(self, hidden: Tensor, input_ids: Tensor, positions: Tensor | Sequence[int], first_slot: int,
-            cache: HeadCache, mask: Tensor | None = None) -> Tensor:
+    def run(self, hidden: Tensor, input_ids: Tensor | Sequence[int], positions: Tensor | Sequence[int],
+            first_slot: int, cache: HeadCache, mask: Tensor | None = None) -> Tensor:
         """One draft pass over T rows: hidden [T, 3*Ht] taps or [T, H] own outputs, input_ids
-        [T] and positions [T] (a tensor or ints). Writes the rows' keys and values at slots
+        [T] and positions [T] (tensors or ints). Writes the rows' keys and values at slots
         first_slot.. of `cache` and returns the layer's output [T, H] (before the final norm;
         `head.compute_logits`).
         mask [T, first_slot + T] bool (True = may attend; the columns are cache slots); None:
         every earlier slot and the rows before it (causal)."""
-        head, length = self.head, input_ids.shape[0]
+        head, length = self.head, len(input_ids)
         if hidden.shape[-1] == head.config.fused_input_size:
             hidden = _linear(head.fc, self.fc_packed, hidden)
-        hidden = hidden.float().contiguous()  # [T, H]
+        if hidden.dtype != torch.float32 or not hidden.is_contiguous():
+            hidden = hidden.float().contiguous()  # [T, H]
         kv_len = first_slot + length
         cache.ensure(kv_len)
         if mask is None and length > 1:
             mask = self.causal_mask(length, first_slot)
         slots = self.slots(first_slot, length)  # [1, T]
-        embeds = F.embedding(input_ids, head.embed_tokens.weight).float().contiguous()  # [T, H]
+        embeds = self.embeds(input_ids)  # [T, H]
         cos, sin = self.rope(positions)
         attn = head.midlayer.self_attn
         return extension.module().int4_decoder_layer(
             hidden, *self.weights, 32, self.eps, cos, sin, cache.keys, cache.values, slots, kv_len,
             None if mask is None else mask[None], attn.num_heads, attn.num_kv_heads, embeds, self.norm_embeds)
+
+    def embeds(self, input_ids: Tensor | Sequence[int]) -> Tensor:
+        """[T, H] float32 token embeddings of input_ids [T] (a tensor or ints); one id given as
+        an int: a view of its row of the (float32) table, where a lookup would copy it."""
+        weight = self.head.embed_tokens.weight
+        if not isinstance(input_ids, Tensor):
+            if len(input_ids) == 1 and weight.dtype == torch.float32:
+                return weight[input_ids[0] : input_ids[0] + 1]
+            input_ids = torch.tensor(input_ids)
+        return F.embedding(input_ids, weight).float().contiguous()
 
     def logits(self, hidden: Tensor) -> Tensor:
         """[T, H] the layer's output (float32) -> [T, N] draft-vocabulary logits:
@@ -215,4 +226,6 @@ def _linear(linear, packed: Tensor | None, x: Tensor) -> Tensor:
     """linear(x) for x [T, I]: Int4Linear.forward's int8dot kernel call where `packed`."""
     if packed is None:
         return linear(x)
+    if x.dtype == torch.float32 and x.dim() == 2:  # the kernel's own input: no conversions around it
+        return extension.module().int4_linear(x, packed)
     return extension.module().int4_linear(x.reshape(-1, x.shape[-1]).float(), packed).to(x.dtype)

@@ -390,7 +390,9 @@ class Eagle3Proposer:
         pending, self.pending_taps = self.pending_taps, []
         firsts, self.pending_positions = self.pending_positions, []
         started = time.perf_counter()
-        taps = (pending[0] if len(pending) == 1 else torch.cat(pending, 1)).to(self.head.dtype)
+        taps = pending[0] if len(pending) == 1 else torch.cat(pending, 1)
+        if taps.dtype != self.head.dtype:
+            taps = taps.to(self.head.dtype)
         count = taps.shape[1]
         unverified, self.pending_unverified = self.pending_unverified, []
         # the row at position p reads (taps of p, token p + 1): blocks are contiguous inside,
@@ -398,12 +400,12 @@ class Eagle3Proposer:
         row_positions = [first + i for first, block in zip(firsts, pending) for i in range(block.shape[1])]
         if row_positions[-1] + 1 >= len(token_ids):
             return  # rows need the token one position later; plain steps leave gaps we cannot fill
-        ids = torch.tensor([[token_ids[p + 1] for p in row_positions]], device=taps.device)
+        ids = [token_ids[p + 1] for p in row_positions]
         hidden = self._head_pass(taps, ids, row_positions, None)  # [1, count, H]
         self.committed += count
         self.last_position = row_positions[-1]
         self.last_hidden = hidden[:, -1:]
-        self.last_logits = self._logits(self.last_hidden)[:, -1]  # the last row's only
+        self.last_logits = self._logits(self.last_hidden)  # [1, N]: the last row's only
         if self.shadow_ranks and self.step_ratios is not None:
             # the row at position p predicts token p + 2, known for all rows but the last
             rows = [i for i, flag in enumerate(unverified[: count - 1]) if flag]
@@ -436,13 +438,13 @@ class Eagle3Proposer:
             # One head pass over the frontier rows: hidden = parent's output, token = node's.
             rows = [row_of.get(candidates[c].parent, 0) for c in frontier]
             hiddens = out_hidden[:, rows[0] : rows[0] + 1] if len(rows) == 1 else out_hidden[:, rows]  # [1, F, H]
-            ids = torch.tensor([[candidates[c].token for c in frontier]], device=device)
+            ids = [candidates[c].token for c in frontier]
             position = self.last_position + depth - 1  # a depth-d node's row is at n + d - 1
             mask = self._tree_mask(candidates, frontier, tree_keys, device)
             out_hidden = self._head_pass(hiddens, ids, [position] * len(frontier), mask, scratch=len(tree_keys))
             tree_keys.extend(frontier)
             row_of = {parent: row for row, parent in enumerate(frontier)}
-            child_values, child_ids = self._top_log_probs(self._ranking(self._logits(out_hidden)[0], context, depth),
+            child_values, child_ids = self._top_log_probs(self._ranking(self._logits(out_hidden), context, depth),
                                                           shape.top_k)  # [F][top_k]
             child_targets = [[i + d2t[i] for i in row] for row in child_ids]
             children: list[int] = []
@@ -470,23 +472,25 @@ class Eagle3Proposer:
         tokens are Gumbel draws, the logits / T plus the noise of the position they fill
         (coupled_draws.py), float32."""
         if self.coupling is None:
-            return logits.float()
+            return logits if logits.dtype == torch.float32 else logits.float()
         return self.coupling.scores(logits, self.target_ids, self.coupling.position(context, depth),
                                     self.sharpness.value)
 
-    def _head_pass(self, hidden: Tensor, ids: Tensor, positions: list[int], mask: Tensor | None,
+    def _head_pass(self, hidden: Tensor, ids: list[int], positions: list[int], mask: Tensor | None,
                    scratch: int | None = None) -> Tensor:
-        """One head pass over [1, T] rows at `positions` [T] -> their outputs [1, T, H].
+        """One head pass over T rows (hidden [1, T, *], token ids [T]) at `positions` [T] -> their
+        outputs [1, T, H].
         Committed rows (scratch None) extend the head's KV; tree rows (scratch = tree rows
         already in the scratch KV) see it without extending it. mask [1, T, committed +
         scratch + T] or None (causal)."""
         if self.fused is not None:
             first_slot = self.committed + (scratch or 0)
-            return self.fused.run(hidden[0], ids[0], positions, first_slot, self.kv,
+            return self.fused.run(hidden[0], ids, positions, first_slot, self.kv,
                                   None if mask is None else mask[0])[None]
         past = self._scratch_past if scratch else self.past  # the first tree level starts anew
-        out = self.head(hidden, ids, torch.tensor([positions], device=ids.device), attn_mask=mask,
-                        past_kv=past, compute_logits=False)
+        device = hidden.device
+        out = self.head(hidden, torch.tensor([ids], device=device), torch.tensor([positions], device=device),
+                        attn_mask=mask, past_kv=past, compute_logits=False)
         if scratch is None:
             self.past = out.past_kv
         else:
@@ -494,11 +498,11 @@ class Eagle3Proposer:
         return out.hidden
 
     def _logits(self, hidden: Tensor) -> Tensor:
-        """[1, T, H] -> [1, T, N] draft logits (`head.compute_logits`; its ops called directly
-        on the fused path)."""
+        """[1, T, H] -> [T, N] draft logits (`head.compute_logits`; one C++ call on the fused
+        path)."""
         if self.fused is not None:
-            return self.fused.logits(hidden[0])[None]
-        return self.head.compute_logits(hidden)
+            return self.fused.logits(hidden[0])
+        return self.head.compute_logits(hidden)[0]
 
     def _tree_mask(self, candidates: list[_Node], frontier: list[int], tree_keys: list[int],
                    device: torch.device) -> Tensor | None:
@@ -535,4 +539,5 @@ class Eagle3Proposer:
             parents.append(node_of.get(parent, 0))
             ranks.append(candidates[c].rank)
         self.node_ranks = ranks
-        return DraftTree(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long))
+        nodes = torch.tensor([tokens, parents], dtype=torch.long)  # [2, N]: one tensor made per step
+        return DraftTree(nodes[0], nodes[1])
