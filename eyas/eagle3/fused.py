@@ -8,7 +8,10 @@ computes the same layer once it also takes the token embeddings: attention input
 cat(RMSNorm(embeds), RMSNorm(hidden)), residual the hidden state. This module packs the head's
 int4 q/k/v and gate/up projections together (the int8dot layout is blocks of 16 output
 columns, so packed weights concatenate), keeps the head's keys and values in a preallocated
-float32 cache, and runs fc, the layer and the output layer in three calls.
+float32 cache, and runs fc, the layer and the output layer in three calls; the last one also
+computes the final norm (models/csrc/head_output.cpp), as F.rms_norm does it, bit for bit: in a
+drafting step F.rms_norm's ~15 small ATen ops cost 40-75 us of cold code, more than the
+output layer's arithmetic.
 
 The head class stays one (`Eagle3Head`, trained and served alike): this is its inference path
 where the extension runs the target, and `tests/eagle3/test_fused_head.py` checks it against
@@ -67,6 +70,7 @@ class FusedHead:
     eps: float
     fc_packed: Tensor | None  # fc's int8dot weights, None where fc is another linear
     lm_head_packed: Tensor | None  # the same for lm_head
+    norm_in_cpp: bool  # the final norm inside lm_head's call (rms_norm_int4_linear): the same bits here
     _tables: list = field(default_factory=lambda: [torch.empty(0), torch.empty(0)])  # cos, sin [S, D]
     _slots: list = field(default_factory=lambda: [torch.empty(0, dtype=torch.long)])  # [S] 0, 1, ..
     _causal: dict = field(default_factory=dict)  # rows T -> [T, S] bool, row t sees columns <= S - T + t
@@ -99,8 +103,10 @@ class FusedHead:
         gate_up = torch.cat([mlp.gate_proj.packed, mlp.up_proj.packed])
         weights = (layer.hidden_norm.weight.detach(), qkv, empty, None, attn.o_proj.packed, empty,
                    layer.post_attention_layernorm.weight.detach(), gate_up, empty, mlp.down_proj.packed, empty)
+        lm_head_packed = _int8dot_weights(head.lm_head)
         return cls(head, weights, layer.input_layernorm.weight.detach(), float(layer.input_layernorm.eps),
-                   _int8dot_weights(head.fc), _int8dot_weights(head.lm_head))
+                   _int8dot_weights(head.fc), lm_head_packed,
+                   lm_head_packed is not None and _norm_matches_torch(head.norm))
 
     def new_cache(self) -> HeadCache:
         attn = self.head.midlayer.self_attn
@@ -149,36 +155,66 @@ class FusedHead:
             kept = self._causal[rows] = torch.ones(rows, width, dtype=torch.bool).tril(width - rows)
         return kept[:, kept.shape[1] - kv_len :]
 
-    def run(self, hidden: Tensor, input_ids: Tensor, positions: Tensor | Sequence[int], first_slot: int,
-            cache: HeadCache, mask: Tensor | None = None) -> Tensor:
+    def run(self, hidden: Tensor, input_ids: Tensor | Sequence[int], positions: Tensor | Sequence[int],
+            first_slot: int, cache: HeadCache, mask: Tensor | None = None) -> Tensor:
         """One draft pass over T rows: hidden [T, 3*Ht] taps or [T, H] own outputs, input_ids
-        [T] and positions [T] (a tensor or ints). Writes the rows' keys and values at slots
+        [T] and positions [T] (tensors or ints). Writes the rows' keys and values at slots
         first_slot.. of `cache` and returns the layer's output [T, H] (before the final norm;
         `head.compute_logits`).
         mask [T, first_slot + T] bool (True = may attend; the columns are cache slots); None:
         every earlier slot and the rows before it (causal)."""
-        head, length = self.head, input_ids.shape[0]
+        head, length = self.head, len(input_ids)
         if hidden.shape[-1] == head.config.fused_input_size:
             hidden = _linear(head.fc, self.fc_packed, hidden)
-        hidden = hidden.float().contiguous()  # [T, H]
+        if hidden.dtype != torch.float32 or not hidden.is_contiguous():
+            hidden = hidden.float().contiguous()  # [T, H]
         kv_len = first_slot + length
         cache.ensure(kv_len)
         if mask is None and length > 1:
             mask = self.causal_mask(length, first_slot)
         slots = self.slots(first_slot, length)  # [1, T]
-        embeds = F.embedding(input_ids, head.embed_tokens.weight).float().contiguous()  # [T, H]
+        embeds = self.embeds(input_ids)  # [T, H]
         cos, sin = self.rope(positions)
         attn = head.midlayer.self_attn
         return extension.module().int4_decoder_layer(
             hidden, *self.weights, 32, self.eps, cos, sin, cache.keys, cache.values, slots, kv_len,
             None if mask is None else mask[None], attn.num_heads, attn.num_kv_heads, embeds, self.norm_embeds)
 
+    def embeds(self, input_ids: Tensor | Sequence[int]) -> Tensor:
+        """[T, H] float32 token embeddings of input_ids [T] (a tensor or ints); one id given as
+        an int: a view of its row of the (float32) table, where a lookup would copy it."""
+        weight = self.head.embed_tokens.weight
+        if not isinstance(input_ids, Tensor):
+            if len(input_ids) == 1 and weight.dtype == torch.float32:
+                return weight[input_ids[0] : input_ids[0] + 1]
+            input_ids = torch.tensor(input_ids)
+        return F.embedding(input_ids, weight).float().contiguous()
+
     def logits(self, hidden: Tensor) -> Tensor:
-        """[T, H] the layer's output -> [T, N] draft-vocabulary logits: `head.compute_logits`'s
-        norm and output layer, the same ops called without the modules around them."""
+        """[T, H] the layer's output (float32) -> [T, N] draft-vocabulary logits:
+        `head.compute_logits`'s norm and output layer, the same bits: one C++ call where the
+        extension computes the norm as F.rms_norm does (`norm_in_cpp`), else the same ops
+        called without the modules around them."""
         norm = self.head.norm
+        if self.norm_in_cpp and hidden.dtype == torch.float32:
+            return extension.module().rms_norm_int4_linear(hidden, norm.weight, norm.eps, self.lm_head_packed)
         normed = F.rms_norm(hidden.float(), (hidden.shape[-1],), norm.weight.float(), norm.eps).to(hidden.dtype)
         return _linear(self.head.lm_head, self.lm_head_packed, normed)
+
+
+def _norm_matches_torch(norm) -> bool:
+    """Whether the extension's torch_rms_norm gives F.rms_norm's bits for `norm` (the head's
+    final RMSNorm, float32) on this machine and PyTorch build: checked once on 256 random rows
+    of its width, at scales from 1e-3 to 1e3 (its order of additions is aten's on x86, from
+    cpu/SumKernel.cpp; a PyTorch that sums in another order fails here and keeps F.rms_norm)."""
+    weight = norm.weight.detach()
+    if weight.dtype != torch.float32 or weight.dim() != 1:
+        return False
+    generator = torch.Generator().manual_seed(0)
+    rows = torch.randn(256, weight.shape[0], generator=generator)
+    rows *= torch.logspace(-3, 3, 256)[:, None]
+    expected = F.rms_norm(rows, (weight.shape[0],), weight, norm.eps)
+    return torch.equal(extension.module().torch_rms_norm(rows, weight, norm.eps), expected)
 
 
 def _int8dot_weights(linear) -> Tensor | None:
@@ -190,4 +226,6 @@ def _linear(linear, packed: Tensor | None, x: Tensor) -> Tensor:
     """linear(x) for x [T, I]: Int4Linear.forward's int8dot kernel call where `packed`."""
     if packed is None:
         return linear(x)
+    if x.dtype == torch.float32 and x.dim() == 2:  # the kernel's own input: no conversions around it
+        return extension.module().int4_linear(x, packed)
     return extension.module().int4_linear(x.reshape(-1, x.shape[-1]).float(), packed).to(x.dtype)

@@ -62,11 +62,11 @@ class ReferenceProposer(Eagle3Proposer):
         self.pending_unverified += [not any(self.node_ranks)] * taps.shape[1]
 
     def _logits(self, hidden: Tensor) -> Tensor:
-        return self.head.compute_logits(hidden)
+        return self.head.compute_logits(hidden)[0]
 
     def _head_pass(self, hidden, ids, positions, mask, scratch=None) -> Tensor:
         first_slot = self.committed + (scratch or 0)
-        return reference_run(self.fused, hidden[0], ids[0], torch.tensor(positions), first_slot, self.kv,
+        return reference_run(self.fused, hidden[0], torch.tensor(ids), torch.tensor(positions), first_slot, self.kv,
                              None if mask is None else mask[0])[None]
 
     def _expand(self, token_ids: list[int], budget: int) -> list[_Node]:
@@ -84,7 +84,7 @@ class ReferenceProposer(Eagle3Proposer):
                 break
             hiddens = torch.stack([hidden_of.get(candidates[c].parent, self.last_hidden[0, 0])
                                    for c in frontier])[None]
-            ids = torch.tensor([[candidates[c].token for c in frontier]])
+            ids = [candidates[c].token for c in frontier]
             columns = self.committed + len(tree_keys) + len(frontier)
             mask = torch.zeros(1, len(frontier), columns, dtype=torch.bool)
             mask[0, :, : self.committed] = True
@@ -98,7 +98,7 @@ class ReferenceProposer(Eagle3Proposer):
             out = self._head_pass(hiddens, ids, [self.last_position + depth - 1] * len(frontier), mask,
                                   scratch=len(tree_keys))
             tree_keys.extend(frontier)
-            scores = torch.log_softmax(self._logits(out).float(), dim=-1)[0]
+            scores = torch.log_softmax(self._logits(out).float(), dim=-1)
             child_top = torch.topk(scores, shape.top_k, dim=-1)
             children = []
             for row, parent in enumerate(frontier):

@@ -28,6 +28,7 @@
 #include <ATen/Parallel.h>
 
 #include "attention.h"
+#include "head_output.h"
 #include "int4_gemm.h"
 #include "int8_screen.h"
 #include "int8dot.h"
@@ -585,6 +586,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_pool_split", &eyas::set_pool_split, "Sets it (worker_pool.h)");
   m.def("int4_pack", &eyas::int4_pack, "codes [O, I], scale, minimum [O, I/32] -> packed (int4_gemm.cpp)");
   m.def("int4_linear", &eyas::int4_linear, "x [N, I] float32 -> [N, O] float32 (int4_gemm.cpp)");
+  m.def("torch_rms_norm", &eyas::torch_rms_norm, "F.rms_norm of x [T, H] float32, the same bits (head_output.cpp)");
+  m.def("rms_norm_int4_linear", &eyas::rms_norm_int4_linear,
+        "int4_linear(torch_rms_norm(x, weight, eps), packed): a head's norm and output layer (head_output.cpp)");
+  m.def("log_softmax_top_k", &eyas::log_softmax_top_k,
+        "torch.topk(torch.log_softmax(scores, -1), k) as lists (values, indices) (head_output.cpp)");
   m.def("screen_activation_bits", &eyas::screen_activation_bits, "The int8 screen's activation bits: 8 or 14");
   m.def("set_screen_activation_bits", &eyas::set_screen_activation_bits, "Sets them (int8_screen.cpp)");
   m.def("int8_screen_pack", &eyas::int8_screen_pack, "codes [V, H] int8 -> packed (int8_screen.cpp)");

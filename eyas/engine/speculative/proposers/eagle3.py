@@ -55,6 +55,7 @@ from torch import Tensor
 from eyas.engine.speculative.coupled_draws import Sharpness
 from eyas.engine.speculative.draft import DraftTree
 from eyas.errors import EyasError
+from eyas.models import extension
 
 
 # Coupled draws (coupled_draws.py) rank the head's logits times a factor over T, plus the noise;
@@ -389,7 +390,9 @@ class Eagle3Proposer:
         pending, self.pending_taps = self.pending_taps, []
         firsts, self.pending_positions = self.pending_positions, []
         started = time.perf_counter()
-        taps = (pending[0] if len(pending) == 1 else torch.cat(pending, 1)).to(self.head.dtype)
+        taps = pending[0] if len(pending) == 1 else torch.cat(pending, 1)
+        if taps.dtype != self.head.dtype:
+            taps = taps.to(self.head.dtype)
         count = taps.shape[1]
         unverified, self.pending_unverified = self.pending_unverified, []
         # the row at position p reads (taps of p, token p + 1): blocks are contiguous inside,
@@ -397,12 +400,12 @@ class Eagle3Proposer:
         row_positions = [first + i for first, block in zip(firsts, pending) for i in range(block.shape[1])]
         if row_positions[-1] + 1 >= len(token_ids):
             return  # rows need the token one position later; plain steps leave gaps we cannot fill
-        ids = torch.tensor([[token_ids[p + 1] for p in row_positions]], device=taps.device)
+        ids = [token_ids[p + 1] for p in row_positions]
         hidden = self._head_pass(taps, ids, row_positions, None)  # [1, count, H]
         self.committed += count
         self.last_position = row_positions[-1]
         self.last_hidden = hidden[:, -1:]
-        self.last_logits = self._logits(self.last_hidden)[:, -1]  # the last row's only
+        self.last_logits = self._logits(self.last_hidden)  # [1, N]: the last row's only
         if self.shadow_ranks and self.step_ratios is not None:
             # the row at position p predicts token p + 2, known for all rows but the last
             rows = [i for i, flag in enumerate(unverified[: count - 1]) if flag]
@@ -420,13 +423,11 @@ class Eagle3Proposer:
         context = len(token_ids)
         if self.coupling is not None:
             self._coupled_probe = (self.last_logits[0], context)
-        log_probs = torch.log_softmax(self._ranking(self.last_logits, context, 1), dim=-1)[0]  # [N]
-        k = min(shape.top_k, budget)
-        top = torch.topk(log_probs, k)
+        scores = self._ranking(self.last_logits, context, 1)  # [1, N]
+        top_values, top_ids = self._top_log_probs(scores, min(shape.top_k, budget))
         d2t = self.d2t
-        targets = [i + d2t[i] for i in top.indices.tolist()]  # head.draft_to_target
-        candidates = [_Node(t, -1, float(s), 1, r + 1)
-                      for r, (t, s) in enumerate(zip(targets, top.values.tolist()))]
+        targets = [i + d2t[i] for i in top_ids[0]]  # head.draft_to_target
+        candidates = [_Node(t, -1, s, 1, r + 1) for r, (t, s) in enumerate(zip(targets, top_values[0]))]
         frontier = list(range(len(candidates)))
         row_of: dict[int, int] = {}  # candidate -> its row in `out_hidden`, the last pass's output
         out_hidden = self.last_hidden  # [1, 1, H] the last committed row's (the depth-1 nodes' parent)
@@ -437,17 +438,17 @@ class Eagle3Proposer:
             # One head pass over the frontier rows: hidden = parent's output, token = node's.
             rows = [row_of.get(candidates[c].parent, 0) for c in frontier]
             hiddens = out_hidden[:, rows[0] : rows[0] + 1] if len(rows) == 1 else out_hidden[:, rows]  # [1, F, H]
-            ids = torch.tensor([[candidates[c].token for c in frontier]], device=device)
+            ids = [candidates[c].token for c in frontier]
             position = self.last_position + depth - 1  # a depth-d node's row is at n + d - 1
             mask = self._tree_mask(candidates, frontier, tree_keys, device)
             out_hidden = self._head_pass(hiddens, ids, [position] * len(frontier), mask, scratch=len(tree_keys))
             tree_keys.extend(frontier)
             row_of = {parent: row for row, parent in enumerate(frontier)}
-            scores = torch.log_softmax(self._ranking(self._logits(out_hidden)[0], context, depth), dim=-1)  # [F, N]
-            child_top = torch.topk(scores, shape.top_k, dim=-1)
-            child_targets = [[i + d2t[i] for i in row] for row in child_top.indices.tolist()]  # [F][top_k]
+            child_values, child_ids = self._top_log_probs(self._ranking(self._logits(out_hidden), context, depth),
+                                                          shape.top_k)  # [F][top_k]
+            child_targets = [[i + d2t[i] for i in row] for row in child_ids]
             children: list[int] = []
-            for parent, tokens, values in zip(frontier, child_targets, child_top.values.tolist()):
+            for parent, tokens, values in zip(frontier, child_targets, child_values):
                 for rank, (token, score) in enumerate(zip(tokens, values)):
                     candidates.append(_Node(token, parent, candidates[parent].score + score, depth, rank + 1))
                     children.append(len(candidates) - 1)
@@ -455,29 +456,41 @@ class Eagle3Proposer:
             frontier = children[: shape.top_k]
         return candidates
 
+    def _top_log_probs(self, scores: Tensor, k: int) -> tuple[list[list[float]], list[list[int]]]:
+        """The k largest log-probabilities of each row of scores [R, N] float32 (its log-softmax)
+        and their draft ids, largest first, as lists [R][k]: torch.topk(torch.log_softmax(scores,
+        -1), k), the same numbers in the same order; one C++ call beside the fused head
+        (models/csrc/head_output.cpp)."""
+        if self.fused is not None:
+            return extension.module().log_softmax_top_k(scores, k)
+        top = torch.topk(torch.log_softmax(scores, dim=-1), k, dim=-1)
+        return top.values.tolist(), top.indices.tolist()
+
     def _ranking(self, logits: Tensor, context: int, depth: int) -> Tensor:
         """What a depth-`depth` draft's candidates are ranked and scored by, from the head's
         logits [..., N] after a context of `context` tokens: the logits, or where the request's
         tokens are Gumbel draws, the logits / T plus the noise of the position they fill
         (coupled_draws.py), float32."""
         if self.coupling is None:
-            return logits.float()
+            return logits if logits.dtype == torch.float32 else logits.float()
         return self.coupling.scores(logits, self.target_ids, self.coupling.position(context, depth),
                                     self.sharpness.value)
 
-    def _head_pass(self, hidden: Tensor, ids: Tensor, positions: list[int], mask: Tensor | None,
+    def _head_pass(self, hidden: Tensor, ids: list[int], positions: list[int], mask: Tensor | None,
                    scratch: int | None = None) -> Tensor:
-        """One head pass over [1, T] rows at `positions` [T] -> their outputs [1, T, H].
+        """One head pass over T rows (hidden [1, T, *], token ids [T]) at `positions` [T] -> their
+        outputs [1, T, H].
         Committed rows (scratch None) extend the head's KV; tree rows (scratch = tree rows
         already in the scratch KV) see it without extending it. mask [1, T, committed +
         scratch + T] or None (causal)."""
         if self.fused is not None:
             first_slot = self.committed + (scratch or 0)
-            return self.fused.run(hidden[0], ids[0], positions, first_slot, self.kv,
+            return self.fused.run(hidden[0], ids, positions, first_slot, self.kv,
                                   None if mask is None else mask[0])[None]
         past = self._scratch_past if scratch else self.past  # the first tree level starts anew
-        out = self.head(hidden, ids, torch.tensor([positions], device=ids.device), attn_mask=mask,
-                        past_kv=past, compute_logits=False)
+        device = hidden.device
+        out = self.head(hidden, torch.tensor([ids], device=device), torch.tensor([positions], device=device),
+                        attn_mask=mask, past_kv=past, compute_logits=False)
         if scratch is None:
             self.past = out.past_kv
         else:
@@ -485,11 +498,11 @@ class Eagle3Proposer:
         return out.hidden
 
     def _logits(self, hidden: Tensor) -> Tensor:
-        """[1, T, H] -> [1, T, N] draft logits (`head.compute_logits`; its ops called directly
-        on the fused path)."""
+        """[1, T, H] -> [T, N] draft logits (`head.compute_logits`; one C++ call on the fused
+        path)."""
         if self.fused is not None:
-            return self.fused.logits(hidden[0])[None]
-        return self.head.compute_logits(hidden)
+            return self.fused.logits(hidden[0])
+        return self.head.compute_logits(hidden)[0]
 
     def _tree_mask(self, candidates: list[_Node], frontier: list[int], tree_keys: list[int],
                    device: torch.device) -> Tensor | None:
@@ -526,4 +539,5 @@ class Eagle3Proposer:
             parents.append(node_of.get(parent, 0))
             ranks.append(candidates[c].rank)
         self.node_ranks = ranks
-        return DraftTree(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long))
+        nodes = torch.tensor([tokens, parents], dtype=torch.long)  # [2, N]: one tensor made per step
+        return DraftTree(nodes[0], nodes[1])
