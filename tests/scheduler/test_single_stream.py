@@ -244,3 +244,38 @@ def test_a_window_of_big_and_small_trees_is_priced_by_its_mean_step() -> None:
     assert window_seconds_per_token([0.027] * 4 + [0.018] * 2, [3] * 4 + [1] * 2) == pytest.approx(0.144 / 14)
     assert window_seconds_per_token([0.006] * 5 + [0.100], [2] * 6) == pytest.approx(0.003)
     assert window_seconds_per_token([0.010, 0.030], [1, 1]) == pytest.approx(0.020)  # too few to judge
+
+
+def test_a_window_of_unlucky_drafts_is_priced_with_the_recent_acceptance() -> None:
+    """Six 5.2 ms steps of one draft each, accepted 55% of the time, pay against 3.9 ms plain
+    steps (1.55 tokens a step: 3.4 ms a token); a window whose drafts were accepted once (7
+    tokens: 4.5 ms a token) is chance, and the mean of the last steps keeps it from a fallback.
+    When acceptance really drops, the mean follows within `history` steps and it falls back."""
+    from eyas.engine.speculative.policy import SpeculationPolicy
+
+    config = PolicyConfig()
+    policy = SpeculationPolicy(config)
+    for _ in range(config.warmup_plain_steps):
+        policy.record_plain(0.0039)
+    lucky = [2, 1, 2, 2, 1, 2, 1, 2, 2, 1, 2, 1]  # 19 tokens in 12 steps: 1.58 a step
+    for emitted in lucky * 3:
+        policy.record_speculative(0.0052, emitted)
+    assert policy.fallbacks == 0
+    for emitted in [1, 1, 1, 2, 1, 1]:  # 7 tokens: judged alone, 4.5 ms a token, a fallback
+        policy.record_speculative(0.0052, emitted)
+    assert policy.fallbacks == 0 and policy.speculate_now()
+    steps = 0
+    while policy.speculate_now():  # the drafts stop being accepted
+        policy.record_speculative(0.0052, 1)
+        steps += 1
+    assert steps <= config.history and policy.plain_left == config.refresh_steps  # plain is old:
+    for _ in range(config.refresh_steps):  # measured again first
+        policy.record_plain(0.0039)
+    assert policy.fallbacks == 1 and policy.plain_left == config.backoff
+
+
+def test_the_policy_history_holds_at_least_a_window() -> None:
+    from eyas.errors import EyasError
+
+    with pytest.raises(EyasError, match="history"):
+        PolicyConfig(window=6, history=4)
