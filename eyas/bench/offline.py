@@ -38,6 +38,7 @@ class OfflineConfig:
     systems: list[str] = field(default_factory=lambda: ["eyas:auto", "eyas:float32", "hf"])
     warmup: int = 1
     num_draft_tokens: int = 4
+    tree: str = "auto"  # EAGLE-3 / Medusa rows without a '~TREE' suffix of their own
 
     def __post_init__(self) -> None:
         if self.num_prompts < 1 or self.max_tokens < 1:
@@ -46,29 +47,46 @@ class OfflineConfig:
             kind, _, option = system.partition(":")
             if kind not in SYSTEM_KINDS:
                 raise EyasError(f"unknown system '{system}'; accepted: {ACCEPTED_SYSTEMS}")
+            if kind == "eyas" and "~" in option:
+                _check_tree(option.rpartition("~")[2], system)
             if kind == "hf-assisted" and not option:
                 raise EyasError("hf-assisted needs its draft model: hf-assisted:ALIAS_OR_PATH "
                                 "(same tokenizer as the target, e.g. hf-assisted:smollm2-135m)")
+        _check_tree(self.tree, "--tree")
+
+
+def _check_tree(tree: str, where: str) -> None:
+    """A clear error for a bad draft tree before any model loads."""
+    from eyas.engine.speculative.proposers.eagle3 import TreeShape
+
+    if tree != "auto":
+        try:
+            TreeShape.parse(tree)
+        except EyasError as error:
+            raise EyasError(f"{where}: {error}; or auto") from None
 
 
 _TARGETS: dict[tuple[str, str], Any] = {}  # one loaded target per (model, precision) per run
 
 
 def eyas_runner(model: str, option: str, max_tokens: int, num_draft_tokens: int,
-                spec_stats: list[dict]) -> tuple[Runner, str]:
-    """option = PRECISION[+DRAFT], e.g. 'auto', 'float32+ngram', 'int4+ngram:3,1,3'."""
+                spec_stats: list[dict], tree: str = "auto") -> tuple[Runner, str]:
+    """option = PRECISION[+DRAFT[~TREE]], e.g. 'auto', 'float32+ngram', 'int4+ngram:3,1,3',
+    'int4+eagle3:smollm2-135m~chain:1' (TREE: that row's draft tree, else `tree`)."""
     from eyas.engine.generate import SamplingParams, generate
     from eyas.engine.speculative.decode import speculative_generate
     from eyas.engine.speculative.methods import build_proposer
     from eyas.engine.target import load_target
 
     precision, _, draft = option.partition("+")
+    draft, _, own_tree = draft.partition("~")
+    tree = own_tree or tree
     key = (model, precision or "auto")
     if key not in _TARGETS:
         _TARGETS[key] = load_target(model, dtype=precision or "auto")
     target = _TARGETS[key]
     params = SamplingParams(max_tokens=max_tokens)
-    proposer = build_proposer(draft or "none", target)
+    proposer = build_proposer(draft or "none", target, tree=tree)
     if proposer is None:
         return (lambda ids: generate(target, ids, params).token_ids), f"eyas plain ({target.precision})"
 
@@ -78,7 +96,8 @@ def eyas_runner(model: str, option: str, max_tokens: int, num_draft_tokens: int,
         return result.token_ids
 
     run.proposer = proposer  # type: ignore[attr-defined]
-    return run, f"eyas {draft} k={num_draft_tokens} ({target.precision})"
+    shown = draft if tree == "auto" else f"{draft} tree {tree}"
+    return run, f"eyas {shown} k={num_draft_tokens} ({target.precision})"
 
 
 def repeated_prompt_ids(config: OfflineConfig, tokenizer) -> list[list[int]]:
@@ -110,7 +129,7 @@ def build_runners(config: OfflineConfig, folder: str) -> list[tuple[Runner, str,
         stats: list[dict] = []
         if kind == "eyas":
             run, name = eyas_runner(config.model, option or "auto", config.max_tokens,
-                                    config.num_draft_tokens, stats)
+                                    config.num_draft_tokens, stats, config.tree)
             runners.append((run, name, stats))
         elif kind in ("hf", "hf-lookup", "hf-assisted"):
             runners.append((*hf_runner(folder, config.max_tokens, lookup=kind == "hf-lookup",

@@ -8,6 +8,7 @@ Examples:
     eyas bench offline --peers                           # + every peer this machine can run
     eyas bench offline --systems "eyas:float32;hf-assisted:smollm2-135m;hf" --num-prompts 4
     eyas bench offline --systems "eyas:float32;eyas:float32+ngram:3,1,3" --num-draft-tokens 6
+    eyas bench offline --systems "eyas:auto;eyas:auto+eagle3:smollm2-135m;eyas:auto+eagle3:smollm2-135m~chain:1"
 
     eyas bench costs --model smollm2-135m --dtype int4   # cost of a pass over T tokens, and its floor
     eyas bench costs --model smollm2-135m --dtype int4 --prefill 512   # and a 512-token prefill
@@ -96,6 +97,10 @@ def _register_offline(sub: argparse._SubParsersAction) -> None:
                               "hf-assisted (draft of --draft model:M, else the target), hf")
     offline.add_argument("--num-draft-tokens", type=int, default=4,
                          help="draft tokens per step for speculative rows (default: %(default)s)")
+    offline.add_argument("--tree", default="auto",
+                         help="draft tree of EAGLE-3 and Medusa rows: auto (sized on measured costs), "
+                              "chain:K or DEPTH,TOPK,TOTAL; one system's own: a '~TREE' suffix, e.g. "
+                              "eyas:auto+eagle3:smollm2-135m~chain:1 (default: %(default)s)")
     offline.add_argument("--output", default=None, help="write the JSON report here")
     offline.set_defaults(func=run_offline_cli)
 
@@ -246,7 +251,7 @@ def run_offline_cli(args: argparse.Namespace) -> int:
     systems = offline_systems(args.model, args.systems, args.draft, args.peers)
     config = OfflineConfig(model=args.model, dataset=args.dataset, num_prompts=args.num_prompts,
                            max_tokens=args.max_tokens, systems=systems,
-                           num_draft_tokens=args.num_draft_tokens)
+                           num_draft_tokens=args.num_draft_tokens, tree=args.tree)
     report = run_offline(config)
     for line in _limits_lines():
         print(line)

@@ -116,3 +116,25 @@ def test_llama_cpp_prefills_every_prompt_whole_on_torchs_threads(monkeypatch, tm
     threads = torch.get_num_threads()
     assert calls == [("init", threads, threads), "reset", ("generate", [1, 2, 3]), "reset",
                      ("generate", [1, 2, 4])]
+
+
+def test_bad_trees_are_refused_before_any_model_loads():
+    with pytest.raises(EyasError, match=re.escape("--tree: bad tree shape 'chain:x'")):
+        OfflineConfig(tree="chain:x")
+    with pytest.raises(EyasError, match=re.escape("eyas:int4+eagle3:smollm2-135m~2,2: bad tree shape")):
+        OfflineConfig(systems=["eyas:int4+eagle3:smollm2-135m~2,2"])
+
+
+def test_a_systems_own_tree_reaches_its_proposer(monkeypatch):
+    """'~TREE' after a row's draft sizes that row's tree; rows without one get --tree."""
+    import types
+
+    from eyas.bench import offline
+    from eyas.engine.speculative import methods
+
+    seen = []
+    monkeypatch.setattr(methods, "build_proposer", lambda spec, target, tree=None: seen.append((spec, tree)))
+    monkeypatch.setitem(offline._TARGETS, ("m", "int4"), types.SimpleNamespace(precision="int4"))
+    offline.eyas_runner("m", "int4+eagle3:h~chain:1", 8, 4, [], "auto")
+    offline.eyas_runner("m", "int4+eagle3:h+ngram", 8, 4, [], "3,2,6")
+    assert seen == [("eagle3:h", "chain:1"), ("eagle3:h+ngram", "3,2,6")]
