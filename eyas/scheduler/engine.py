@@ -134,6 +134,7 @@ class Engine:
             request.request_id = request_id
         if self.config.speculation == "timed":
             request.timing = policy_for(request.proposer, self.config.policy)
+            request.timing.begin_request()
             request.fallbacks_before = request.timing.fallbacks
         with self._wakeup:
             if self._stopping:

@@ -279,3 +279,22 @@ def test_the_policy_history_holds_at_least_a_window() -> None:
 
     with pytest.raises(EyasError, match="history"):
         PolicyConfig(window=6, history=4)
+
+
+def test_each_request_starts_its_acceptance_history_afresh() -> None:
+    """A question asked again is drafted whole (3 tokens a step), the next new question hardly
+    (1): its windows are judged on its own steps, not on the last request's acceptance."""
+    from eyas.engine.speculative.policy import SpeculationPolicy
+
+    config = PolicyConfig()
+    policy = SpeculationPolicy(config)
+    for _ in range(config.warmup_plain_steps):
+        policy.record_plain(0.0039)
+    for _ in range(config.history):
+        policy.record_speculative(0.0052, 3)
+    policy.begin_request()
+    for _ in range(config.window):
+        policy.record_speculative(0.0052, 1)  # 5.2 ms a token against 3.9 (with the last
+    for _ in range(config.refresh_steps):  # request's history: 1.9 ms a token, no fallback)
+        policy.record_plain(0.0039)
+    assert policy.fallbacks == 1 and not policy.speculate_now()

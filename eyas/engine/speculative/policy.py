@@ -20,8 +20,10 @@ they emit vary by step: with one draft a step accepted 55% of the time, a window
 emits 6-12 tokens, and a quarter of such windows accept 2 drafts or fewer. Judged on its own
 tokens, a method that ran 1.09x plain over 16 prompts fell back 25 times and ran at 1.05x (one
 draft a step, SmolLM2 on a 2-core Xeon). So a window is priced at its mean step over the mean
-tokens a step of the last `history` speculative steps (the window's among them): the step time
-follows the machine at once, acceptance over ~8 windows.
+tokens a step of the last `history` speculative steps of the request (the window's among
+them): the step time follows the machine at once, acceptance over up to ~8 windows. Acceptance
+changes from one request to the next (a question asked again is drafted whole by suffix
+decoding, a new one hardly), so a request's history starts empty (`begin_request`).
 
 The plain time a window is judged against may be old: a proposer that pays drafts every step,
 so the plain speed is the one measured before speculation began, while the context grew and
@@ -83,6 +85,11 @@ class SpeculationPolicy:
         self.plain_age = 0  # steps since a plain step last measured the plain speed
         self.pending: float | None = None  # a window's seconds per token, awaiting fresh plain steps
         self.fresh: list[float] = []  # the plain steps measured for it
+
+    def begin_request(self) -> None:
+        """A new request of the stream: its acceptance starts afresh (`history`); the backoff,
+        the plain time and an open window carry over."""
+        self.recent_tokens.clear()
 
     @property
     def plain_seconds_per_token(self) -> float | None:
