@@ -298,3 +298,21 @@ def test_each_request_starts_its_acceptance_history_afresh() -> None:
     for _ in range(config.refresh_steps):  # request's history: 1.9 ms a token, no fallback)
         policy.record_plain(0.0039)
     assert policy.fallbacks == 1 and not policy.speculate_now()
+
+
+def test_a_window_that_spans_two_requests_is_judged_on_its_own_tokens() -> None:
+    """Three steps of the last request (3 tokens each) and three of the new one (1 each): the
+    new request's history is shorter than a window, so the window's own 12 tokens price it
+    (2.6 ms a token, no fallback), not the new request's three steps alone (5.2 ms a token)."""
+    from eyas.engine.speculative.policy import SpeculationPolicy
+
+    config = PolicyConfig()
+    policy = SpeculationPolicy(config)
+    for _ in range(config.warmup_plain_steps):
+        policy.record_plain(0.0039)
+    for _ in range(config.window // 2):
+        policy.record_speculative(0.0052, 3)
+    policy.begin_request()
+    for _ in range(config.window - config.window // 2):
+        policy.record_speculative(0.0052, 1)
+    assert policy.fallbacks == 0 and policy.speculate_now()

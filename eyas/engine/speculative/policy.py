@@ -18,7 +18,7 @@ tree size, and the steps of the big trees are the ones that emit the most tokens
 A window's tokens are its noisy part. Its steps take about the same time each, but the tokens
 they emit vary by step: with one draft a step accepted 55% of the time, a window of 6 steps
 emits 6-12 tokens, and a quarter of such windows accept 2 drafts or fewer. Judged on its own
-tokens, a method that ran 1.09x plain over 16 prompts fell back 25 times and ran at 1.05x (one
+tokens, a method that ran 1.10x plain over 16 prompts fell back 25 times and ran at 1.04x (one
 draft a step, SmolLM2 on a 2-core Xeon). So a window is priced at its mean step over the mean
 tokens a step of the last `history` speculative steps of the request (the window's among
 them): the step time follows the machine at once, acceptance over up to ~8 windows. Acceptance
@@ -128,7 +128,8 @@ class SpeculationPolicy:
         plain = self.plain_seconds_per_token
         if len(self.window_seconds) < self.config.window or plain is None:
             return
-        tokens_per_step = sum(self.recent_tokens) / len(self.recent_tokens)
+        recent = self.recent_tokens  # this request's; fewer than a window: the window's own tokens
+        tokens_per_step = sum(recent) / len(recent) if len(recent) >= self.config.window else None
         speculative = window_seconds_per_token(self.window_seconds, self.window_tokens, tokens_per_step)
         self.window_seconds, self.window_tokens = [], []
         if speculative * self.config.margin > plain and self.plain_age > self.config.stale_after:
