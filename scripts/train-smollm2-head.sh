@@ -72,6 +72,16 @@ compare_with_shipped() {
     done
 }
 
+# A time-budgeted online run on $DEVICE (steps 23-26: micro batches of 16, 1,024 tokens, the
+# draft vocabulary of 8,192, a 2% held-out split), resumable.
+#                     train_on_gpu DATA OUT INIT_HEAD LR EPOCHS MAX_TIME EVAL_SAMPLES SAVE_EVERY
+train_on_gpu() {
+    "$EYAS" train --model smollm2-135m --data "$1" --out "$2" --device "$DEVICE" --init-from "$3" \
+        --ttt-steps "$TTT_STEPS" --draft-vocab-size 8192 --micro-batch-size 16 --max-length 1024 \
+        --lr "$4" --epochs "$5" --max-time "$6" --eval-fraction 0.02 --eval-max-samples "$7" \
+        --save-every "$8" --resume
+}
+
 # 1. ShareGPT user prompts (first turn), PII/DLP filtered, 1,500 characters at most.
 "$EYAS" data prepare --source sharegpt --output-dir "$RUN/prepared" --keep user --max-turns 1 \
     --min-chars 16 --max-chars 1500 --workers 1
@@ -198,10 +208,8 @@ ship "$RUN/stage5/train2/head"
 #     beside a second run on the same H200 (~70,000 alone). DEVICE=cpu runs it too (its
 #     budget then buys about a sixth of an epoch online: raise --max-time).
 DEVICE=${DEVICE:-cuda}
-"$EYAS" train --model smollm2-135m --data "$RUN/stage5/train.tokenized.jsonl" --out "$RUN/stage6/train" \
-    --device "$DEVICE" --init-from "$RUN/stage5/train2/head" --ttt-steps "$TTT_STEPS" \
-    --draft-vocab-size 8192 --micro-batch-size 16 --max-length 1024 --lr 3e-4 --epochs 40 \
-    --max-time 444 --eval-fraction 0.02 --eval-max-samples 200 --save-every 200 --resume
+train_on_gpu "$RUN/stage5/train.tokenized.jsonl" "$RUN/stage6/train" "$RUN/stage5/train2/head" \
+    3e-4 40 444 200 200
 
 # 23b. The same GPU, 120 s more: from that head, at a third of the rate, on those answers
 #     and 3,072 more to prompts of step 1 (written on the GPU by the float32 target through
@@ -209,10 +217,8 @@ DEVICE=${DEVICE:-cuda}
 #     $RUN/stage6/regenerated.jsonl): 3.4 epochs of 8,773 conversations at ~72,000 tokens/s.
 "$EYAS" data render --model smollm2-135m --input "$RUN/stage6/regenerated.jsonl" \
     --output "$RUN/stage6/train.tokenized.jsonl" --max-length 1024
-"$EYAS" train --model smollm2-135m --data "$RUN/stage6/train.tokenized.jsonl" --out "$RUN/stage6/train2" \
-    --device "$DEVICE" --init-from "$RUN/stage6/train/head" --ttt-steps "$TTT_STEPS" \
-    --draft-vocab-size 8192 --micro-batch-size 16 --max-length 1024 --lr 1e-4 --epochs 40 \
-    --max-time 120 --eval-fraction 0.02 --eval-max-samples 100 --save-every 100000 --resume
+train_on_gpu "$RUN/stage6/train.tokenized.jsonl" "$RUN/stage6/train2" "$RUN/stage6/train/head" \
+    1e-4 40 120 100 100000
 
 # 24. Evaluate it beside the shipped head as in step 22, then ship it.
 compare_with_shipped "$RUN/stage6" "$RUN/stage6/train2/head"
@@ -242,18 +248,12 @@ cat "$RUN/stage6/train.tokenized.jsonl" "$RUN/stage7/new.tokenized.jsonl" > "$RU
 # 26. Three runs under time budgets: D1, the sixth-stage head on the 8,773 older conversations
 #     (195 s, beside step 25's generation: ~29,500 tokens/s); D2, D1's head on all 13,465 (210 s
 #     alone, ~71,700 tokens/s); D3, D2's head on them again at half the rate (185 s).
-"$EYAS" train --model smollm2-135m --data "$RUN/stage6/train.tokenized.jsonl" --out "$RUN/stage7/d1" \
-    --device "$DEVICE" --init-from "$RUN/stage6/train2/head" --ttt-steps "$TTT_STEPS" \
-    --draft-vocab-size 8192 --micro-batch-size 16 --max-length 1024 --lr 1e-4 --epochs 60 \
-    --max-time 195 --eval-fraction 0.02 --eval-max-samples 100 --save-every 100000 --resume
-"$EYAS" train --model smollm2-135m --data "$RUN/stage7/train.tokenized.jsonl" --out "$RUN/stage7/d2" \
-    --device "$DEVICE" --init-from "$RUN/stage7/d1/head" --ttt-steps "$TTT_STEPS" \
-    --draft-vocab-size 8192 --micro-batch-size 16 --max-length 1024 --lr 1e-4 --epochs 60 \
-    --max-time 210 --eval-fraction 0.02 --eval-max-samples 100 --save-every 100000 --resume
-"$EYAS" train --model smollm2-135m --data "$RUN/stage7/train.tokenized.jsonl" --out "$RUN/stage7/d3" \
-    --device "$DEVICE" --init-from "$RUN/stage7/d2/head" --ttt-steps "$TTT_STEPS" \
-    --draft-vocab-size 8192 --micro-batch-size 16 --max-length 1024 --lr 5e-5 --epochs 60 \
-    --max-time 185 --eval-fraction 0.02 --eval-max-samples 100 --save-every 100000 --resume
+train_on_gpu "$RUN/stage6/train.tokenized.jsonl" "$RUN/stage7/d1" "$RUN/stage6/train2/head" \
+    1e-4 60 195 100 100000
+train_on_gpu "$RUN/stage7/train.tokenized.jsonl" "$RUN/stage7/d2" "$RUN/stage7/d1/head" \
+    1e-4 60 210 100 100000
+train_on_gpu "$RUN/stage7/train.tokenized.jsonl" "$RUN/stage7/d3" "$RUN/stage7/d2/head" \
+    5e-5 60 185 100 100000
 
 # 27. Evaluate it beside the shipped head as in step 22, then ship it.
 compare_with_shipped "$RUN/stage7" "$RUN/stage7/d3/head"
