@@ -9,7 +9,7 @@ acceptance), `model_call` (the target's forward, prefill passes included), `outp
 
 Usage:
     OMP_NUM_THREADS=2 PYTHONPATH=. python scripts/spec-phases.py --num-prompts 8 --max-tokens 128 \\
-        --draft eagle3:smollm2-135m
+        --draft eagle3:smollm2-135m [--tree chain:1]
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--num-draft-tokens", type=int, default=4)
     parser.add_argument("--draft", default="eagle3:smollm2-135m")
+    parser.add_argument("--tree", default=None, help="EAGLE-3 tree: auto, chain:K or DEPTH,TOPK,TOTAL")
     args = parser.parse_args()
 
     import eyas.engine.speculative.policy as policy
@@ -49,9 +50,10 @@ def main() -> None:
     prompts = [chat_prompt_ids(target.tokenizer, [{"role": "user", "content": q}])
                for q in load_prompt_set("mtbench", args.num_prompts)]
     params = SamplingParams(max_tokens=args.max_tokens)
-    proposer = build_proposer(args.draft, target)
+    proposer = build_proposer(args.draft, target, tree=args.tree)
     seconds: dict[str, collections.Counter] = {"plain": collections.Counter(), "spec": collections.Counter()}
     current = {"system": "plain"}
+    calls: dict[str, collections.Counter] = {"plain": collections.Counter(), "spec": collections.Counter()}
 
     def timed(owner, name: str, label: str) -> None:
         original = getattr(owner, name)
@@ -62,6 +64,7 @@ def main() -> None:
                 return original(*a, **k)
             finally:
                 seconds[current["system"]][label] += time.perf_counter() - started
+                calls[current["system"]][label] += 1
 
         setattr(owner, name, wrapper)
 
@@ -72,7 +75,7 @@ def main() -> None:
     timed(type(target.model), "output_logits", "output_logits")
     generate(target, prompts[0], SamplingParams(max_tokens=8))  # warm-up, not counted
     speculative_generate(target, prompts[0], SamplingParams(max_tokens=8), proposer, args.num_draft_tokens)
-    for counter in seconds.values():
+    for counter in (*seconds.values(), *calls.values()):
         counter.clear()
     tokens = collections.Counter()
     for ids in prompts:
@@ -90,6 +93,10 @@ def main() -> None:
     for system, label in (("plain", "plain"), ("spec", args.draft)):
         parts = " ".join(f"{k}={v * 1e3 / tokens[system]:.3f}" for k, v in sorted(seconds[system].items()))
         print(f"{label}: {tokens[system]} tokens; ms per token: {parts}")
+        steps = calls[system]["verify"]
+        per_step = " ".join(f"{k}={v * 1e3 / steps:.3f}" for k, v in sorted(seconds[system].items())
+                            if k not in ("wall", "prefill"))
+        print(f"{label}: {steps} verifying steps, {tokens[system] / steps:.2f} tokens a step; ms per step: {per_step}")
 
 
 if __name__ == "__main__":

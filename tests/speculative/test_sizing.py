@@ -103,7 +103,29 @@ def test_passes_are_timed_in_rounds_so_a_burst_of_load_hits_every_size_once(monk
         return step
 
     medians = sizing._interleaved_medians({size: step_of(size) for size in cost}, repeats=3)
-    assert calls == [1, 2, 4] * 4  # a warm-up, then three rounds
+    assert calls == [4, 2, 1] * 4  # a warm-up, then three rounds, each from the largest down
+    assert medians == cost
+
+
+def test_each_pass_is_timed_after_the_next_larger_one_as_in_decoding(monkeypatch):
+    """A pass of few rows right after a wide one runs slower (a fake clock: a pass of under 16
+    rows costs 2 ms more right after a 64-token pass). Rounds from the largest size down time
+    the one-token pass after a two-token one; in increasing order every round timed it after
+    the last round's 64."""
+    from eyas.engine.speculative import sizing
+
+    clock, calls = [0.0], []
+    monkeypatch.setattr(sizing.time, "perf_counter", lambda: clock[0])
+    cost = {1: 3.0, 2: 3.5, 32: 22.0, 64: 40.0}
+
+    def step_of(size):
+        def step():
+            after_wide = bool(calls) and calls[-1] == 64
+            calls.append(size)
+            clock[0] += cost[size] + (2.0 if after_wide and size < 16 else 0.0)
+        return step
+
+    medians = sizing._interleaved_medians({size: step_of(size) for size in (1, 2, 32, 64)}, repeats=5)
     assert medians == cost
 
 
