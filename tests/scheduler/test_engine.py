@@ -322,3 +322,44 @@ def test_a_finished_request_lets_go_of_its_draft_models_cache(tiny_target):
         served.shutdown()
     assert request.proposer is None
     assert finals[0].speculative is not None and finals[0].speculative["draft_tokens"] > 0
+
+
+class StateRecorder:
+    """An observer that keeps every queue and KV report the engine sends."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.queues: list[tuple[int, int]] = []
+        self.rows_in_use: list[int] = []
+
+    def step_finished(self, stats) -> None:
+        self.steps += 1
+
+    def request_finished(self, request) -> None:
+        pass
+
+    def queue_changed(self, running: int, waiting: int) -> None:
+        self.queues.append((running, waiting))
+
+    def kv_changed(self, rows_in_use: int, rows: int, slots: int, cache_bytes: int) -> None:
+        self.rows_in_use.append(rows_in_use)
+
+
+def test_the_queue_and_kv_gauges_are_reported_when_they_change_not_every_step(tiny_target):
+    recorder = StateRecorder()
+    engine = Engine(tiny_target, EngineConfig(max_running=2, initial_kv_slots=64), draft="none",
+                    observer=recorder).start()
+    try:
+        prompt = tiny_target.tokenizer.encode("The quick brown fox")
+        engine.generate_many([prompt, prompt], SamplingParams(max_tokens=24), timeout=120)
+        deadline = time.monotonic() + 10
+        while engine.num_running and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.1)
+    finally:
+        engine.shutdown()
+    assert recorder.steps >= 24  # one decode step a token at least
+    assert len(recorder.rows_in_use) == len(recorder.queues) + 1  # + the empty pool, at start
+    assert len(recorder.queues) < recorder.steps / 2
+    assert (2, 0) in recorder.queues  # both running
+    assert recorder.queues[-1] == (0, 0) and recorder.rows_in_use[-1] == 0  # idle, reported
