@@ -281,15 +281,15 @@ class Engine:
         changed, and every `every_s` seconds. (Every step, this cost a one-token step ~1% of
         its time behind the server.)"""
         cache = self.prefix_cache
-        state = (self.num_running, self.num_waiting, self.pool.num_free, self.pool.slots,
+        running, waiting, free, slots = self.num_running, self.num_waiting, self.pool.num_free, self.pool.slots
+        state = (running, waiting, free, slots,
                  cache.queries if cache is not None else 0, cache.evictions if cache is not None else 0)
         now = time.monotonic()
         if state == self._reported and now - self._reported_at < every_s:
             return
         self._reported, self._reported_at = state, now
-        self.observer.queue_changed(self.num_running, self.num_waiting)
-        self.observer.kv_changed(self.pool.rows - self.pool.num_free, self.pool.rows,
-                                 self.pool.slots, self.kv_cache_bytes)
+        self.observer.queue_changed(running, waiting)
+        self.observer.kv_changed(self.pool.rows - free, self.pool.rows, slots, self.kv_cache_bytes)
         if cache is not None and hasattr(self.observer, "prefix_cache_changed"):
             self.observer.prefix_cache_changed(cache.stats())
 
