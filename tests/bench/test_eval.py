@@ -54,7 +54,7 @@ def test_bad_config_names_what_is_accepted():
 
 
 def test_eval_cli_self_draft_on_smollm2(tmp_path, capsys):
-    code = main(["eval", "--model", "smollm2-135m", "--dtype", "float32", "--draft", "self",
+    code = main(["eval", "--model", "smollm2-135m", "--dtype", "int4", "--draft", "self",
                  "--num-draft-tokens", "3", "--num-prompts", "2", "--max-tokens", "12",
                  "--output-dir", str(tmp_path), "--no-progress"])
     assert code == 0

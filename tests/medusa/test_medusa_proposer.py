@@ -113,10 +113,11 @@ def test_bad_specs_are_user_errors(tiny_target, heads_dir, tmp_path) -> None:
 
 
 @pytest.mark.parametrize("prompts,tokens", [(2, 32), pytest.param(8, 64, marks=pytest.mark.slow)])
-def test_smollm2_greedy_equals_plain(smollm_target, mtbench_prompt_ids, prompts, tokens) -> None:
-    """A random (untrained) set of 4 heads reading SmolLM2's own output layer."""
-    proposer = MedusaProposer(random_heads(smollm_target, num_heads=4))
-    totals = assert_greedy_equals_plain(smollm_target, mtbench_prompt_ids[:prompts], proposer, 6, tokens)
+def test_smollm2_greedy_equals_plain(smollm_int4_target, mtbench_prompt_ids, prompts, tokens) -> None:
+    """A random (untrained) set of 4 heads reading SmolLM2's own output layer (int4)."""
+    target = smollm_int4_target
+    proposer = MedusaProposer(random_heads(target, num_heads=4))
+    totals = assert_greedy_equals_plain(target, mtbench_prompt_ids[:prompts], proposer, 6, tokens)
     assert totals["draft_tokens"] > 0
 
 

@@ -7,6 +7,7 @@ Int4Linear takes the kernel's layout where the extension has one."""
 import contextlib
 import os
 import shutil
+import time
 from unittest import mock
 
 import pytest
@@ -417,6 +418,34 @@ def test_every_column_block_is_computed_once_on_any_thread_count_and_split(rows)
     finally:
         torch.set_num_threads(threads)
         ext.set_pool_split("segments")
+
+
+def test_workers_beyond_the_thread_count_are_not_woken():
+    """After the thread count is lowered (7, then 2), a region wakes only the worker it runs on;
+    the surplus workers sleep (csrc/worker_pool.h). Woken by every region, each spun for its
+    while, and five spinning threads on 2 cores made every later int4 pass 2-3x slower."""
+    ext = int8dot()
+    torch.manual_seed(4)
+    out, width = 16 * 64, 64
+    packed = ext.int4_pack(torch.randint(0, 16, (out, width)), torch.rand(out, width // 32) * 0.1,
+                           -torch.rand(out, width // 32) * 0.5)
+    x = torch.randn(1, width)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(7)
+        expected = ext.int4_linear(x, packed)  # six workers at least
+        torch.set_num_threads(2)
+        time.sleep(0.05)  # idle workers sleep after ~0.2 ms of spinning
+        before = ext.pool_worker_wakeups()
+        assert len(before) >= 6
+        for _ in range(40):
+            assert torch.equal(ext.int4_linear(x, packed), expected)
+            time.sleep(0.002)  # long enough for the one worker to fall asleep in between
+        after = ext.pool_worker_wakeups()
+        assert after[0] > before[0]  # the worker a 2-thread region runs on, woken for it
+        assert after[1:len(before)] == before[1:]  # the others never
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_int4_linear_takes_the_int8dot_layout_where_it_can_and_both_layouts_agree():

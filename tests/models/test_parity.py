@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+from contextlib import contextmanager
+
 import pytest
 import torch
 
@@ -30,9 +33,32 @@ def hf_model(folder):
 
     gguf = gguf_file(Path(folder))
     if gguf is not None:
-        return AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
-                                                    dtype=torch.float32).eval()
+        with gguf_metadata_read_once():
+            return AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                                        dtype=torch.float32).eval()
     return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+@contextmanager
+def gguf_metadata_read_once():
+    """transformers parses a GGUF's metadata twice (config, then weights) and rebuilds gguf's
+    tensor-name map once per module (~400 times): ~25 s of SmolLM2's ~28 s load. Both are pure
+    functions of their arguments; memoized while loading, the weights read are the same."""
+    import gguf
+
+    saved = gguf.GGUFReader, gguf.get_tensor_name_map
+    gguf.GGUFReader = functools.lru_cache(maxsize=None)(saved[0])
+    gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(saved[1])
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = saved
+
+
+@pytest.fixture(scope="module")
+def smollm2_reference(smollm_target):
+    """transformers' SmolLM2, read from the same GGUF, loaded once for this module's tests."""
+    return hf_model(str(smollm_target.folder))
 
 
 @pytest.mark.parametrize("name", list(ARCHITECTURES))
@@ -72,8 +98,9 @@ def test_taps_are_the_residual_stream_entering_each_layer(tiny_target, tiny_mode
     assert torch.allclose(tiny_target.model.lm_head(out.hidden), out.logits, atol=1e-5)
 
 
-def test_smollm2_logits_match_transformers_on_real_prompts(smollm_target, mtbench_prompt_ids):
-    reference = hf_model(str(smollm_target.folder))
+def test_smollm2_logits_match_transformers_on_real_prompts(smollm_target, smollm2_reference,
+                                                           mtbench_prompt_ids):
+    reference = smollm2_reference
     for prompt in mtbench_prompt_ids[:2]:
         ids = torch.tensor([prompt])
         with torch.no_grad():
@@ -82,11 +109,12 @@ def test_smollm2_logits_match_transformers_on_real_prompts(smollm_target, mtbenc
         assert torch.allclose(got, expected, atol=1e-4, rtol=0), (got - expected).abs().max()
 
 
-def test_smollm2_greedy_tokens_match_transformers(smollm_target, mtbench_prompt_ids):
+def test_smollm2_greedy_tokens_match_transformers(smollm_target, smollm2_reference,
+                                                  mtbench_prompt_ids):
     from eyas.engine.generate import generate
     from eyas.engine.sampling import SamplingParams
 
-    reference = hf_model(str(smollm_target.folder))
+    reference = smollm2_reference
     prompt = mtbench_prompt_ids[2]
     with torch.no_grad():
         hf_out = reference.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=32,

@@ -45,16 +45,18 @@ def test_suffix_serving_on_the_tiny_model_equals_plain(tiny_target, overlap):
     assert "eyas:suffix_store_hits_total" in text and "eyas:suffix_store_max_bytes" in text
 
 
-def test_suffix_serving_on_smollm_equals_plain_and_drafts_the_repeats(smollm_target, smollm_tokenizer,
+def test_suffix_serving_on_smollm_equals_plain_and_drafts_the_repeats(smollm_int4_target, smollm_tokenizer,
                                                                       mtbench_prompt_ids):
-    """Two MT-Bench and two code prompts served at once, then again: the second round drafts
-    the first round's answers from the shared store; every output is the plain one."""
+    """Two MT-Bench and two code prompts served at once, then again (SmolLM2 in int4): the
+    second round drafts the first round's answers from the shared store; every output is the
+    plain one."""
+    target = smollm_int4_target
     code = [chat_prompt_ids(smollm_tokenizer, [{"role": "user", "content": q}]) for q in CODE_PROMPTS[:2]]
     prompts = mtbench_prompt_ids[:2] + code
     params = SamplingParams(max_tokens=32)
-    plain = [generate(smollm_target, p, params).token_ids for p in prompts]
+    plain = [generate(target, p, params).token_ids for p in prompts]
     config = EngineConfig(max_running=4, prefill_chunk=64, initial_kv_slots=64, speculation="always")
-    engine = Engine(smollm_target, config, draft="suffix:4").start()
+    engine = Engine(target, config, draft="suffix:4").start()
     try:
         first = engine.generate_many(prompts, params, 300)
         second = engine.generate_many(prompts, params, 300)
@@ -65,12 +67,12 @@ def test_suffix_serving_on_smollm_equals_plain_and_drafts_the_repeats(smollm_tar
     assert accepted[1] > max(accepted[0], len(prompts) * 16)  # most of each answer was drafted
 
 
-@pytest.mark.slow  # the shipped head and suffix decoding through the engine: ~1 minute on 2 cores
-def test_eagle3_with_suffix_serving_on_smollm_equals_plain(smollm_target, mtbench_prompt_ids):
+def test_eagle3_with_suffix_serving_on_smollm_equals_plain(smollm_int4_target, mtbench_prompt_ids):
+    target = smollm_int4_target
     prompts = mtbench_prompt_ids[:4]
     params = SamplingParams(max_tokens=32)
-    plain = [generate(smollm_target, p, params).token_ids for p in prompts]
-    (first, second), engine = serve(smollm_target, "eagle3:smollm2-135m+suffix:4", prompts, params,
+    plain = [generate(target, p, params).token_ids for p in prompts]
+    (first, second), engine = serve(target, "eagle3:smollm2-135m+suffix:4", prompts, params,
                                     prefill_chunk=64, tree="auto")
     assert first == plain and second == plain
     assert engine.proposers.suffix_store().hits > 0
@@ -127,7 +129,6 @@ def test_one_ragged_pass_over_rows_of_mixed_draft_lengths_equals_plain(tiny_targ
     assert counter.most_passes == 1 and counter.padded_steps == 0 and counter.mixed_steps > 0
 
 
-@pytest.mark.slow  # SmolLM2-135M int4 through the engine: ~1 minute on 2 cores
 def test_ragged_passes_of_the_int4_target_with_suffix_drafts_equal_plain(smollm_int4_target, smollm_tokenizer,
                                                                           mtbench_prompt_ids):
     """The int4 target's ragged passes (the C++ stack with each row's own sequence): two

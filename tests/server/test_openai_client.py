@@ -111,13 +111,15 @@ def test_models_lists_the_served_model(tiny_server):
 
 
 @pytest.mark.parametrize("draft", ["ngram:3,1,3", "none"])
-def test_smollm2_outputs_equal_plain_greedy(smollm_target, draft):
-    """The central invariant through the whole server, on the real model, batched."""
+def test_smollm2_outputs_equal_plain_greedy(smollm_int4_target, draft):
+    """The central invariant through the whole server, on the real model (int4, as served by
+    default), batched."""
     from eyas.bench.prompts import CODE_PROMPTS, mtbench_first_turns
 
+    target = smollm_int4_target
     questions = mtbench_first_turns(2) + CODE_PROMPTS[:1]
-    expected = [plain_chat(smollm_target, q, 24).text for q in questions]
-    served = start_server(smollm_target, "smollm2", draft=draft, max_running=4)
+    expected = [plain_chat(target, q, 24).text for q in questions]
+    served = start_server(target, "smollm2", draft=draft, max_running=4)
     try:
         client = served.client()
         with ThreadPoolExecutor(6) as pool:

@@ -92,11 +92,12 @@ def test_the_shipped_head_is_accepted_more_with_coupled_draws(smollm_int4_target
     from eyas.engine.speculative.methods import build_proposer
 
     accepted = {False: 0, True: 0}
+    proposers = {coupled: build_proposer("eagle3:smollm2-135m", smollm_int4_target, tree="chain:1")
+                 for coupled in (False, True)}  # each begins afresh with every request
     for index, prompt in enumerate(mtbench_prompt_ids[:4]):
         params = SamplingParams(max_tokens=48, temperature=1.0, seed=index, ignore_eos=True)
         plain = generate(smollm_int4_target, prompt, params).token_ids
-        for coupled in (False, True):
-            proposer = build_proposer("eagle3:smollm2-135m", smollm_int4_target, tree="chain:1")
+        for coupled, proposer in proposers.items():
             spec = _decode(smollm_int4_target, prompt, params, proposer, monkeypatch, coupled)
             assert spec.token_ids == plain
             accepted[coupled] += spec.stats["speculative"]["accepted_tokens"]

@@ -1,6 +1,6 @@
 """Under a JSON schema (grammar mask on every tree node, forbidden drafts pruned), greedy
 speculative output equals plain greedy output under the same schema, single-stream and
-batched, with n-gram drafts and the shipped EAGLE-3 head; on SmolLM2-135M (float32)."""
+batched, with n-gram drafts and the shipped EAGLE-3 head; on SmolLM2-135M in int4."""
 
 from __future__ import annotations
 
@@ -21,22 +21,27 @@ CASES = [0, 3, 7]  # person, sentiment enum, prime (integer + boolean)
 
 
 @pytest.fixture(scope="module")
-def grammars(smollm_target):
-    return [compile_grammar(GrammarSpec("json_schema", SCHEMAS[i][1]), smollm_target.tokenizer,
-                            smollm_target.config.vocab_size, sorted(smollm_target.eos_token_ids))
+def target(smollm_int4_target):
+    return smollm_int4_target
+
+
+@pytest.fixture(scope="module")
+def grammars(target):
+    return [compile_grammar(GrammarSpec("json_schema", SCHEMAS[i][1]), target.tokenizer,
+                            target.config.vocab_size, sorted(target.eos_token_ids))
             for i in CASES]
 
 
 @pytest.fixture(scope="module")
-def prompts(smollm_target):
-    every = chat_prompts(smollm_target)
+def prompts(target):
+    every = chat_prompts(target)
     return [every[i] for i in CASES]
 
 
 @pytest.fixture(scope="module")
-def plain_constrained(smollm_target, prompts, grammars):
+def plain_constrained(target, prompts, grammars):
     params = SamplingParams(max_tokens=NEW_TOKENS)
-    return [generate(smollm_target, p, params, logits_processors=[g.constraint()])
+    return [generate(target, p, params, logits_processors=[g.constraint()])
             for p, g in zip(prompts, grammars)]
 
 
@@ -46,28 +51,28 @@ def test_plain_output_under_the_schema_is_valid_json(plain_constrained):
         assert follows(json.loads(result.text), SCHEMAS[case][1]), result.text
 
 
-@pytest.mark.parametrize("draft", ["ngram:3,1,3", pytest.param("eagle3:smollm2-135m", marks=pytest.mark.slow)])
-def test_single_stream_speculative_under_a_schema_equals_plain(smollm_target, prompts, grammars,
+@pytest.mark.parametrize("draft", ["ngram:3,1,3", "eagle3:smollm2-135m"])
+def test_single_stream_speculative_under_a_schema_equals_plain(target, prompts, grammars,
                                                                plain_constrained, draft):
     params = SamplingParams(max_tokens=NEW_TOKENS)
     drafted = 0
     for prompt, grammar, expected in zip(prompts, grammars, plain_constrained):
-        proposer = build_proposer(draft, smollm_target, "chain:3" if draft.startswith("eagle3") else None)
-        result = speculative_generate(smollm_target, prompt, params, proposer, 4, policy=ALWAYS_SPECULATE,
+        proposer = build_proposer(draft, target, "chain:3" if draft.startswith("eagle3") else None)
+        result = speculative_generate(target, prompt, params, proposer, 4, policy=ALWAYS_SPECULATE,
                                       logits_processors=[grammar.constraint()])
         assert result.token_ids == expected.token_ids
         drafted += result.stats["speculative"]["draft_tokens"]
     assert drafted > 0
 
 
-@pytest.mark.parametrize("draft", ["ngram:3,1,3", pytest.param("eagle3:smollm2-135m", marks=pytest.mark.slow)])
-def test_batched_engine_under_a_schema_equals_plain(smollm_target, prompts, grammars, plain_constrained,
+@pytest.mark.parametrize("draft", ["ngram:3,1,3", "eagle3:smollm2-135m"])
+def test_batched_engine_under_a_schema_equals_plain(target, prompts, grammars, plain_constrained,
                                                     draft):
     from eyas.scheduler.config import EngineConfig
     from eyas.scheduler.engine import Engine
 
     config = EngineConfig(max_running=4, prefill_chunk=32, initial_kv_slots=64, speculation="always")
-    engine = Engine(smollm_target, config, draft=draft).start()
+    engine = Engine(target, config, draft=draft).start()
     try:  # one constraint per prompt: a constraint holds its request's grammar state
         results = engine.generate_many(prompts, SamplingParams(max_tokens=NEW_TOKENS), 900,
                                        logits_processors=[[g.constraint()] for g in grammars])

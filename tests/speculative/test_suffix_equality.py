@@ -1,7 +1,7 @@
-"""`--draft suffix` on the real model: greedy output token-identical to plain decoding (alone
-and grafted onto the shipped EAGLE-3 head, MT-Bench and code prompts, each asked twice so that
-the global store drafts too), and sampling at temperature 1 follows the target exactly with
-suffix trees verified at every step."""
+"""`--draft suffix` on the real model (SmolLM2 in int4): greedy output token-identical to plain
+decoding (alone and grafted onto the shipped EAGLE-3 head, MT-Bench and code prompts, each asked
+twice so that the global store drafts too), and sampling at temperature 1 follows the target
+exactly with suffix trees verified at every step."""
 
 from __future__ import annotations
 
@@ -27,26 +27,32 @@ FIXED_COSTS = CostModel({1: 5.0e-3, 16: 5.0e-3 + 15 * 1.8e-3, 64: 5.0e-3 + 63 * 
 
 
 @pytest.fixture(scope="module")
+def target(smollm_int4_target):
+    """SmolLM2 in int4, as served by default (the fused C++ layers verify the trees)."""
+    return smollm_int4_target
+
+
+@pytest.fixture(scope="module")
 def prompts(smollm_tokenizer, mtbench_prompt_ids) -> list[list[int]]:
     code = [chat_prompt_ids(smollm_tokenizer, [{"role": "user", "content": q}]) for q in CODE_PROMPTS[:2]]
     return mtbench_prompt_ids[:2] + code
 
 
 @pytest.fixture(scope="module")
-def plain_outputs(smollm_target, prompts):
+def plain_outputs(target, prompts):
     params = SamplingParams(max_tokens=NEW_TOKENS)
-    return [generate(smollm_target, p, params).token_ids for p in prompts]
+    return [generate(target, p, params).token_ids for p in prompts]
 
 
-def test_suffix_greedy_equals_plain_and_the_store_drafts_the_second_ask(smollm_target, prompts,
-                                                                          plain_outputs):
-    proposer = build_proposer("suffix:4", smollm_target)
+def test_suffix_greedy_equals_plain_and_the_store_drafts_the_second_ask(target, prompts,
+                                                                       plain_outputs):
+    proposer = build_proposer("suffix:4", target)
     proposer.use_costs(FIXED_COSTS)
     counters = ("draft_tokens", "accepted_tokens", "verification_steps", "plain_steps")
-    first = assert_greedy_equals_plain(smollm_target, prompts, proposer, 16, NEW_TOKENS, plain_outputs,
+    first = assert_greedy_equals_plain(target, prompts, proposer, 16, NEW_TOKENS, plain_outputs,
                                        counters=counters)
     assert proposer.store.stats()["documents"] == len(prompts)  # every output was stored
-    second = assert_greedy_equals_plain(smollm_target, prompts, proposer, 16, NEW_TOKENS, plain_outputs,
+    second = assert_greedy_equals_plain(target, prompts, proposer, 16, NEW_TOKENS, plain_outputs,
                                         counters=counters)
     assert first["draft_tokens"] > 0
     # the same prompts again: the answers are in the store, most of them are drafted
@@ -67,10 +73,10 @@ def test_suffix_on_the_tiny_model_equals_plain_and_the_store_helps_the_second_as
     assert proposer.store.stats()["hits"] > 0
 
 
-def test_eagle3_with_suffix_graft_greedy_equals_plain(smollm_target, prompts, plain_outputs):
-    proposer = build_proposer("eagle3:smollm2-135m+suffix:4", smollm_target, tree="auto")
-    first = assert_greedy_equals_plain(smollm_target, prompts, proposer, 16, NEW_TOKENS, plain_outputs)
-    second = assert_greedy_equals_plain(smollm_target, prompts, proposer, 16, NEW_TOKENS, plain_outputs)
+def test_eagle3_with_suffix_graft_greedy_equals_plain(target, prompts, plain_outputs):
+    proposer = build_proposer("eagle3:smollm2-135m+suffix:4", target, tree="auto")
+    first = assert_greedy_equals_plain(target, prompts, proposer, 16, NEW_TOKENS, plain_outputs)
+    second = assert_greedy_equals_plain(target, prompts, proposer, 16, NEW_TOKENS, plain_outputs)
     assert first["accepted_tokens"] > 0
     assert second["accepted_tokens"] > first["accepted_tokens"]  # the store's branches help
     assert proposer.grafted > 0

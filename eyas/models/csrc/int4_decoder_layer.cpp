@@ -584,6 +584,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_int4_prefetch", &eyas::set_int4_prefetch, "Sets it (int4_gemm.cpp)");
   m.def("pool_split", &eyas::pool_split_name, "How the worker pool hands out a region: 'segments' or 'chunks'");
   m.def("set_pool_split", &eyas::set_pool_split, "Sets it (worker_pool.h)");
+  m.def("pool_worker_wakeups", [] { return eyas::WorkerPool::instance().wakeups(); },
+        "How many times each pool worker has woken from its sleep (worker_pool.h)");
   m.def("int4_pack", &eyas::int4_pack, "codes [O, I], scale, minimum [O, I/32] -> packed (int4_gemm.cpp)");
   m.def("int4_linear", &eyas::int4_linear, "x [N, I] float32 -> [N, O] float32 (int4_gemm.cpp)");
   m.def("torch_rms_norm", &eyas::torch_rms_norm, "F.rms_norm of x [T, H] float32, the same bits (head_output.cpp)");

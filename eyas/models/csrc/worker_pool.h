@@ -23,7 +23,11 @@
 // longer than with one fixed half per thread (OpenMP's). Where one thread runs a whole region
 // (the other descheduled), it still reads it front to back.
 // Idle workers spin for a short while (the next region of a pass is microseconds away), then
-// sleep on a futex, so an idle server burns no core.
+// sleep on a futex, so an idle server burns no core. Each worker sleeps on a word of its own, and
+// a region wakes only the workers it runs on: after torch.set_num_threads lowers the count (from
+// 7 to 2, say), the workers beyond it sleep at once and stay asleep. (With one word for all, each
+// region woke every worker and each spun for its while: 5 spinning threads on 2 cores made every
+// later int4 pass 2-3x slower.)
 // A chunk's values must not depend on how the range was cut (every caller's contract: a row, a
 // block of columns, an attention work item computes the same bits in any chunk on any thread).
 //
@@ -43,6 +47,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -116,9 +121,12 @@ class WorkerPool {
     done_.store(0, std::memory_order_relaxed);
     failed_.store(false, std::memory_order_relaxed);
     word_.store(pack(generation, 0), std::memory_order_seq_cst);
-    if (sleepers_.load(std::memory_order_seq_cst) > 0) {
-      wake_.fetch_add(1, std::memory_order_seq_cst);
-      syscall(SYS_futex, reinterpret_cast<uint32_t*>(&wake_), FUTEX_WAKE_PRIVATE, INT32_MAX, nullptr, nullptr, 0);
+    for (int i = 0; i + 1 < threads; ++i) {  // the workers this region runs on, where asleep
+      Slot& slot = slots_[i];
+      if (slot.sleeping.load(std::memory_order_seq_cst)) {
+        slot.wake.fetch_add(1, std::memory_order_seq_cst);
+        syscall(SYS_futex, reinterpret_cast<uint32_t*>(&slot.wake), FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
+      }
     }
     // 2. Work like a worker, then wait for the chunks still running elsewhere.
     in_pool_region() = true;
@@ -137,7 +145,23 @@ class WorkerPool {
     return waited;
   }
 
+  // How many times each worker has woken from its futex sleep (tests check that the workers
+  // beyond a region's thread count are not woken).
+  std::vector<int64_t> wakeups() {
+    std::lock_guard<std::mutex> one_region(region_mutex_);
+    std::vector<int64_t> counts;
+    for (const Slot& slot : slots_) counts.push_back(slot.wakeups.load(std::memory_order_relaxed));
+    return counts;
+  }
+
  private:
+  // A worker's futex word, whether it sleeps on it, and how often it woke.
+  struct alignas(64) Slot {
+    std::atomic<uint32_t> wake{0};
+    std::atomic<int> sleeping{0};
+    std::atomic<int64_t> wakeups{0};
+  };
+
   // The word: generation (high bits), a "being written" flag, the offset of the next unclaimed
   // index from the region's begin (low 40 bits).
   static constexpr int kGenerationShift = 41;
@@ -168,12 +192,34 @@ class WorkerPool {
 
   WorkerPool() = default;
 
-  void ensure_workers(int wanted) {
+  void ensure_workers(int wanted) {  // under region_mutex_
     while (int(workers_) < wanted) {
       const int index = int(workers_);
-      std::thread([this, index] { worker(index); }).detach();
+      Slot& slot = slots_.emplace_back();  // a deque: the slots already handed out stay put
+      std::thread([this, index, &slot] { worker(index, slot); }).detach();
       ++workers_;
     }
+  }
+
+  // Whether the newest published region runs on worker `index` (a region being written, or one
+  // already seen, does not).
+  bool wanted(int index, uint64_t seen) const {
+    const uint64_t word = word_.load(std::memory_order_seq_cst);
+    return (word >> kGenerationShift) != seen && !(word & kWriting) &&
+           index + 1 < job_threads_.load(std::memory_order_relaxed);
+  }
+
+  // Sleeps on the worker's own word until a region that runs on it is published (the caller of
+  // `run` wakes only those); the sleeping flag is set before the region is checked, and the caller
+  // publishes the region before it reads the flag, so no wake-up is lost.
+  void sleep(int index, uint64_t seen, Slot& slot) {
+    slot.sleeping.store(1, std::memory_order_seq_cst);
+    const uint32_t ticket = slot.wake.load(std::memory_order_seq_cst);
+    if (!wanted(index, seen)) {
+      syscall(SYS_futex, reinterpret_cast<uint32_t*>(&slot.wake), FUTEX_WAIT_PRIVATE, ticket, nullptr, nullptr, 0);
+      slot.wakeups.fetch_add(1, std::memory_order_relaxed);
+    }
+    slot.sleeping.store(0, std::memory_order_seq_cst);
   }
 
   // Claims and runs chunks of region `generation` until none is left or a newer region began;
@@ -261,7 +307,7 @@ class WorkerPool {
     return finished;
   }
 
-  [[noreturn]] void worker(int index) {
+  [[noreturn]] void worker(int index, Slot& slot) {
     in_pool_region() = true;
     uint64_t seen = word_.load(std::memory_order_acquire) >> kGenerationShift;
     while (true) {
@@ -271,28 +317,24 @@ class WorkerPool {
       for (int spins = 0; (word >> kGenerationShift) == seen || (word & kWriting); ++spins) {
         EYAS_PAUSE();
         if ((spins & 63) == 63 && std::chrono::steady_clock::now() > spin_until) {
-          sleepers_.fetch_add(1, std::memory_order_seq_cst);
-          const uint32_t ticket = wake_.load(std::memory_order_seq_cst);
-          word = word_.load(std::memory_order_seq_cst);
-          if ((word >> kGenerationShift) == seen || (word & kWriting))
-            syscall(SYS_futex, reinterpret_cast<uint32_t*>(&wake_), FUTEX_WAIT_PRIVATE, ticket, nullptr, nullptr, 0);
-          sleepers_.fetch_sub(1, std::memory_order_seq_cst);
+          sleep(index, seen, slot);
           spins = 0;
         }
         word = word_.load(std::memory_order_acquire);
       }
       seen = word >> kGenerationShift;
-      // 2. Join it, unless it wants fewer threads than this worker's place.
+      // 2. Join it, unless it wants fewer threads than this worker's place: then sleep at once,
+      // until a region that runs on this worker wakes it.
       if (index + 1 < job_threads_.load(std::memory_order_relaxed)) work(seen, index + 1);
+      else sleep(index, seen, slot);
     }
   }
 
   std::mutex region_mutex_;
   int workers_ = 0;
+  std::deque<Slot> slots_;  // one per worker, in its index's order
   alignas(64) std::atomic<uint64_t> word_{0};
   alignas(64) std::atomic<int64_t> done_{0};
-  alignas(64) std::atomic<uint32_t> wake_{0};
-  std::atomic<int> sleepers_{0};
   alignas(64) std::atomic<void (*)(const void*, int64_t, int64_t)> job_call_{nullptr};
   std::atomic<const void*> job_body_{nullptr};
   std::atomic<int64_t> job_begin_{0}, job_count_{0}, job_grain_{1}, job_threads_{1};
