@@ -93,7 +93,8 @@ def test_the_shipped_head_is_accepted_more_with_coupled_draws(smollm_int4_target
 
     accepted = {False: 0, True: 0}
     proposers = {coupled: build_proposer("eagle3:smollm2-135m", smollm_int4_target, tree="chain:1")
-                 for coupled in (False, True)}  # each begins afresh with every request
+                 for coupled in (False, True)}  # one per setting for all prompts: the learned
+    # sharpness carries over, as the server's per-request copies share it
     for index, prompt in enumerate(mtbench_prompt_ids[:4]):
         params = SamplingParams(max_tokens=48, temperature=1.0, seed=index, ignore_eos=True)
         plain = generate(smollm_int4_target, prompt, params).token_ids
