@@ -2,7 +2,7 @@
 // int4_decoder_layer.cpp, which binds them to Python. Which instructions run it: int8dot.h.
 #pragma once
 
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 
 #include <functional>
 

@@ -29,7 +29,8 @@
 // Bytes 512..543 are the 16 columns' float16 scales.
 
 #include <ATen/Parallel.h>
-#include <torch/extension.h>
+#include <ATen/ATen.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>

@@ -50,6 +50,7 @@
 #include "int8_screen.h"
 
 #include <ATen/Parallel.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>

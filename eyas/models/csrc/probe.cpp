@@ -10,7 +10,8 @@
 // Floor it chases: none; it measures them. Registered as torch.ops.eyas.* (any source file of
 // the extension can add operators that way; the Python module's bindings live elsewhere).
 
-#include <torch/extension.h>
+#include <ATen/ATen.h>
+#include <torch/library.h>
 
 #include <omp.h>
 
