@@ -193,11 +193,10 @@ class WorkerPool {
   WorkerPool() = default;
 
   void ensure_workers(int wanted) {  // under region_mutex_
-    while (int(workers_) < wanted) {
-      const int index = int(workers_);
+    while (int(slots_.size()) < wanted) {
+      const int index = int(slots_.size());
       Slot& slot = slots_.emplace_back();  // a deque: the slots already handed out stay put
       std::thread([this, index, &slot] { worker(index, slot); }).detach();
-      ++workers_;
     }
   }
 
@@ -331,8 +330,7 @@ class WorkerPool {
   }
 
   std::mutex region_mutex_;
-  int workers_ = 0;
-  std::deque<Slot> slots_;  // one per worker, in its index's order
+  std::deque<Slot> slots_;  // one per worker, in its index's order: the workers started
   alignas(64) std::atomic<uint64_t> word_{0};
   alignas(64) std::atomic<int64_t> done_{0};
   alignas(64) std::atomic<void (*)(const void*, int64_t, int64_t)> job_call_{nullptr};
