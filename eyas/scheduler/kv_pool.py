@@ -31,6 +31,7 @@ from torch import Tensor
 
 from eyas.engine.target import Target
 from eyas.models.kv_cache import KVCache
+from eyas.utils.huge_pages import zeros_on_huge_pages
 
 
 class KVPool:
@@ -183,8 +184,8 @@ class KVPool:
         shape = list(old.keys.shape)
         shape[3] = size
         with torch.inference_mode(False):  # plain tensors, writable in and out of inference mode
-            keys = torch.zeros(shape, dtype=old.keys.dtype, device=old.keys.device)
-            values = torch.zeros(shape, dtype=old.values.dtype, device=old.values.device)
+            keys = zeros_on_huge_pages(shape, old.keys.dtype, old.keys.device)
+            values = zeros_on_huge_pages(shape, old.values.dtype, old.values.device)
             keys[:, :, :, : old.max_slots] = old.keys
             values[:, :, :, : old.max_slots] = old.values
             if self.taps is not None:
