@@ -94,6 +94,7 @@ float* sized(std::vector<float>& buffer, int64_t count) {
 // alone (a parallel region costs more than their work). Which thread runs a row changes none
 // of its values.
 constexpr int64_t kRowsPerThread = 8;
+constexpr int64_t kMaxHeadDim = 512;  // rope_and_write's per-head scratch
 
 // x [rows, I] float32 -> y [rows, O] float32 (into `y`, grown to fit) through one of the two int4
 // weight layouts: eyas's int8dot kernel's (uint8 [O/16, I/32, 320], int4_gemm.cpp; `scales`
@@ -142,14 +143,32 @@ struct QkvRows {
   int64_t rows, heads, kv_heads, head_dim, max_slots;
 };
 
+// n float32 values stored as K (a float16 cache rounds to nearest even, as c10::Half does).
+template <typename K>
+inline void store_as(const float* src, K* dst, int64_t n) {
+  for (int64_t d = 0; d < n; ++d) dst[d] = K(src[d]);
+}
+#if defined(__AVX2__) && defined(__F16C__)
+template <>
+inline void store_as<c10::Half>(const float* src, c10::Half* dst, int64_t n) {
+  int64_t d = 0;
+  for (; d + 8 <= n; d += 8)  // vcvtps2ph, round to nearest even: c10::Half's _cvtss_sh, 8 at a time
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + d),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(src + d), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  for (; d < n; ++d) dst[d] = c10::Half(src[d]);
+}
+#endif
+
 // RoPE on q and k in float32, as the Python path; q [N, Hq, D] into `q` (type Q), k and v into
 // the cache [B, KV, S, D] at each row's slot of its own cache row (type K; a float16 cache rounds to nearest).
+// Each value is one multiply of each half and one add, rounded as written (-ffp-contract=off).
 template <typename Q, typename K>
 void rope_and_write(const QkvRows& in, Q* q, K* keys, K* values) {
   const int64_t heads = in.heads, kv_heads = in.kv_heads, head_dim = in.head_dim, half = head_dim / 2;
   const int64_t width = (heads + 2 * kv_heads) * head_dim;
+  TORCH_CHECK(head_dim <= kMaxHeadDim, "head_dim above ", kMaxHeadDim);
   eyas::parallel_for(0, in.rows, kRowsPerThread, [&](int64_t begin, int64_t end) {
-  std::vector<float> vals(head_dim), rotated(head_dim);
+  alignas(64) float vals[kMaxHeadDim], rotated[kMaxHeadDim];
   for (int64_t n = begin; n < end; ++n) {
     const int64_t b = in.sequences[n];
     const int64_t s = in.slots[n];
@@ -158,23 +177,24 @@ void rope_and_write(const QkvRows& in, Q* q, K* keys, K* values) {
     const float* sg = in.sin + n * head_dim;
     for (int64_t j = 0; j < heads + 2 * kv_heads; ++j) {
       const float* src = in.qkv + n * width + j * head_dim;
-      for (int64_t d = 0; d < head_dim; ++d) {
-        vals[d] = src[d];
-        if (in.bias) vals[d] += in.bias[j * head_dim + d];
+      if (in.bias) {
+        const float* bias = in.bias + j * head_dim;
+        for (int64_t d = 0; d < head_dim; ++d) vals[d] = src[d] + bias[d];
+      } else {
+        for (int64_t d = 0; d < head_dim; ++d) vals[d] = src[d];
       }
+      const float* result = vals;
       if (j < heads + kv_heads) {
         for (int64_t d = 0; d < half; ++d) rotated[d] = vals[d] * c[d] + vals[d + half] * sg[d];
         for (int64_t d = half; d < head_dim; ++d) rotated[d] = vals[d] * c[d] + vals[d - half] * sg[d];
-      } else {
-        rotated = vals;
+        result = rotated;
       }
       if (j < heads) {
-        Q* dst = q + (n * heads + j) * head_dim;
-        for (int64_t d = 0; d < head_dim; ++d) dst[d] = Q(rotated[d]);
+        store_as(result, q + (n * heads + j) * head_dim, head_dim);
       } else {
         const int64_t kvh = j < heads + kv_heads ? j - heads : j - heads - kv_heads;
         K* dst = (j < heads + kv_heads ? keys : values) + ((b * kv_heads + kvh) * in.max_slots + s) * head_dim;
-        for (int64_t d = 0; d < head_dim; ++d) dst[d] = K(rotated[d]);
+        store_as(result, dst, head_dim);
       }
     }
   }
