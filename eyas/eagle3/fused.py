@@ -39,6 +39,7 @@ from torch import Tensor
 
 from eyas.eagle3.head import Eagle3Head
 from eyas.models import extension
+from eyas.models.fused_cpu import norm_matches_torch
 from eyas.models.quant import Int4Linear
 
 
@@ -106,7 +107,7 @@ class FusedHead:
         lm_head_packed = _int8dot_weights(head.lm_head)
         return cls(head, weights, layer.input_layernorm.weight.detach(), float(layer.input_layernorm.eps),
                    _int8dot_weights(head.fc), lm_head_packed,
-                   lm_head_packed is not None and _norm_matches_torch(head.norm))
+                   lm_head_packed is not None and norm_matches_torch(head.norm))
 
     def new_cache(self) -> HeadCache:
         attn = self.head.midlayer.self_attn
@@ -200,21 +201,6 @@ class FusedHead:
             return extension.module().rms_norm_int4_linear(hidden, norm.weight, norm.eps, self.lm_head_packed)
         normed = F.rms_norm(hidden.float(), (hidden.shape[-1],), norm.weight.float(), norm.eps).to(hidden.dtype)
         return _linear(self.head.lm_head, self.lm_head_packed, normed)
-
-
-def _norm_matches_torch(norm) -> bool:
-    """Whether the extension's torch_rms_norm gives F.rms_norm's bits for `norm` (the head's
-    final RMSNorm, float32) on this machine and PyTorch build: checked once on 256 random rows
-    of its width, at scales from 1e-3 to 1e3 (its order of additions is aten's on x86, from
-    cpu/SumKernel.cpp; a PyTorch that sums in another order fails here and keeps F.rms_norm)."""
-    weight = norm.weight.detach()
-    if weight.dtype != torch.float32 or weight.dim() != 1:
-        return False
-    generator = torch.Generator().manual_seed(0)
-    rows = torch.randn(256, weight.shape[0], generator=generator)
-    rows *= torch.logspace(-3, 3, 256)[:, None]
-    expected = F.rms_norm(rows, (weight.shape[0],), weight, norm.eps)
-    return torch.equal(extension.module().torch_rms_norm(rows, weight, norm.eps), expected)
 
 
 def _int8dot_weights(linear) -> Tensor | None:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from eyas.models.extension import enabled, int4_activation_bits, int8dot_kernel, march, module, source_tag
@@ -107,6 +108,22 @@ def _fused_layer(layer: nn.Module) -> FusedLayer | None:
     return FusedLayer(weights, groups.pop(), float(norms[0].eps), attn.num_heads, attn.num_kv_heads)
 
 
+def norm_matches_torch(norm) -> bool:
+    """Whether the extension's torch_rms_norm gives F.rms_norm's bits for `norm` (a final
+    RMSNorm, float32: a target's, an EAGLE-3 head's) on this machine and PyTorch build: checked
+    on 256 random rows of its width, at scales from 1e-3 to 1e3 (its order of additions is
+    aten's on x86, from cpu/SumKernel.cpp; a PyTorch that sums in another order fails here and
+    keeps F.rms_norm)."""
+    weight = norm.weight.detach()
+    if weight.dtype != torch.float32 or weight.dim() != 1:
+        return False
+    generator = torch.Generator().manual_seed(0)
+    rows = torch.randn(256, weight.shape[0], generator=generator)
+    rows *= torch.logspace(-3, 3, 256)[:, None]
+    expected = F.rms_norm(rows, (weight.shape[0],), weight, norm.eps)
+    return torch.equal(module().torch_rms_norm(rows, weight, norm.eps), expected)
+
+
 class FusedStack:
     """Every decoder layer of an int4 model, run by the extension's Int4Stack: a pass through
     any run of layers is one C++ call (csrc/int4_decoder_layer.cpp), with the bits of one
@@ -121,6 +138,17 @@ class FusedStack:
         empty = torch.empty(0)
         weights = [w if w is not None else empty for layer in layers for w in layer.weights]
         self.native = module().Int4Stack(weights, first.group, first.eps, first.heads, first.kv_heads)
+        self._norm_in_cpp: bool | None = None  # final_norm's check, made on first use
+
+    def final_norm(self, x: Tensor, norm: nn.Module) -> Tensor:
+        """norm(x) for the stack's output x [..., H] float32, with F.rms_norm's bits: in one C++
+        call where the extension's norm is checked to give them (after a pass, PyTorch's
+        rms_norm of one row took ~0.25 ms, its small ops running cold), else the module."""
+        if self._norm_in_cpp is None:
+            self._norm_in_cpp = norm_matches_torch(norm)
+        if not self._norm_in_cpp or x.dtype != torch.float32 or torch.is_grad_enabled():
+            return norm(x)
+        return module().torch_rms_norm(x.reshape(-1, x.shape[-1]), norm.weight, norm.eps).view(x.shape)
 
     def __len__(self) -> int:
         return len(self.layers)

@@ -285,7 +285,7 @@ class Transformer(nn.Module):
             if tap_layers:
                 by_layer = dict(zip(sorted(wanted), taps))
                 tap_tensor = torch.cat([by_layer[k] for k in tap_layers], dim=-1)
-        hidden = self.norm(x)
+        hidden = plan.final_norm(x, self.norm) if plan else self.norm(x)
         return ForwardOutput(logits=self._logits_at(hidden, logits_at, greedy), hidden=hidden, taps=tap_tensor)
 
     def _logits_at(self, hidden: Tensor, logits_at: Tensor | str | None, greedy: bool) -> Tensor | None:

@@ -394,3 +394,17 @@ def test_the_targets_three_taps_from_one_call_are_the_bits_of_four_calls(smollm_
     assert torch.equal(out.taps, split_taps.reshape(1, 2, -1))
     assert torch.equal(out.hidden, model.norm(split_out)[None])
     assert torch.equal(caches[0].keys, caches[1].keys) and torch.equal(caches[0].values, caches[1].values)
+
+
+def test_the_final_norm_after_the_stack_has_f_rms_norms_bits(smollm_int4_target):
+    """The forward's final RMSNorm runs in the extension (one call, not PyTorch's small ops
+    after the pass) where that gives F.rms_norm's bits, as on x86 it does."""
+    model = smollm_int4_target.model
+    stack = model.fused_layers()
+    x = torch.randn(7, model.config.hidden_size, generator=torch.Generator().manual_seed(3))
+    x *= torch.logspace(-2, 2, 7)[:, None]
+    expected = torch.nn.functional.rms_norm(x, (x.shape[-1],), model.norm.weight, model.norm.eps)
+    with torch.inference_mode():
+        normed = stack.final_norm(x[None], model.norm)  # [1, 7, H]
+    assert stack._norm_in_cpp
+    assert normed.shape == (1, 7, x.shape[-1]) and torch.equal(normed[0], expected)
