@@ -50,7 +50,7 @@ def zeros_on_huge_pages(shape: Sequence[int], dtype: torch.dtype,
     """torch.zeros(shape, dtype) whose storage starts on a 2 MiB boundary and is marked for huge
     pages before it is first written (a view into a buffer up to 2 MiB larger)."""
     device = torch.device(device)
-    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    nbytes = math.prod(shape) * dtype.itemsize
     madvise = _madvise()
     if device.type != "cpu" or nbytes < HUGE_PAGE or madvise is None:
         return torch.zeros(tuple(shape), dtype=dtype, device=device)
