@@ -46,8 +46,8 @@ bench: setup
 
 # Optional benchmark peer: llama.cpp's Python bindings, built from source (~7 min on 2 cores),
 # for this CPU but without its AMX code: on an AMX Xeon VM (model 167) ggml's AMX matmul died
-# with a general protection fault at its first ldtilecfg; eyas's kernels use no AMX either
-# (AVX-512 VNNI or AVX2 on both sides).
+# with a general protection fault at its first ldtilecfg (eyas's own AMX tiles, for passes of
+# 16+ rows, run there; one-token steps use AVX-512 VNNI or AVX2 on both sides).
 LLAMA_FLAGS := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 peers: setup
 	CMAKE_ARGS='-DGGML_NATIVE=ON "-DCMAKE_C_FLAGS=$(LLAMA_FLAGS)" "-DCMAKE_CXX_FLAGS=$(LLAMA_FLAGS)"' \

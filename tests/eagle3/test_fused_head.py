@@ -48,7 +48,11 @@ def test_the_fused_layer_computes_the_heads_layer(smollm_int4_target, proposer, 
     mask[0, torch.arange(3), count + torch.arange(3)] = True
     expected = head(parents, tokens, torch.full((1, 3), count), attn_mask=mask, past_kv=reference.past_kv)
     tree = fused.run(parents[0], tokens[0], torch.full((3,), count), count, cache, mask[0])
-    assert (tree - expected.hidden[0]).abs().max() <= 1e-4 * expected.hidden.abs().max()
+    # the matmuls quantize their inputs to 14 bits: where the two paths' float rounding puts an
+    # input on either side of a step, an output moves by ~2**-13 of its row's size (measured up
+    # to 1.2e-4 on an AMD EPYC, under 1e-4 on a Xeon); 1e-3 allows a few such steps, where a
+    # wrong mask, position or weight moves the rows by their own size
+    assert (tree - expected.hidden[0]).abs().max() <= 1e-3 * expected.hidden.abs().max()
     logits = head.compute_logits(tree[None])[0]
     assert torch.equal(logits.argmax(-1), expected.logits[0].argmax(-1))
     assert torch.equal(logits.topk(4).indices, expected.logits[0].topk(4).indices)
