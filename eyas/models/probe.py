@@ -7,8 +7,10 @@ multiply-adds by the integer peak. Both are measured by a short probe in the C++
   streamed 3 times by every thread at once, in steps of 4 MB a thread (each well inside a
   scheduler time slice), the 90th percentile of the steps' rates;
 - integer peak: the instruction mix the int8 dot products run (extension.int8dot_kernel():
-  vpdpbusd on AVX512-VNNI, vpmaddubsw + vpmaddwd on AVX2) in independent chains, best of 16
-  short runs. torch's `_int_mm` says nothing about it (on AVX2 it runs reference loops).
+  vpdpbusd on AVX512-VNNI, vpmaddubsw + vpmaddwd on AVX2) in independent chains shaped as the
+  kernels' tiles (weight registers times activations broadcast from memory: chains sharing one
+  pair of registers ran at 0.4x the kernels' rate on an AMD Zen 4), best of 16 short runs.
+  torch's `_int_mm` says nothing about it (on AVX2 it runs reference loops).
 Each is the best of a few such calls (until the two best agree within 3%): on a shared machine
 a multi-thread run is slow whenever one thread waits for a core. A busy machine still measures
 low limits: figures where 2 threads read or multiply less than 1 thread did are used once and
@@ -42,7 +44,7 @@ import torch
 from eyas.models import extension
 from eyas.utils.io import cache_dir, write_json_atomic
 
-PROBE_VERSION = "1"  # part of the cache key: bumped when what the probe measures changes
+PROBE_VERSION = "2"  # part of the cache key: bumped when what the probe measures changes
 BANDWIDTH_RUNS, PEAK_RUNS = 3, 16
 MIN_BUFFER_MB, MAX_BUFFER_MB = 256, 1024
 BUSY_RATIO = 0.9  # more threads below this share of one thread's rate: measured while busy

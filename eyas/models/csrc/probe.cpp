@@ -5,7 +5,8 @@
 //     per second);
 //   - integer multiply-add peak of the instruction mix the int8 dot products run (int8dot.h):
 //     vpdpbusd on 512-bit registers ("avx512vnni"), or vpmaddubsw + vpmaddwd + vpaddd on
-//     256-bit ones ("avx2"), in independent chains, best of `runs` short runs (multiply-adds per
+//     256-bit ones ("avx2"), in independent chains shaped as the kernels' tiles (weight
+//     registers times broadcast activations), best of `runs` short runs (multiply-adds per
 //     second, one int8 x int8 product and its addition counted as one).
 // Floor it chases: none; it measures them. Registered as torch.ops.eyas.* (any source file of
 // the extension can add operators that way; the Python module's bindings live elsewhere).
@@ -118,15 +119,37 @@ double read_bandwidth(int64_t threads, int64_t megabytes, int64_t runs) {
 
 constexpr int64_t kIterations = 20000;  // per run: 20,000 x 16 instructions, ~0.1-0.3 ms
 
+// The kernels' shape (int4_gemm.cpp's tiles): a few registers of weight bytes, each multiplied
+// by every row's 4 activation bytes broadcast from memory, one accumulator per (row, register).
+// Chains that all read one pair of source registers, the shape this probe had before, ran at
+// 84 G multiply-adds/s a thread on an AMD Zen 4 where this shape and the kernels run at ~200 G;
+// and on AVX2 the compiler hoisted their loop-invariant products out of the loop, so that only
+// the additions were timed.
+alignas(64) const int32_t kActivations[256] = {
+#define EYAS_ROW(b) b + 1, b + 7, b + 13, b + 29, b + 37, b + 43, b + 59, b + 61
+#define EYAS_ROWS(b) EYAS_ROW(b), EYAS_ROW(b + 64), EYAS_ROW(b + 128), EYAS_ROW(b + 192)
+    EYAS_ROWS(0), EYAS_ROWS(256), EYAS_ROWS(512), EYAS_ROWS(768),
+    EYAS_ROWS(1024), EYAS_ROWS(1280), EYAS_ROWS(1536), EYAS_ROWS(1792),
+#undef EYAS_ROWS
+#undef EYAS_ROW
+};
+
+// Row r's 4 activation bytes at iteration k (the array cycles through 64 groups of 4 rows).
+inline int32_t activation(int64_t k, int r) { return kActivations[(k & 63) * 4 + r]; }
+
 #ifdef EYAS_VNNI
-// 16 independent vpdpbusd chains: 16 x 64 multiply-adds per iteration.
+// 4 weight registers x 4 rows: 16 independent vpdpbusd chains, 16 x 64 multiply-adds per
+// iteration.
 int64_t vnni_chains(int32_t seed) {
-  const __m512i a = _mm512_set1_epi32(seed), b = _mm512_set1_epi32(seed * 3 + 1);
-  __m512i acc[16];
+  __m512i w[4], acc[16];
+  for (int j = 0; j < 4; ++j) w[j] = _mm512_set1_epi32(seed * (j + 3));
   for (int i = 0; i < 16; ++i) acc[i] = _mm512_set1_epi32(i + seed);
   for (int64_t k = 0; k < kIterations; ++k) {
-    for (int i = 0; i < 16; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], a, b);
-    __asm__ volatile("" : "+v"(acc[0]), "+v"(acc[5]), "+v"(acc[10]), "+v"(acc[15]));
+    for (int r = 0; r < 4; ++r) {
+      const __m512i x = _mm512_set1_epi32(activation(k, r));
+      for (int j = 0; j < 4; ++j) acc[4 * r + j] = _mm512_dpbusd_epi32(acc[4 * r + j], w[j], x);
+    }
+    __asm__ volatile("" : "+v"(w[0]), "+v"(w[1]), "+v"(w[2]), "+v"(w[3]));  // opaque weights
   }
   __m512i total = acc[0];
   for (int i = 1; i < 16; ++i) total = _mm512_add_epi32(total, acc[i]);
@@ -135,17 +158,20 @@ int64_t vnni_chains(int32_t seed) {
 #endif
 
 #ifdef EYAS_AVX2
-// 8 independent chains of vpmaddubsw + vpmaddwd + vpaddd: 8 x 32 multiply-adds per iteration,
-// as the avx2 kernels multiply.
+// 4 weight registers x 2 rows: 8 independent chains of vpmaddubsw + vpmaddwd + vpaddd, 8 x 32
+// multiply-adds per iteration, as the avx2 kernels multiply.
 int64_t avx2_chains(int32_t seed) {
-  const __m256i a = _mm256_set1_epi32(seed), b = _mm256_set1_epi32(seed * 3 + 1);
   const __m256i ones = _mm256_set1_epi16(1);
-  __m256i acc[8];
+  __m256i w[4], acc[8];
+  for (int j = 0; j < 4; ++j) w[j] = _mm256_set1_epi32(seed * (j + 3));
   for (int i = 0; i < 8; ++i) acc[i] = _mm256_set1_epi32(i + seed);
   for (int64_t k = 0; k < kIterations; ++k) {
-    for (int i = 0; i < 8; ++i)
-      acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), ones));
-    __asm__ volatile("" : "+x"(acc[0]), "+x"(acc[3]), "+x"(acc[7]));
+    for (int r = 0; r < 2; ++r) {
+      const __m256i x = _mm256_set1_epi32(activation(k, r));
+      for (int j = 0; j < 4; ++j)
+        acc[4 * r + j] = _mm256_add_epi32(acc[4 * r + j], _mm256_madd_epi16(_mm256_maddubs_epi16(w[j], x), ones));
+    }
+    __asm__ volatile("" : "+x"(w[0]), "+x"(w[1]), "+x"(w[2]), "+x"(w[3]));  // opaque weights
   }
   __m256i total = acc[0];
   for (int i = 1; i < 8; ++i) total = _mm256_add_epi32(total, acc[i]);
