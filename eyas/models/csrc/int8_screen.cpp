@@ -214,7 +214,7 @@ namespace {
 
 // The selected implementation's 8-bit tiles (int8_screen_tiles.h) and their shape.
 struct TileChoice {
-  const screen::TileFn (*tiles)[5];
+  const screen::TileFn (*tiles)[7];
   screen::TileShape shape;
 };
 
