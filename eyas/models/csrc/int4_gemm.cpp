@@ -493,6 +493,57 @@ void tile(const uint8_t* block, int half, int64_t groups, const int8_t* codes, i
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * out + 8 * half, acc[r]);
 }
 
+// One row (a one-token step): both halves of a block in one pass. tile<1> takes the halves one
+// after the other and broadcasts the row's activations for each; here each 4 activation bytes are
+// broadcast once for the 16 columns. Each int16 lane sums the same 16 products as tile<1>'s two
+// accumulators added (exact in any order: |sum| <= 16 * 15 * 64 with 14 bits, 16 * 15 * 127 with
+// 8, < 2^15), and each half's float epilogue is tile<1>'s, so the bits are tile<1>'s.
+// 14 registers: 2 float sums, 4 int16 sums, 4 unpacked weights, 2 broadcasts, 2 constants.
+template <int Parts>
+void one_row(const uint8_t* block, int64_t groups, const int8_t* codes, const float* scales, const float* sums,
+             float* y, bool prefetch) {
+  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (int64_t g = 0; g < groups; ++g, block += kBlockBytes) {
+    if (prefetch) prefetch_ahead(block);
+    const int8_t* xg = codes + g * kGroup * Parts;  // 14 bits: hi[32] then lo[32]
+    __m256i s[2][Parts];  // [half][part]: int16 dots of 8 column pairs
+    for (int half = 0; half < 2; ++half)
+      for (int part = 0; part < Parts; ++part) s[half][part] = _mm256_setzero_si256();
+    for (int p = 0; p < 4; ++p) {
+      __m256i lows[2], highs[2];  // codes of inputs 4p .. 4p + 3 and 16 + 4p .. 16 + 4p + 3
+      for (int half = 0; half < 2; ++half) {
+        const __m256i chunk = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * p + 32 * half));
+        lows[half] = _mm256_and_si256(chunk, low);
+        highs[half] = _mm256_and_si256(_mm256_srli_epi16(chunk, 4), low);
+      }
+      for (int part = 0; part < Parts; ++part) {
+        int32_t quad_low, quad_high;
+        std::memcpy(&quad_low, xg + part * kGroup + 4 * p, sizeof(quad_low));
+        std::memcpy(&quad_high, xg + part * kGroup + 16 + 4 * p, sizeof(quad_high));
+        const __m256i xl = _mm256_set1_epi32(quad_low), xh = _mm256_set1_epi32(quad_high);
+        for (int half = 0; half < 2; ++half) {
+          s[half][part] = _mm256_add_epi16(s[half][part], _mm256_maddubs_epi16(lows[half], xl));
+          s[half][part] = _mm256_add_epi16(s[half][part], _mm256_maddubs_epi16(highs[half], xh));
+        }
+      }
+    }
+    for (int half = 0; half < 2; ++half) {
+      const __m256i first = _mm256_madd_epi16(s[half][0], ones);  // int32 per column
+      const __m256i dot = Parts == 1 ? first
+                                     : _mm256_add_epi32(_mm256_slli_epi32(first, 7),
+                                                        _mm256_madd_epi16(s[half][Parts - 1], ones));
+      const __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 256 + 16 * half)));
+      const __m256 minimum = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 288 + 16 * half)));
+      const __m256 d = _mm256_mul_ps(scale, _mm256_set1_ps(scales[g]));
+      acc[half] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), d, acc[half]);
+      acc[half] = _mm256_fmadd_ps(minimum, _mm256_set1_ps(sums[g]), acc[half]);
+    }
+  }
+  _mm256_storeu_ps(y, acc[0]);
+  _mm256_storeu_ps(y + 8, acc[1]);
+}
+
 using TileFn = void (*)(const uint8_t*, int, int64_t, const int8_t*, int64_t, const float*, const float*, float*,
                         int64_t, bool);
 template <int Parts>
@@ -501,6 +552,9 @@ constexpr TileFn kTiles[kTileRows + 1] = {nullptr, tile<1, Parts>, tile<2, Parts
 template <int Parts>
 void block_columns(const uint8_t* block, int64_t groups, const Quantized& xq, int64_t rows, int64_t in, float* y,
                    int64_t out) {
+  if (rows == 1)
+    return one_row<Parts>(block, groups, xq.codes.data(), xq.scales.data(), xq.sums.data(), y,
+                          int4_prefetch_streams());
   for (int half = 0; half < 2; ++half) {
     for (int64_t r = 0; r < rows; r += kTileRows) {
       const int64_t n = std::min(kTileRows, rows - r);
