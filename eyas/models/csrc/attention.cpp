@@ -294,12 +294,6 @@ void score_block(const float* const query[], const float* kt, int64_t vectors, f
 }
 
 #ifdef __AVX512F__
-// 16 consecutive keys of a float16 cache (transpose16_half's case).
-template <typename Keys>
-struct ConsecutiveHalfKeys : std::false_type {};
-template <int64_t HeadDim>
-struct ConsecutiveHalfKeys<ConsecutiveKeys<c10::Half, HeadDim>> : std::true_type {};
-
 // score_block for queries that share no tile with others (a one-token step, a tree node's own
 // chunk): each 16-key block is transposed in registers as the FMAs consume it, no tile stored.
 // The same chains, so the same bits.
@@ -308,7 +302,8 @@ void direct_vectors(const float* const q[], const Keys (&keys)[V], int64_t v0, f
   Floats16 acc[M][V];
   for (int m = 0; m < M; ++m)
     for (int u = 0; u < V; ++u) acc[m][u] = Floats16::zero();
-  if constexpr (ConsecutiveHalfKeys<Keys>::value) {  // a float16 cache's cached prefix
+  // 16 consecutive keys of a float16 cache (its cached prefix): transpose16_half's case
+  if constexpr (std::is_same_v<Keys, ConsecutiveKeys<c10::Half, 16 * NV>>) {
     for (int u = 0; u < V; ++u) {  // the 16 keys 32 slots further on in the cache: requested now
       const char* ahead = reinterpret_cast<const char*>(keys[u].first + 32 * 16 * NV);
       for (int64_t line = 0; line < 16 * 16 * NV * int64_t(sizeof(c10::Half)); line += 64)
