@@ -107,9 +107,10 @@ void generic_attention(const T* q, const T* keys, const T* values, const Visibil
 // skip the tile on AVX-512: each 16-key block is transposed in registers as the FMAs consume
 // it (a float16 cache's consecutive keys 16 dims at a time, on their 16-bit values; on AVX2
 // they get a tile of their own, the shared one's equal leading blocks copied), with the same
-// chains. There a pass reads the cache: the keys and values 32 rows ahead are requested as a
-// chunk is read (with the hardware's prefetchers alone, a one-token pass at 1,024 cached tokens
-// read it at ~2.5x its bandwidth floor, ~1.6x now). The exponentials run 16 lanes at a
+// chains. There a pass reads the cache: the keys and values 64 rows ahead are requested into
+// L2 as a chunk is read (prefetcht1; requested into L1 (prefetcht0), the requests filled the
+// core's line-fill buffers and stalled it: a one-token step over 16 sequences of 256 cached
+// tokens took 1.4x as long on Zen 4). The exponentials run 16 lanes at a
 // time (exp16), and the weighted sums of value rows run for up to 4 queries per loaded row
 // (2 for head_dim 128; 1 on AVX2). Each query keeps a partial softmax (max, sum, weighted sum)
 // per chunk, and the partials are combined in chunk order.
@@ -123,6 +124,7 @@ void generic_attention(const T* q, const T* keys, const T* values, const Visibil
 // weighted sum adds its own keys only, and the chunks are combined in order with a scalar exp.
 // Floats16 gives the same bits on AVX-512 and AVX2.
 constexpr int64_t kChunk = 64;
+constexpr int64_t kAhead = 64;  // cache rows between a row read and the row requested
 #ifdef __AVX512F__
 constexpr int kScoreQueries = 8;  // queries x 16 keys of scores in registers
 #else
@@ -304,17 +306,17 @@ void direct_vectors(const float* const q[], const Keys (&keys)[V], int64_t v0, f
     for (int u = 0; u < V; ++u) acc[m][u] = Floats16::zero();
   // 16 consecutive keys of a float16 cache (its cached prefix): transpose16_half's case
   if constexpr (std::is_same_v<Keys, ConsecutiveKeys<c10::Half, 16 * NV>>) {
-    for (int u = 0; u < V; ++u) {  // the 16 keys 32 slots further on in the cache: requested now
-      const char* ahead = reinterpret_cast<const char*>(keys[u].first + 32 * 16 * NV);
+    for (int u = 0; u < V; ++u) {  // the 16 keys kAhead slots further on in the cache: requested now
+      const char* ahead = reinterpret_cast<const char*>(keys[u].first + kAhead * 16 * NV);
       for (int64_t line = 0; line < 16 * 16 * NV * int64_t(sizeof(c10::Half)); line += 64)
-        __builtin_prefetch(ahead + line, 0, 3);
+        __builtin_prefetch(ahead + line, 0, 2);
     }
     for (int64_t d = 0; d < 16 * NV; d += 16)
       for (int u = 0; u < V; ++u) {
         __m512 dims[16];
         transpose16_half(keys[u].first + d, 16 * NV, dims);
         for (int e = 0; e < 16; ++e)
-          for (int m = 0; m < M; ++m) acc[m][u].fma(q[m][d + e], Floats16{dims[e]});
+          for (int m = 0; m < M; ++m) acc[m][u].fma_at(q[m] + d + e, Floats16{dims[e]});
       }
     for (int m = 0; m < M; ++m)
       for (int u = 0; u < V; ++u) acc[m][u].store(scores[m] + 16 * (v0 + u));
@@ -325,7 +327,7 @@ void direct_vectors(const float* const q[], const Keys (&keys)[V], int64_t v0, f
     for (int u = 0; u < V; ++u) transpose4(keys[u], d, dims[u]);
     for (int e = 0; e < 4; ++e)
       for (int m = 0; m < M; ++m)
-        for (int u = 0; u < V; ++u) acc[m][u].fma(q[m][d + e], Floats16{dims[u][e]});
+        for (int u = 0; u < V; ++u) acc[m][u].fma_at(q[m] + d + e, Floats16{dims[u][e]});
   }
   for (int m = 0; m < M; ++m)
     for (int u = 0; u < V; ++u) acc[m][u].store(scores[m] + 16 * (v0 + u));
@@ -381,8 +383,8 @@ void value_block(const ChunkQuery* queries, const float (*probs)[kChunk], const 
     for (int c = 0; c < NV; ++c) acc[g][c] = Floats16::zero();
   for (int64_t i = 0; i < shortest; ++i) {
     const K* vr = vb + int64_t(slots[i]) * head_dim;
-    for (int64_t line = 0; line < head_dim * int64_t(sizeof(K)); line += 64)  // the row 32 slots on
-      __builtin_prefetch(reinterpret_cast<const char*>(vr + 32 * head_dim) + line, 0, 3);
+    for (int64_t line = 0; line < head_dim * int64_t(sizeof(K)); line += 64)  // the row kAhead slots on
+      __builtin_prefetch(reinterpret_cast<const char*>(vr + kAhead * head_dim) + line, 0, 2);
     for (int c = 0; c < NV; ++c) {
       const Floats16 value = Floats16::load(vr + 16 * c);
       for (int g = 0; g < G; ++g) acc[g][c].fma(probs[g][i], value);
@@ -513,7 +515,9 @@ void chunked_attention(const float* q, const K* keys, const K* values, const Vis
   const int64_t items = runs * kv_heads * chunks;
   int64_t longest_run = 0;
   for (int64_t r = 0; r < runs; ++r) longest_run = std::max(longest_run, visible.runs[r + 1] - visible.runs[r]);
-  const int64_t work = longest_run * group * visible.longest * head_dim;
+  // The whole region's multiply-adds (at most): a ragged pass's many short sequences together
+  // are worth the threads even where each alone is not.
+  const int64_t work = rows * group * visible.longest * head_dim;
   eyas::parallel_for(0, items, work >= (1 << 14) ? 1 : items, [&](int64_t begin, int64_t end) {
     alignas(64) float shared_tile[head_dim * kChunk], own_tile[head_dim * kChunk];
     std::vector<ChunkQuery> sharing, own(group);

@@ -116,6 +116,12 @@ struct Floats16 {
     return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
   }
   void fma(float weight, const Floats16& x) { v = _mm512_fmadd_ps(_mm512_set1_ps(weight), x.v, v); }
+  // fma(*weight, x) with the weight broadcast from memory by the FMA itself ({1to16}): the
+  // compiler would broadcast each weight of an unrolled loop into a register of its own and
+  // spill them, a store and a load per FMA. The same bits.
+  void fma_at(const float* weight, const Floats16& x) {
+    asm("vfmadd231ps %2%{1to16%}, %1, %0" : "+v"(v) : "v"(x.v), "m"(*weight));
+  }
   void fma(const Floats16& a, const Floats16& b) { v = _mm512_fmadd_ps(a.v, b.v, v); }
   void store(float* p) const { _mm512_storeu_ps(p, v); }
   void store_scaled(float* p, float factor) const { _mm512_storeu_ps(p, _mm512_mul_ps(v, _mm512_set1_ps(factor))); }
@@ -154,6 +160,7 @@ struct Floats16 {
     lo = _mm256_fmadd_ps(w, x.lo, lo);
     hi = _mm256_fmadd_ps(w, x.hi, hi);
   }
+  void fma_at(const float* weight, const Floats16& x) { fma(*weight, x); }
   void fma(const Floats16& a, const Floats16& b) {
     lo = _mm256_fmadd_ps(a.lo, b.lo, lo);
     hi = _mm256_fmadd_ps(a.hi, b.hi, hi);
