@@ -1,7 +1,9 @@
 """`eyas bench profile`: where the time of one target pass goes, part by part, next to each
 part's own floor.
 
-One greedy pass over T new tokens after `context` cached ones is timed twice over:
+One greedy pass over T new tokens after `context` cached ones is timed twice over (with
+`sequences` = N > 1, one continuous-batching pass as the serving engine's decode step runs it:
+N requests, each its own KV cache row with `context` cached tokens and T new ones, N x T rows):
 - whole, exactly as `eyas bench costs` times it (engine/speculative/sizing.py verify_pass),
   with no timer anywhere: the "whole pass" row;
 - again with timers around its parts, whose medians fill the other rows:
@@ -25,6 +27,7 @@ thread's CPU time, which other processes on a loaded machine do not inflate.
 
 Usage:
     eyas bench profile --model smollm2-135m --tokens 1,8,32
+    eyas bench profile --sequences 16 --tokens 1 --context 200   # a serving step, 16 requests
     OMP_NUM_THREADS=1 eyas bench profile --clock cpu     # on a busy machine
     from eyas.bench.profile import ProfileConfig, run_profile, format_profile
 """
@@ -84,6 +87,7 @@ class ProfileConfig:
     repeats: int = 9  # timed passes per T (median)
     clock: str = "wall"  # "wall", or "cpu": the thread's CPU time (one thread only)
     kv_dtype: str = "auto"  # the fused layers' KV cache: auto, float32, float16 (load_target)
+    sequences: int = 1  # requests in the pass, each with `context` cached and T new tokens
 
     def __post_init__(self) -> None:
         if self.kv_dtype not in KV_DTYPE_CHOICES:
@@ -96,15 +100,20 @@ class ProfileConfig:
         self.tokens = tuple(self.tokens)
         if not self.tokens or min(self.tokens) < 1 or max(self.tokens) > 256:
             raise ValueError(f"tokens must be between 1 and 256, got {self.tokens}")
+        if not 1 <= self.sequences <= 256:
+            raise ValueError(f"sequences must be between 1 and 256, got {self.sequences}")
+        if self.sequences * max(self.tokens) > 1024:
+            raise ValueError(f"sequences x tokens must be at most 1024 rows, got {self.sequences} x {max(self.tokens)}")
         if self.context < 1 or self.repeats < 1:
             raise ValueError(f"context and repeats must be >= 1, got {self.context}, {self.repeats}")
 
 
 @dataclass
 class PassProfile:
-    rows: int
+    rows: int  # new tokens of each sequence (T)
     seconds: dict[str, float]  # part key -> median seconds
     floors: dict[str, float] = field(default_factory=dict)  # part key -> floor seconds
+    sequences: int = 1  # requests in the pass (rows * sequences rows in all)
 
 
 class _PartTimers:
@@ -211,16 +220,22 @@ def _matmul_calls(model: nn.Module, rows: int) -> Callable[[], None]:
 
 
 @torch.inference_mode()
-def profile_pass(target, rows: int, context: int, repeats: int, clock: str = "wall") -> PassProfile:
+def profile_pass(target, rows: int, context: int, repeats: int, clock: str = "wall",
+                 sequences: int = 1) -> PassProfile:
     """Median seconds of each part of a greedy pass over `rows` tokens after `context` cached,
-    on `clock` ("wall", or "cpu": this thread's CPU time)."""
+    on `clock` ("wall", or "cpu": this thread's CPU time); with `sequences` > 1, a ragged pass
+    over that many requests, `rows` tokens each (engine/speculative/sizing.py batch_pass)."""
     from eyas.engine.generate import new_cache
-    from eyas.engine.speculative.sizing import prefill_context, verify_pass
+    from eyas.engine.speculative.sizing import batch_pass, prefill_context, prefill_sequences, verify_pass
 
     model = target.model
-    cache = new_cache(target, 1, context + rows + 1)
-    prefill_context(target, cache, context)
-    step = verify_pass(target, cache, context, rows)
+    cache = new_cache(target, sequences, context + rows + 1)
+    if sequences > 1:
+        prefill_sequences(target, cache, context)
+        step = batch_pass(target, cache, context, rows)
+    else:
+        prefill_context(target, cache, context)
+        step = verify_pass(target, cache, context, rows)
     fused = model.fused_layers() is not None
     # 1. The whole pass, as `bench costs` times it: no timer anywhere.
     timers = _PartTimers(clock)
@@ -246,8 +261,8 @@ def profile_pass(target, rows: int, context: int, repeats: int, clock: str = "wa
                     samples[part].append(phases[part])
                 samples["stack_other"].append(timers.seconds["layers"] - sum(phases[p] for p in STACK_PHASES))
     # 3. The parts inside single calls, each timed alone.
-    matmuls = _matmul_calls(model, rows)
-    hidden = torch.randn(rows, model.config.hidden_size)
+    matmuls = _matmul_calls(model, rows * sequences)
+    hidden = torch.randn(rows * sequences, model.config.hidden_size)
     head = model.lm_head
     screen = (lambda: head.screen(hidden)) if hasattr(head, "screen") else None
     samples["matmuls"].append(timers.median(matmuls, repeats))
@@ -258,7 +273,7 @@ def profile_pass(target, rows: int, context: int, repeats: int, clock: str = "wa
         seconds["layer_rest"] = max(0.0, seconds["layers"] - seconds["matmuls"])
     if "screen" in seconds:
         seconds["recheck"] = max(0.0, seconds["output"] - seconds["screen"])
-    return PassProfile(rows, seconds)
+    return PassProfile(rows, seconds, sequences=sequences)
 
 
 def _projection_work(model: nn.Module) -> dict[str, tuple[int, int]]:
@@ -278,13 +293,15 @@ def _projection_work(model: nn.Module) -> dict[str, tuple[int, int]]:
 
 
 def part_floors(work: ModelWork, limits: MachineLimits, rows: int, context: int,
-                projections: dict[str, tuple[int, int]] | None = None) -> dict[str, float]:
-    """Each part's floor: max(bytes / bandwidth, multiply-adds / peak)."""
+                projections: dict[str, tuple[int, int]] | None = None, sequences: int = 1) -> dict[str, float]:
+    """Each part's floor: max(bytes / bandwidth, multiply-adds / peak); `sequences` requests of
+    `rows` tokens each, each reading its own `context` cached tokens."""
     bandwidth, peak = limits.bandwidth(), limits.peak()
+    rows, cached = sequences * rows, sequences * context  # the pass's rows; cached entries they read
     decoder = max(work.decoder_bytes / bandwidth, rows * work.decoder_multiply_adds * work.passes / peak)
     output = max(work.output_bytes / bandwidth, rows * work.output_multiply_adds * work.output_passes / peak)
-    attention = (context + rows) * work.cache_bytes_per_token / bandwidth
-    whole, _ = floor_seconds(pass_work(work, rows, context), limits)
+    attention = (cached + rows) * work.cache_bytes_per_token / bandwidth
+    whole, _ = floor_seconds(pass_work(work, rows, cached), limits)
     floors = {"step": whole, "layers": max(decoder, attention), "matmuls": decoder, "layer_rest": attention,
               "attention": attention, "output": output, "screen": output}
     for part, (size, macs) in (projections or {}).items():
@@ -305,23 +322,28 @@ def run_profile(config: ProfileConfig, refresh_limits: bool = False) -> tuple[li
     work = model_work(target.model) if limits is not None else None
     if work is not None:
         header.append(describe_work(work))
+    over = (f"greedy pass over T tokens after {config.context} cached" if config.sequences == 1 else
+            f"greedy continuous-batching pass over {config.sequences} requests, each with {config.context} "
+            f"cached tokens and T new ones")
     header.append(f"{config.model} ({target.precision}, KV cache {str(target.kv_dtype).removeprefix('torch.')}), "
-                  f"greedy pass over T tokens after "
-                  f"{config.context} cached, {torch.get_num_threads()} thread(s), median of {config.repeats} "
+                  f"{over}, {torch.get_num_threads()} thread(s), median of {config.repeats} "
                   f"on the {'CPU-time' if config.clock == 'cpu' else 'wall'} clock; "
                   "the indented parts add up to the part above them (but the reference row)")
     profiles = []
     for rows in config.tokens:
-        profile = profile_pass(target, rows, config.context, config.repeats, config.clock)
+        profile = profile_pass(target, rows, config.context, config.repeats, config.clock, config.sequences)
         if work is not None:
-            profile.floors = part_floors(work, limits, rows, config.context, _projection_work(target.model))
+            profile.floors = part_floors(work, limits, rows, config.context, _projection_work(target.model),
+                                         config.sequences)
         profiles.append(profile)
     return profiles, header
 
 
 def format_profile(profiles: list[PassProfile]) -> list[str]:
     """One markdown table: per part and T, ms, % of the pass and the part's floor."""
-    head = "| part |" + "".join(f" T={p.rows} ms | % | floor ms |" for p in profiles)
+    def title(p: PassProfile) -> str:
+        return f"T={p.rows}" if p.sequences == 1 else f"{p.sequences}x T={p.rows}"
+    head = "| part |" + "".join(f" {title(p)} ms | % | floor ms |" for p in profiles)
     lines = [head, "|---|" + "---|---|---|" * len(profiles)]
     for key, label in PARTS:
         if all(key not in p.seconds for p in profiles):

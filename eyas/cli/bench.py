@@ -178,7 +178,8 @@ def _register_profile(sub: argparse._SubParsersAction) -> None:
                     "residuals and thread waits; the output screen and its exact re-check, "
                     "Python; each in ms, % of the pass and its own floor (bytes / measured "
                     "bandwidth, multiply-adds / measured integer peak).\n\nExample:\n"
-                    "    eyas bench profile --model smollm2-135m --tokens 1,8,32",
+                    "    eyas bench profile --model smollm2-135m --tokens 1,8,32\n"
+                    "    eyas bench profile --sequences 16 --tokens 1 --context 200   # a serving step",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     profile.add_argument("--model", default=d.model, help="model spec (default: %(default)s)")
     profile.add_argument("--dtype", default=d.dtype, choices=PRECISIONS, help="precision (default: %(default)s)")
@@ -186,6 +187,10 @@ def _register_profile(sub: argparse._SubParsersAction) -> None:
     profile.add_argument("--tokens", type=_concurrency_list, default=d.tokens,
                          help="new tokens per pass, comma-separated (default: 1,8,32)")
     profile.add_argument("--context", type=int, default=d.context, help="cached tokens (default: %(default)s)")
+    profile.add_argument("--sequences", type=int, default=d.sequences,
+                         help="requests in each pass, each its own KV cache row with --context cached "
+                              "tokens and T new ones: the serving engine's continuous-batching step "
+                              "(T = 1: plain decoding of that many requests; default: %(default)s)")
     profile.add_argument("--repeats", type=int, default=d.repeats, help="timed passes per T (median)")
     profile.add_argument("--clock", default=d.clock, choices=("wall", "cpu"),
                          help="wall time, or the thread's CPU time (a loaded machine; needs OMP_NUM_THREADS=1)")
@@ -199,7 +204,7 @@ def run_profile_cli(args: argparse.Namespace) -> int:
 
     try:
         config = ProfileConfig(args.model, args.dtype, tuple(args.tokens), args.context, args.repeats, args.clock,
-                               args.kv_dtype)
+                               args.kv_dtype, args.sequences)
     except ValueError as error:
         raise EyasError(str(error)) from None
     profiles, header = run_profile(config, refresh_limits=args.probe_again)

@@ -71,6 +71,11 @@ def test_bench_profile_cli(tiny_model_dir, capsys):
     out = capsys.readouterr().out
     assert "| part | T=1 ms | % | floor ms | T=2 ms | % | floor ms |" in out
     assert "| decoder layers |" in out and "CPU: " in out
+    assert main(["bench", "profile", "--model", str(tiny_model_dir), "--dtype", "float32",
+                 "--tokens", "1", "--sequences", "3", "--context", "8", "--repeats", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "| part | 3x T=1 ms | % | floor ms |" in out
+    assert "continuous-batching pass over 3 requests, each with 8 cached tokens and T new ones" in out
 
 
 def test_bench_profile_refuses_bad_token_counts(tiny_model_dir, capsys):
@@ -78,6 +83,62 @@ def test_bench_profile_refuses_bad_token_counts(tiny_model_dir, capsys):
 
     assert main(["bench", "profile", "--model", str(tiny_model_dir), "--tokens", "0,8"]) != 0
     assert "tokens must be between 1 and 256, got (0, 8)" in capsys.readouterr().err
+
+
+def test_the_floors_of_a_continuous_batching_pass_count_every_request():
+    from eyas.bench.profile import part_floors
+
+    one = part_floors(WORK, LIMITS, rows=1, context=256)
+    batch = part_floors(WORK, LIMITS, rows=1, context=256, sequences=16)
+    bandwidth, peak = LIMITS.bandwidth(), LIMITS.peak()
+    # each request reads its own 256 cached entries and its new one; the weights are read once
+    assert one["attention"] == pytest.approx(257 * 46_080 / bandwidth)
+    assert batch["attention"] == pytest.approx(16 * 257 * 46_080 / bandwidth)
+    assert batch["matmuls"] == pytest.approx(max(60e6 / bandwidth, 16 * 106e6 * 2 / peak))
+    assert batch["step"] == pytest.approx(floor_seconds(pass_work(WORK, 16, 16 * 256), LIMITS)[0])
+
+
+def test_profile_of_a_continuous_batching_pass(tiny_target, monkeypatch):
+    """--sequences N: one ragged pass over N requests, each its own KV row with the same
+    context and T new tokens; each request's rows are what a pass over it alone computes."""
+    from eyas.bench.profile import ProfileConfig, format_profile, profile_pass
+    from eyas.engine.generate import new_cache
+    from eyas.engine.speculative.sizing import batch_pass, prefill_context, prefill_sequences, sample_tokens
+
+    model = tiny_target.model
+    seen = []  # the hidden states each pass hands to the output layer
+    output_logits = type(model).output_logits.__get__(model)
+
+    def recorded(hidden, greedy=False):
+        seen.append(hidden.clone())
+        return output_logits(hidden, greedy)
+    monkeypatch.setattr(model, "output_logits", recorded)
+    alone = new_cache(tiny_target, 1, 16)
+    prefill_context(tiny_target, alone, 8)
+    batch = new_cache(tiny_target, 3, 16)
+    prefill_sequences(tiny_target, batch, 8)
+    assert torch.equal(batch.keys[:, 1:, :, :8], batch.keys[:, :1, :, :8].expand(-1, 2, -1, -1, -1))
+    assert torch.allclose(batch.keys[:, 0, :, :8], alone.keys[:, 0, :, :8], atol=1e-6)
+    batch_pass(tiny_target, batch, 8, 2)()
+    hidden = seen[-1]  # [3 x 2, H]: request after request
+    assert hidden.shape[0] == 6
+    for request in (1, 2):
+        assert torch.allclose(hidden[2 * request: 2 * request + 2], hidden[:2], atol=1e-5)
+    # the same two tokens over the request alone, the second seeing the first
+    mask = torch.ones(1, 2, 10, dtype=torch.bool)
+    mask[0, 0, 9] = False
+    ids = sample_tokens(tiny_target, 10)[:, 8:]  # [1, 2]
+    model(ids, cache=alone, write_at=8, attn_mask=mask, kv_len=10, logits_at=None)
+    for request in range(3):  # what the pass wrote to each row: the entries of the pass alone
+        assert torch.allclose(batch.keys[:, request, :, 8:10], alone.keys[:, 0, :, 8:10], atol=1e-5)
+    monkeypatch.undo()
+    profile = profile_pass(tiny_target, rows=2, context=8, repeats=2, sequences=3)
+    assert profile.sequences == 3 and profile.seconds["step"] > 0
+    assert format_profile([profile])[0] == "| part | 3x T=2 ms | % | floor ms |"
+    with pytest.raises(ValueError, match="sequences must be between 1 and 256, got 0"):
+        ProfileConfig(sequences=0)
+    with pytest.raises(ValueError, match="at most 1024 rows, got 64 x 32"):
+        ProfileConfig(sequences=64, tokens=(1, 32))
 
 
 def test_profile_splits_the_fused_stack_of_the_int4_target(smollm_int4_target):
