@@ -221,6 +221,9 @@ void transpose_keys(const K* kb, const int32_t* slots, int64_t n, int64_t first,
   for (int64_t block = first; block < last; ++block) {
     const K* k[16];
     block_keys<NV>(kb, slots, n, block, k);
+    for (int j = 0; j < 16; ++j)  // the keys kAhead rows on (the next chunk's, in a cached prefix)
+      for (int64_t line = 0; line < 16 * NV * int64_t(sizeof(K)); line += 64)
+        __builtin_prefetch(reinterpret_cast<const char*>(k[j] + kAhead * 16 * NV) + line, 0, 2);
 #ifdef __AVX512F__
     const auto transpose = [&](const auto& keys) {
       for (int64_t d = 0; d < 16 * NV; d += 4) {
