@@ -219,14 +219,44 @@ def _matmul_calls(model: nn.Module, rows: int) -> Callable[[], None]:
     return run
 
 
+def prefill_sequences(target, cache, context: int) -> None:
+    """Writes the same `context` tokens of sample text at slots 0.. of every row of `cache` (what
+    batch_pass follows)."""
+    from eyas.engine.speculative.sizing import sample_tokens
+
+    ids = sample_tokens(target, context).expand(cache.batch_size, context).contiguous()  # [B, context]
+    target.model(ids, cache=cache, write_at=0, logits_at=None)
+
+
+def batch_pass(target, cache, context: int, size: int) -> Callable[[], None]:
+    """One greedy continuous-batching pass, as the serving engine runs a decode step: every row
+    of `cache` is a request with `context` cached tokens and `size` new ones (its root and a
+    chain of size - 1 drafted tokens), all in one ragged pass (cache.batch_size x size rows);
+    profile_pass splits it."""
+    from eyas.engine.speculative.draft import DraftTree
+    from eyas.engine.speculative.sizing import sample_tokens
+    from eyas.scheduler.batch import RowInput, build_ragged_batch
+
+    ids = sample_tokens(target, context + size)[0, context:].tolist()  # the text goes on
+    tree = DraftTree.chain(ids[1:]) if size > 1 else None
+    batch = build_ragged_batch([RowInput(row, context, ids[0], tree) for row in range(cache.batch_size)],
+                               target.device)
+
+    def step() -> None:
+        out = target.model(batch.input_ids, batch.positions, cache=cache, kv_len=batch.kv_len,
+                           **batch.pass_arguments(), logits_at=None)
+        target.model.output_logits(out.hidden[0], greedy=True)
+    return step
+
+
 @torch.inference_mode()
 def profile_pass(target, rows: int, context: int, repeats: int, clock: str = "wall",
                  sequences: int = 1) -> PassProfile:
     """Median seconds of each part of a greedy pass over `rows` tokens after `context` cached,
     on `clock` ("wall", or "cpu": this thread's CPU time); with `sequences` > 1, a ragged pass
-    over that many requests, `rows` tokens each (engine/speculative/sizing.py batch_pass)."""
+    over that many requests, `rows` tokens each (batch_pass)."""
     from eyas.engine.generate import new_cache
-    from eyas.engine.speculative.sizing import batch_pass, prefill_context, prefill_sequences, verify_pass
+    from eyas.engine.speculative.sizing import prefill_context, verify_pass
 
     model = target.model
     cache = new_cache(target, sequences, context + rows + 1)

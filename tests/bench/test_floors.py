@@ -101,9 +101,9 @@ def test_the_floors_of_a_continuous_batching_pass_count_every_request():
 def test_profile_of_a_continuous_batching_pass(tiny_target, monkeypatch):
     """--sequences N: one ragged pass over N requests, each its own KV row with the same
     context and T new tokens; each request's rows are what a pass over it alone computes."""
-    from eyas.bench.profile import ProfileConfig, format_profile, profile_pass
+    from eyas.bench.profile import ProfileConfig, batch_pass, format_profile, prefill_sequences, profile_pass
     from eyas.engine.generate import new_cache
-    from eyas.engine.speculative.sizing import batch_pass, prefill_context, prefill_sequences, sample_tokens
+    from eyas.engine.speculative.sizing import prefill_context, sample_tokens
 
     model = tiny_target.model
     seen = []  # the hidden states each pass hands to the output layer

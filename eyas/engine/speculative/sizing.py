@@ -199,33 +199,6 @@ def verify_pass(target, cache, context: int, size: int) -> Callable[[], None]:
     return step
 
 
-def prefill_sequences(target, cache, context: int) -> None:
-    """Writes the same `context` tokens of sample text at slots 0.. of every row of `cache` (what
-    batch_pass follows)."""
-    ids = sample_tokens(target, context).expand(cache.batch_size, context).contiguous()  # [B, context]
-    target.model(ids, cache=cache, write_at=0, logits_at=None)
-
-
-def batch_pass(target, cache, context: int, size: int) -> Callable[[], None]:
-    """One greedy continuous-batching pass, as the serving engine runs a decode step: every row
-    of `cache` is a request with `context` cached tokens and `size` new ones (its root and a
-    chain of size - 1 drafted tokens), all in one ragged pass (cache.batch_size x size rows);
-    bench/profile.py splits it."""
-    from eyas.engine.speculative.draft import DraftTree
-    from eyas.scheduler.batch import RowInput, build_ragged_batch
-
-    ids = sample_tokens(target, context + size)[0, context:].tolist()  # the text goes on
-    tree = DraftTree.chain(ids[1:]) if size > 1 else None
-    batch = build_ragged_batch([RowInput(row, context, ids[0], tree) for row in range(cache.batch_size)],
-                               target.device)
-
-    def step() -> None:
-        out = target.model(batch.input_ids, batch.positions, cache=cache, kv_len=batch.kv_len,
-                           **batch.pass_arguments(), logits_at=None)
-        target.model.output_logits(out.hidden[0], greedy=True)
-    return step
-
-
 @torch.inference_mode()
 def measure_draft_costs(head, context: int = 256, rows=(1, 2, 3, 4, 6, 8), repeats: int = 5
                         ) -> dict[int, float]:
