@@ -75,6 +75,7 @@ STACK_PHASES = ("qkv", "o", "gate_up", "down", "quantize", "attention", "norms",
                 "residuals", "sync")  # the C++ stack's phases (csrc/phase_timer.h), less its rest
 TOP_PARTS = ("layers", "output", "norm_embed", "python")  # what a timed pass adds up to
 CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
+MAX_CACHED_ENTRIES = 262_144  # KV cache slots over every request of a pass (SmolLM2: ~6 GB)
 PROJECTIONS = {"qkv": "qkv_proj", "o": "o_proj", "gate_up": "gate_up_proj", "down": "down_proj"}
 
 
@@ -104,6 +105,10 @@ class ProfileConfig:
             raise ValueError(f"sequences must be between 1 and 256, got {self.sequences}")
         if self.sequences * max(self.tokens) > 1024:
             raise ValueError(f"sequences x tokens must be at most 1024 rows, got {self.sequences} x {max(self.tokens)}")
+        if self.sequences * (self.context + max(self.tokens)) > MAX_CACHED_ENTRIES:
+            raise ValueError(f"sequences x (context + tokens) must be at most {MAX_CACHED_ENTRIES:,} KV cache "
+                             f"entries (each request holds its own), got {self.sequences} x "
+                             f"({self.context} + {max(self.tokens)})")
         if self.context < 1 or self.repeats < 1:
             raise ValueError(f"context and repeats must be >= 1, got {self.context}, {self.repeats}")
 

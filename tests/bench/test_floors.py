@@ -139,6 +139,8 @@ def test_profile_of_a_continuous_batching_pass(tiny_target, monkeypatch):
         ProfileConfig(sequences=0)
     with pytest.raises(ValueError, match="at most 1024 rows, got 64 x 32"):
         ProfileConfig(sequences=64, tokens=(1, 32))
+    with pytest.raises(ValueError, match=r"at most 262,144 KV cache entries .* got 256 x \(4096 \+ 1\)"):
+        ProfileConfig(sequences=256, tokens=(1,), context=4096)
 
 
 def test_profile_splits_the_fused_stack_of_the_int4_target(smollm_int4_target):
