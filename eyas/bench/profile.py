@@ -224,15 +224,6 @@ def _matmul_calls(model: nn.Module, rows: int) -> Callable[[], None]:
     return run
 
 
-def prefill_sequences(target, cache, context: int) -> None:
-    """Writes the same `context` tokens of sample text at slots 0.. of every row of `cache` (what
-    batch_pass follows)."""
-    from eyas.engine.speculative.sizing import sample_tokens
-
-    ids = sample_tokens(target, context).expand(cache.batch_size, context).contiguous()  # [B, context]
-    target.model(ids, cache=cache, write_at=0, logits_at=None)
-
-
 def batch_pass(target, cache, context: int, size: int) -> Callable[[], None]:
     """One greedy continuous-batching pass, as the serving engine runs a decode step: every row
     of `cache` is a request with `context` cached tokens and `size` new ones (its root and a
@@ -265,12 +256,9 @@ def profile_pass(target, rows: int, context: int, repeats: int, clock: str = "wa
 
     model = target.model
     cache = new_cache(target, sequences, context + rows + 1)
-    if sequences > 1:
-        prefill_sequences(target, cache, context)
-        step = batch_pass(target, cache, context, rows)
-    else:
-        prefill_context(target, cache, context)
-        step = verify_pass(target, cache, context, rows)
+    prefill_context(target, cache, context)
+    pass_of = batch_pass if sequences > 1 else verify_pass  # a continuous batch, or one request
+    step = pass_of(target, cache, context, rows)
     fused = model.fused_layers() is not None
     # 1. The whole pass, as `bench costs` times it: no timer anywhere.
     timers = _PartTimers(clock)

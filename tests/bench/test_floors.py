@@ -101,7 +101,7 @@ def test_the_floors_of_a_continuous_batching_pass_count_every_request():
 def test_profile_of_a_continuous_batching_pass(tiny_target, monkeypatch):
     """--sequences N: one ragged pass over N requests, each its own KV row with the same
     context and T new tokens; each request's rows are what a pass over it alone computes."""
-    from eyas.bench.profile import ProfileConfig, batch_pass, format_profile, prefill_sequences, profile_pass
+    from eyas.bench.profile import ProfileConfig, batch_pass, format_profile, profile_pass
     from eyas.engine.generate import new_cache
     from eyas.engine.speculative.sizing import prefill_context, sample_tokens
 
@@ -116,7 +116,7 @@ def test_profile_of_a_continuous_batching_pass(tiny_target, monkeypatch):
     alone = new_cache(tiny_target, 1, 16)
     prefill_context(tiny_target, alone, 8)
     batch = new_cache(tiny_target, 3, 16)
-    prefill_sequences(tiny_target, batch, 8)
+    prefill_context(tiny_target, batch, 8)
     assert torch.equal(batch.keys[:, 1:, :, :8], batch.keys[:, :1, :, :8].expand(-1, 2, -1, -1, -1))
     assert torch.allclose(batch.keys[:, 0, :, :8], alone.keys[:, 0, :, :8], atol=1e-6)
     batch_pass(tiny_target, batch, 8, 2)()

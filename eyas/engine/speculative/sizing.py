@@ -167,8 +167,10 @@ def sample_tokens(target, count: int) -> torch.Tensor:
 
 
 def prefill_context(target, cache, context: int) -> None:
-    """Writes `context` tokens of sample text at slots 0.. of `cache` (what verify_pass follows)."""
-    target.model(sample_tokens(target, context), cache=cache, write_at=0, logits_at=None)
+    """Writes `context` tokens of sample text at slots 0.. of every row of `cache` (what
+    verify_pass and bench/profile.py's batch_pass follow)."""
+    ids = sample_tokens(target, context).expand(cache.batch_size, context).contiguous()  # [B, context]
+    target.model(ids, cache=cache, write_at=0, logits_at=None)
 
 
 @torch.inference_mode()
