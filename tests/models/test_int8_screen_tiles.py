@@ -1,8 +1,8 @@
 """The output screen's register tiles (csrc/int8_screen_tiles.h) and its exact re-check
 (csrc/int8_screen.cpp), on each implementation this CPU's build has: a row's approximate logits,
 bound and greedy row have the same bits alone and in a call of any T = 2..64 (whatever tile it
-lands in), both implementations give the same bits, and the greedy row's argmax is the
-exhaustive float64 argmax."""
+lands in), both implementations give the same bits, streamed or cached stores too, and the
+greedy row's argmax is the exhaustive float64 argmax."""
 
 import contextlib
 import shutil
@@ -76,6 +76,30 @@ def test_a_row_has_the_same_bits_alone_and_in_any_call_of_2_to_64_rows(name, voc
                 assert torch.equal(approx[r], alone[start + r][0][0]), (rows, r)
                 assert torch.equal(bound[r], alone[start + r][1][0]), (rows, r)
                 assert torch.equal(greedy[r], greedy_alone[start + r][0]), (rows, r)
+
+
+@IMPLEMENTATIONS
+def test_streamed_and_cached_stores_give_the_same_results(name):
+    """The greedy and candidate screens write approx and bound around the caches by default;
+    through them (the comparison setting) the greedy rows and the candidates are the same."""
+    weight, codes, buffers = screen_inputs(1024, 576, seed=21)
+    x = activations(19, 576)
+    with kernel(name) as ext:
+        packed = ext.int8_screen_pack(codes)
+        assert ext.screen_streams()
+        results = {}
+        try:
+            for streaming in (True, False):
+                ext.set_screen_streaming(streaming)
+                results[streaming] = [torch.ops.eyas.int8_screen_candidates(x[:rows], packed, *buffers)
+                                      for rows in (1, 6, 19)]
+                results[streaming] += [(torch.ops.eyas.int8_screen_greedy(x[:rows], packed, *buffers, weight),)
+                                       for rows in (1, 6, 19)]
+        finally:
+            ext.set_screen_streaming(True)
+    for ours, theirs in zip(results[True], results[False], strict=True):
+        for a, b in zip(ours, theirs, strict=True):
+            assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("bits", [8, 14])

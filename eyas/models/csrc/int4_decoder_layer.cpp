@@ -615,6 +615,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "torch.topk(torch.log_softmax(scores, -1), k) as lists (values, indices) (head_output.cpp)");
   m.def("screen_activation_bits", &eyas::screen_activation_bits, "The int8 screen's activation bits: 8 or 14");
   m.def("set_screen_activation_bits", &eyas::set_screen_activation_bits, "Sets them (int8_screen.cpp)");
+  m.def("screen_streams", &eyas::screen_streams, "Whether the int8 screen streams its results past the caches");
+  m.def("set_screen_streaming", &eyas::set_screen_streaming, "Sets it (off only for comparisons; same bits)");
   m.def("int8_screen_pack", &eyas::int8_screen_pack, "codes [V, H] int8 -> packed (int8_screen.cpp)");
   m.def("int8_screen", &eyas::int8_screen, "x [R, H] -> (approx, bound) [R, V] (int8_screen.cpp)");
 }

@@ -75,6 +75,9 @@ constexpr int64_t kMaxHidden = 2048, kTile = 4;
 
 // The screen's activation arithmetic: 8 bits (one pass) or 14 (two); the argmax is exact either way.
 int screen_bits = 8;
+// Whether the 8-bit tiles stream approx and bound past the caches (int8_screen_tiles.h); off only
+// for comparisons (set_screen_streaming). The same bits either way.
+bool screen_streaming = true;
 
 using ScreenFn = void (*)(const int8_t*, int64_t, const uint8_t*, const uint8_t*, int64_t, const float*,
                           const float*, const float*, const float*, const int32_t*, const float*, const float*,
@@ -337,6 +340,14 @@ void screen_into(const at::Tensor& x, const at::Tensor& packed, const at::Tensor
     const TileChoice choice = eight_bit_tiles();
     const int64_t wide = rows == 1 ? choice.shape.blocks_one_row : choice.shape.blocks_many_rows;
     const int64_t wide_tiles = blocks / wide, tiles_total = wide_tiles + blocks % wide;
+    const float* scale_p = scale.data_ptr<float>();
+    const float* weight_error_p = weight_error.data_ptr<float>();
+    const float* approx_norm_p = approx_norm.data_ptr<float>();
+    // Streamed where only the candidates' blocks are read again (block_max given: the greedy and
+    // candidate screens) and there are several rows; int8_screen's callers read every value (the
+    // Gumbel screen), and one row's 400 KB fit in L2 for the argmax that reads them whole next.
+    const bool stream = screen_streaming && block_max != nullptr && rows > 1 &&
+                        reinterpret_cast<uintptr_t>(ap) % 64 == 0 && reinterpret_cast<uintptr_t>(bp) % 64 == 0;
     eyas::pool_for(0, tiles_total, 4, [&](int64_t begin, int64_t end) {
       for (int64_t tile = begin; tile < end; ++tile) {
         const int64_t width = tile < wide_tiles ? wide : 1;
@@ -344,15 +355,18 @@ void screen_into(const at::Tensor& x, const at::Tensor& packed, const at::Tensor
         const int64_t j = block * kRows;
         for (int64_t r = 0; r < rows; r += choice.shape.max_rows) {
           const int64_t n = std::min<int64_t>(choice.shape.max_rows, rows - r);
-          const screen::TileOut out{scale.data_ptr<float>() + j, weight_error.data_ptr<float>() + j,
-                                    approx_norm.data_ptr<float>() + j, x_norm.data() + r, x_error.data() + r,
+          const screen::TileOut out{scale_p + j, weight_error_p + j, approx_norm_p + j, x_norm.data() + r,
+                                    x_error.data() + r,
                                     ap + r * vocab + j, bp + r * vocab + j,
                                     block_max == nullptr ? nullptr : block_max + r * blocks + block,
                                     vocab, rows * blocks, blocks,
-                                    rows == 1 ? screen::kPrefetchOneRow : width * stride};
+                                    rows == 1 ? screen::kPrefetchOneRow : width * stride, stream};
           choice.tiles[width][n](weights + block * stride, stride, e.view, r, out);
         }
       }
+#ifdef EYAS_AVX2
+      _mm_sfence();  // the streamed stores (int8_screen_tiles.h) before the chunk counts as done
+#endif
     });
     return;
   }
@@ -494,6 +508,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_screen_candidates(
 }
 
 int screen_activation_bits() { return screen_bits; }
+
+bool screen_streams() { return screen_streaming; }
+
+void set_screen_streaming(bool on) { screen_streaming = on; }
 
 void set_screen_activation_bits(int64_t bits) {
   TORCH_CHECK(bits == 14 || bits == 8, "int8 screen activations: 14 or 8 bits, not ", bits);

@@ -45,5 +45,8 @@ float exact_logit(const float* x, const float* w, int64_t hidden);
 // passes, a tighter bound: fewer candidates). The argmax is exact with either.
 int screen_activation_bits();
 void set_screen_activation_bits(int64_t bits);
+// Whether the 8-bit screen writes its [R, V] results around the caches (on unless set off).
+bool screen_streams();
+void set_screen_streaming(bool on);
 
 }  // namespace eyas
