@@ -54,9 +54,11 @@ class ChoiceSet:
     def __init__(self, engine: Engine, loop: asyncio.AbstractEventLoop) -> None:
         self.engine = engine
         self.relay = OutputRelay.of(loop)
+        self.loop = loop
         self.pending: deque[tuple[int, RequestOutput]] = deque()  # delivered, not yet taken
-        self.arrived = asyncio.Event()
+        self.waiter: asyncio.Future | None = None  # next() waiting for a delivery
         self.choices: list[Choice] = []
+        self.unfinished = 0  # choices whose final output has not been taken yet
 
     def submit(self, prompts: list[list[int]], n: int,
                params_for: Callable[[list[int]], SamplingParams],
@@ -76,6 +78,7 @@ class ChoiceSet:
                     self.abort_unfinished()
                     raise
                 self.choices.append(choice)
+                self.unfinished += 1
 
     def _callback(self, index: int) -> Callable[[RequestOutput], None]:
         def on_output(output: RequestOutput) -> None:  # on the engine thread
@@ -85,7 +88,9 @@ class ChoiceSet:
     def deliver(self, items: list[tuple[int, RequestOutput]]) -> None:
         """On the event loop (the relay): outputs in the order the engine emitted them."""
         self.pending.extend(items)
-        self.arrived.set()
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     async def next(self, merge: bool = False) -> tuple[Choice, RequestOutput]:
         """The next output of any choice, folded into that choice's text and logprobs.
@@ -95,8 +100,11 @@ class ChoiceSet:
         that falls behind the engine sends one event for several steps, not one per step. An
         output that failed is never merged into another."""
         while not self.pending:
-            self.arrived.clear()
-            await self.arrived.wait()
+            self.waiter = self.loop.create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
         index, output = self.pending.popleft()
         if merge and len(self.choices) == 1:
             while self.pending and not output.finished and self.pending[0][1].finish_reason != "error":
@@ -108,12 +116,14 @@ class ChoiceSet:
         if output.prompt_logprobs is not None:
             choice.prompt_logprobs = output.prompt_logprobs
         if output.finished:
+            if choice.final is None:
+                self.unfinished -= 1
             choice.final = output
         return choice, output
 
     @property
     def finished(self) -> bool:
-        return all(choice.final is not None for choice in self.choices)
+        return self.unfinished == 0
 
     def abort_unfinished(self) -> None:
         for choice in self.choices:

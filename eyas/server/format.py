@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from json.encoder import encode_basestring_ascii as encode_string  # json.dumps(str)'s own, in C
+
 from eyas.engine.logprobs import TokenLogprob
 from eyas.scheduler.request import RequestOutput
 from eyas.server import protocol
@@ -98,7 +100,7 @@ class ChoiceView:
                                separators=(",", ":"))
             head, tail = whole.rsplit(json.dumps(marker), 1)  # the content is the last string
             framing = self._framing[choice.index] = ("data: " + head, tail + "\n\n")
-        return framing[0] + json.dumps(output.text) + framing[1]
+        return framing[0] + encode_string(output.text) + framing[1]
 
     def _prompt_entries(self, choice: Choice) -> tuple[list[TokenLogprob | None], list[int]]:
         """The prompt's logprob entries (None for the first token) and its token ids."""

@@ -54,6 +54,10 @@ class OutputRelay:
     def _drain(self) -> None:
         """On the loop: every item posted so far, grouped per receiver in posting order."""
         self.scheduled = False  # before popping: an item posted from now on schedules its own
+        if len(self.items) == 1:  # the common case at one request: no grouping
+            receiver, item = self.items.popleft()
+            receiver.deliver([item])
+            return
         batches: dict[int, tuple[Receiver, list[Any]]] = {}
         while self.items:
             receiver, item = self.items.popleft()
