@@ -67,17 +67,18 @@ struct TileOut {
   int64_t vocab, plane;  // plane: rows * blocks, the distance between block_max's two planes
   int64_t blocks;        // the row stride of block_max
   int64_t prefetch;      // bytes ahead of each line loaded
-  bool stream;           // approx and bound 64-byte aligned: written around the caches (below)
+  bool stream;           // write approx and bound around the caches (below; 64-byte aligned)
 };
 
 // approx and bound ([R, V] floats: 6 MB at 16 rows of SmolLM2, 25 MB at 64) are read again only
-// where a block holds a candidate, so they are written with non-temporal stores where aligned:
-// no read of each line before it is written, and the weights and the KV cache stay in the caches.
-// Stored through the caches, the stores stalled the tiles (perf: the epilogue's stores and the
-// loads after them). Streamed (AMD Zen 4, 2 threads): greedy_logits of 16 / 64 rows 2.27-3.52 /
-// 9.06-9.11 -> 2.01-2.16 / 7.12-7.56 ms, each build in its own process; a decode pass of 16 / 64
-// sequences 1.03x / 1.02x faster than with cached stores, alternated in one process
-// (scripts/ab-screen-stores.py). The caller fences (`_mm_sfence`) before another thread reads them.
+// where a block holds a candidate (the greedy and candidate screens), so there, for several rows,
+// they are written with non-temporal stores: no read of each line before it is written, and the
+// weights and the KV cache stay in the caches. Stored through the caches, the stores stalled the
+// tiles (perf: the epilogue's stores and the loads after them). Streamed (AMD Zen 4, 2 threads):
+// greedy_logits of 16 / 64 rows 2.27-3.52 / 9.06-12.94 -> 2.01-2.39 / 7.12-8.32 ms, each build in
+// its own process; a decode pass of 16 / 64 sequences 1.03x / 1.02x faster than with cached
+// stores, alternated in one process (scripts/ab-screen-stores.py). The caller (int8_screen.cpp)
+// chooses, and fences (`_mm_sfence`) before another thread reads them.
 
 // B blocks from `weights` (block b at weights + b * stride bytes) times R rows from r0.
 using TileFn = void (*)(const int8_t* weights, int64_t stride, const Eight& a, int64_t r0, const TileOut& out);
