@@ -54,7 +54,6 @@ class ChoiceSet:
     def __init__(self, engine: Engine, loop: asyncio.AbstractEventLoop) -> None:
         self.engine = engine
         self.relay = OutputRelay.of(loop)
-        self.loop = loop
         self.pending: deque[tuple[int, RequestOutput]] = deque()  # delivered, not yet taken
         self.waiter: asyncio.Future | None = None  # next() waiting for a delivery
         self.choices: list[Choice] = []
@@ -100,7 +99,7 @@ class ChoiceSet:
         that falls behind the engine sends one event for several steps, not one per step. An
         output that failed is never merged into another."""
         while not self.pending:
-            self.waiter = self.loop.create_future()
+            self.waiter = self.relay.loop.create_future()
             try:
                 await self.waiter
             finally:

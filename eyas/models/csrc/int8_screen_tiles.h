@@ -172,6 +172,8 @@ namespace avx2 {
 
 constexpr TileShape kShape{2, 1, 3};
 
+inline void store_row(float* p, __m256 v, bool stream) { stream ? _mm256_stream_ps(p, v) : _mm256_storeu_ps(p, v); }
+
 // The epilogue of 8 vocabulary rows (half a block): the same operations as vnni::epilogue's.
 inline void epilogue(__m256i total, int64_t j, int64_t r, float step, const TileOut& out, __m256& lower,
                      __m256& upper) {
@@ -182,13 +184,8 @@ inline void epilogue(__m256i total, int64_t j, int64_t r, float step, const Tile
   b = _mm256_fmadd_ps(_mm256_set1_ps(out.x_error[r]), _mm256_loadu_ps(out.approx_norm + j), b);
   b = _mm256_fmadd_ps(_mm256_andnot_ps(sign, value), _mm256_set1_ps(kRelative), b);
   b = _mm256_fmadd_ps(b, _mm256_set1_ps(kSafety), _mm256_set1_ps(kAbsolute));
-  if (out.stream) {
-    _mm256_stream_ps(out.approx + r * out.vocab + j, value);
-    _mm256_stream_ps(out.bound + r * out.vocab + j, b);
-  } else {
-    _mm256_storeu_ps(out.approx + r * out.vocab + j, value);
-    _mm256_storeu_ps(out.bound + r * out.vocab + j, b);
-  }
+  store_row(out.approx + r * out.vocab + j, value, out.stream);
+  store_row(out.bound + r * out.vocab + j, b, out.stream);
   lower = _mm256_sub_ps(value, b);
   upper = _mm256_add_ps(value, b);
 }
