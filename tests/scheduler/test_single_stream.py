@@ -316,3 +316,54 @@ def test_a_window_that_spans_two_requests_is_judged_on_its_own_tokens() -> None:
     for _ in range(config.window - config.window // 2):
         policy.record_speculative(0.0052, 1)
     assert policy.fallbacks == 0 and policy.speculate_now()
+
+
+def test_a_request_starts_drafting_where_the_stream_pays() -> None:
+    """One question of low acceptance falls back; the next request starts drafting again when
+    the stream's recent speculative steps pay (2 tokens a 5.2 ms step against 3.9 ms plain
+    steps), with the backoff reset, instead of inheriting the fallback's plain tokens."""
+    from eyas.engine.speculative.policy import SpeculationPolicy
+
+    config = PolicyConfig()
+    policy = SpeculationPolicy(config)
+    for _ in range(config.warmup_plain_steps):
+        policy.record_plain(0.0039)
+    for _ in range(3 * config.window):
+        policy.record_speculative(0.0052, 2)  # 2.6 ms a token: pays
+    policy.begin_request()  # a question the drafts hardly hit
+    for _ in range(config.window):
+        policy.record_speculative(0.0052, 1)  # 5.2 ms a token: slower (plain measured again first)
+    for _ in range(config.refresh_steps + 1):
+        policy.record_plain(0.0039)
+    assert policy.fallbacks == 1 and policy.plain_left == config.backoff - 1
+    policy.begin_request()  # the next question: the stream pays (24 steps, 42 tokens: 3.0 ms a token)
+    assert policy.stream_pays() and policy.speculate_now()
+    assert policy.current_backoff == config.backoff
+
+
+def test_a_request_inherits_the_backoff_where_the_stream_does_not_pay() -> None:
+    """A method that loses on the whole stream (1 token a 5.2 ms step against 3.9 ms plain)
+    starts the next request in plain decoding, its backoff carried over and doubled."""
+    from eyas.engine.speculative.policy import SpeculationPolicy
+
+    config = PolicyConfig()
+    policy = SpeculationPolicy(config)
+    for _ in range(config.warmup_plain_steps):
+        policy.record_plain(0.0039)
+    for _ in range(config.window):
+        policy.record_speculative(0.0052, 1)
+    for _ in range(config.backoff):
+        policy.record_plain(0.0039)
+    for _ in range(config.window):
+        policy.record_speculative(0.0052, 1)
+    assert policy.fallbacks == 2 and policy.plain_left == 2 * config.backoff
+    policy.begin_request()
+    assert not policy.stream_pays() and not policy.speculate_now()
+    assert policy.plain_left == 2 * config.backoff and policy.current_backoff == 4 * config.backoff
+
+
+def test_the_stream_holds_at_least_two_windows() -> None:
+    from eyas.errors import EyasError
+
+    with pytest.raises(EyasError, match="stream_steps"):
+        PolicyConfig(window=6, stream_steps=8)
