@@ -41,6 +41,30 @@ class ForwardOutput:
     taps: Tensor | None  # [B, T, len(tap_layers) * H] residual stream entering each tap layer
 
 
+class _OneTokenInputs:
+    """`Transformer.decode_one`'s inputs to the fused stack, rewritten in place for each token
+    through NumPy views of their storage: the token's embedding row x [1, H], its rotary rows
+    cos, sin [1, D] and its slot [1, 1]. The same values as the generic path's lookups (row
+    copies), at a NumPy assignment each instead of a PyTorch op each (~10-50 us apiece right
+    after a pass, where PyTorch's dispatcher runs cold). Plain tensors: writable in any mode."""
+
+    def __init__(self, weight: Tensor, cos_table: Tensor, sin_table: Tensor) -> None:
+        self.weight, self.cos_table = weight, cos_table  # what the views below were made for
+        with torch.inference_mode(False):
+            self.tensors = (torch.empty(1, weight.shape[1]), torch.empty(1, cos_table.shape[1]),
+                            torch.empty(1, sin_table.shape[1]), torch.zeros(1, 1, dtype=torch.long))
+        self.x, self.cos, self.sin, self.slot = (t.numpy() for t in self.tensors)
+        self.rows, self.cos_rows, self.sin_rows = (t.detach().numpy() for t in (weight, cos_table, sin_table))
+
+    def write(self, token: int, position: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """x, cos, sin, slots for `token` at `position` (slot = position)."""
+        self.x[0] = self.rows[token]
+        self.cos[0] = self.cos_rows[position]
+        self.sin[0] = self.sin_rows[position]
+        self.slot[0, 0] = position
+        return self.tensors
+
+
 def rope_inverse_frequencies(config: ModelConfig) -> Tensor:
     """Inverse frequencies [D/2] of rotary embeddings, with Llama-3 or linear scaling."""
     dim = config.head_dim
@@ -171,6 +195,8 @@ class Transformer(nn.Module):
         self._rope_cache: tuple[Tensor, Tensor] | None = None
         self.fused_plan: fused_cpu.FusedStack | bool | None = None  # False = none; None = not looked at
         self.kv_dtype_choice = "auto"  # the fused layers' KV cache: auto, float32, float16 (fused_cpu.kv_dtype)
+        self._one_inputs: _OneTokenInputs | None = None  # decode_one's input buffers
+        self._all_layers: list[int] | None = None  # decode_one's layer list
 
     @property
     def kv_dtype(self) -> torch.dtype:
@@ -287,6 +313,33 @@ class Transformer(nn.Module):
                 tap_tensor = torch.cat([by_layer[k] for k in tap_layers], dim=-1)
         hidden = plan.final_norm(x, self.norm) if plan else self.norm(x)
         return ForwardOutput(logits=self._logits_at(hidden, logits_at, greedy), hidden=hidden, taps=tap_tensor)
+
+    def decode_one(self, token: int, position: int, cache: KVCache,
+                   tap_layers: Sequence[int] = ()) -> ForwardOutput | None:
+        """`forward` for one token of one sequence on the fused stack (a single-stream plain
+        step), with the same C++ calls and inputs, so the same bits: token at `position`,
+        written at slot `position`, seeing slots [0, position]. Python ints in, no mask, no
+        logits (the caller's output layer). None where the fused stack does not run this pass
+        (then `forward`). The generic path's small ops (embedding lookup, positions, rotary
+        rows, slots, the layer list) cost ~0.2 ms a token here, running cold after each pass."""
+        weight = getattr(self.embed_tokens, "weight", None)
+        if not isinstance(self.embed_tokens, nn.Embedding) or weight.dtype != torch.float32:
+            return None
+        plan = self._fused(cache, weight)
+        if not plan or any(not 0 <= k <= len(self.layers) for k in tap_layers):
+            return None
+        cos_table, sin_table = self.rope_tables(position + 1)
+        inputs = self._one_inputs  # the thread that runs the model's passes is its only user
+        if inputs is None or inputs.weight is not weight or inputs.cos_table is not cos_table:
+            inputs = self._one_inputs = _OneTokenInputs(weight, cos_table, sin_table)
+        x, cos, sin, slots = inputs.write(token, position)
+        everything = self._all_layers
+        if everything is None or len(everything) != len(self.layers):
+            everything = self._all_layers = list(range(len(self.layers)))
+        taps = x.new_empty(1, len(tap_layers), x.shape[1]) if tap_layers else None  # [1, K, H]
+        x = plan.run(x, cos, sin, cache, everything, slots, position + 1, None, None, list(tap_layers), taps)
+        hidden = plan.final_norm(x, self.norm).view(1, 1, -1)
+        return ForwardOutput(logits=None, hidden=hidden, taps=None if taps is None else taps.view(1, 1, -1))
 
     def _logits_at(self, hidden: Tensor, logits_at: Tensor | str | None, greedy: bool) -> Tensor | None:
         """3. The output layer, only where asked (it is the widest matmul of a small model)."""

@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -202,6 +203,8 @@ class StepExecutor:
                 result: StepResult) -> None:
         """One pass over `decode` (ragged: each request's root and drafts, no padding), then
         acceptance for each request."""
+        if len(decode) == 1 and self._verify_plain_one(decode[0], trees, asked, result):
+            return
         stats = result.stats
         inputs = [RowInput(r.row, r.context_length, r.root, trees[r.row]) for r in decode]
         model = self.target.model
@@ -268,6 +271,42 @@ class StepExecutor:
             row_choices = choices[offset : offset + size] if request.row in argmax_read else None
             self._accept(request, trees[request.row], row_output, request.row in asked, result,
                          draws.get(request.row), row_choices)
+
+    def _verify_plain_one(self, request: Request, trees: dict[int, DraftTree], asked: set[int],
+                          result: StepResult) -> bool:
+        """A lone greedy request's plain step (no draft, only the argmax read) through the
+        model's `decode_one`: what the general path below computes for it, with the same calls
+        into the fused stack and the output screen, without building a batch. False (nothing
+        done) where it does not apply; the general path then runs."""
+        tree = trees[request.row]
+        model = self.target.model
+        if (tree.size or not self._argmax_only(request, tree) or request.noise_base is not None
+                or request.needs_full_logits or not hasattr(model, "decode_one")
+                or not hasattr(model.lm_head, "greedy_logits")):
+            return False
+        context = request.context_length
+        self.pool.ensure_slots(context + 1)
+        taps = self.tap_layers if self._taps_read([request], trees) else ()
+        forward_started = time.perf_counter()
+        output = model.decode_one(request.root, context, self.pool.view(request.row, request.row + 1), taps)
+        if output is None:
+            return False
+        logits = model.output_logits(output.hidden[0], greedy=True)  # [1, V]: its argmax is exact
+        choices = [int(np.argmax(logits.detach().numpy()[0]))] if logits.dtype == torch.float32 \
+            else argmax_rows(logits).tolist()  # argmax_rows' own NumPy call, without its tensor
+        forward_seconds = time.perf_counter() - forward_started
+        stats = result.stats
+        stats.forward_seconds += forward_seconds
+        stats.decode_rows += 1
+        stats.passes += 1
+        stats.queries += 1
+        stats.span = max(stats.span, request.row + 1)
+        stats.tokens_per_row = max(stats.tokens_per_row, 1)
+        if self.costs is not None:
+            self.costs.observe_ragged(1, 1, forward_seconds)
+        row_output = ForwardOutput(logits=logits[None], hidden=output.hidden, taps=output.taps)
+        self._accept(request, tree, row_output, request.row in asked, result, None, choices)
+        return True
 
     def _taps_read(self, decode: list[Request], trees: dict[int, DraftTree]) -> bool:
         """Whether any proposer will read this pass's taps. Not where one timed request takes a

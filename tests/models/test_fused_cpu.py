@@ -184,3 +184,30 @@ def test_a_float16_cache_stays_close_to_float32_and_speculation_stays_lossless(s
     monkeypatch.setenv("EYAS_KV_DTYPE", "bfloat16")
     with pytest.raises(ValueError, match="accepted values are float32, float16"):
         smollm_int4_target.kv_dtype
+
+
+def test_decode_one_gives_forward_s_bits(int4_target):
+    """A single-stream plain step through `decode_one` (Python ints in, no batch) writes the same
+    keys and values and returns the same hidden state and taps, bit for bit, as `forward` over
+    the same token, position and cache; a float32 model's Python layers are left to `forward`."""
+    model, taps = int4_target.model, (2, 15, 30)
+    caches = [new_cache(int4_target) for _ in range(2)]
+    with torch.inference_mode():
+        for cache in caches:
+            model(PROMPT, cache=cache, logits_at=None)
+        for step, token in enumerate([260, 2114, 5549]):
+            position = PROMPT.shape[1] + step
+            want = model(torch.tensor([[token]]), torch.tensor([[position]]), cache=caches[0],
+                         write_at=position, kv_len=position + 1, tap_layers=taps, logits_at=None)
+            got = model.decode_one(token, position, caches[1], taps)
+            assert got is not None and got.logits is None
+            assert torch.equal(got.hidden, want.hidden) and torch.equal(got.taps, want.taps)
+            assert got.hidden.shape == (1, 1, model.config.hidden_size)
+            assert torch.equal(caches[1].keys, caches[0].keys) and torch.equal(caches[1].values, caches[0].values)
+        assert model.decode_one(260, 0, caches[1], (31,)) is None  # no such boundary: forward's error
+
+
+def test_decode_one_leaves_other_models_to_forward(smollm_target):
+    cache = new_cache(smollm_target)
+    with torch.inference_mode():
+        assert smollm_target.model.decode_one(260, 0, cache) is None  # float32: the Python layers

@@ -44,6 +44,19 @@ def test_slots_grow_by_doubling_and_keep_contents(tiny_target):
     assert torch.all(pool.cache.keys[:, 1, :, 20] == 7.0)
 
 
+def test_a_row_s_view_is_kept_until_the_slots_grow(tiny_target):
+    pool = KVPool(tiny_target, rows=2, max_slots=64, initial_slots=8)
+    view = pool.view(1, 2)
+    assert pool.view(1, 2) is view and pool.view(0, 2) is not view  # the same rows: the same view
+    pool.ensure_slots(8)  # no growth
+    assert pool.view(1, 2) is view
+    pool.ensure_slots(9)
+    grown = pool.view(1, 2)
+    assert grown is not view and grown.keys.shape[3] == 16 and grown.max_slots == 16
+    grown.keys[:, 0, :, 12] = 5.0  # the new view writes through to the grown storage
+    assert torch.all(pool.cache.keys[:, 1, :, 12] == 5.0)
+
+
 def test_swap_exchanges_the_first_slots_of_two_rows_and_their_taps(tiny_target):
     pool = KVPool(tiny_target, rows=3, max_slots=16, initial_slots=8)
     for row in range(3):

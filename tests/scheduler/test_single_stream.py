@@ -367,3 +367,26 @@ def test_the_stream_holds_at_least_two_windows() -> None:
 
     with pytest.raises(EyasError, match="stream_steps"):
         PolicyConfig(window=6, stream_steps=8)
+
+
+def test_single_stream_plain_steps_take_decode_one_with_the_general_path_s_output(smollm_int4_target,
+                                                                                   monkeypatch) -> None:
+    """A lone greedy request's plain steps go through `decode_one` (no batch built), and give
+    the tokens the general ragged path gives with it turned off."""
+    from eyas.scheduler.executor import StepExecutor
+
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    prompt = smollm_int4_target.tokenizer.encode("The capital of France is")
+    calls = []
+    original = type(smollm_int4_target.model).decode_one
+
+    def counted(self, *args, **kwargs):
+        calls.append(args[1])
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(smollm_int4_target.model), "decode_one", counted)
+    fast = generate(smollm_int4_target, prompt, params).token_ids
+    assert len(calls) == len(fast) - 1  # every step after the prompt's pass
+    assert calls == list(range(len(prompt), len(prompt) + len(fast) - 1))  # the positions
+    monkeypatch.setattr(StepExecutor, "_verify_plain_one", lambda *args: False)
+    assert generate(smollm_int4_target, prompt, params).token_ids == fast
