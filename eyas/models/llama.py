@@ -41,28 +41,36 @@ class ForwardOutput:
     taps: Tensor | None  # [B, T, len(tap_layers) * H] residual stream entering each tap layer
 
 
-class _OneTokenInputs:
-    """`Transformer.decode_one`'s inputs to the fused stack, rewritten in place for each token
-    through NumPy views of their storage: the token's embedding row x [1, H], its rotary rows
-    cos, sin [1, D] and its slot [1, 1]. The same values as the generic path's lookups (row
-    copies), at a NumPy assignment each instead of a PyTorch op each (~10-50 us apiece right
-    after a pass, where PyTorch's dispatcher runs cold). Plain tensors: writable in any mode."""
+DECODE_ROWS = 64  # the most rows `Transformer.decode_rows` takes (a draft tree and its root)
 
-    def __init__(self, weight: Tensor, cos_table: Tensor, sin_table: Tensor) -> None:
-        self.weight, self.cos_table = weight, cos_table  # what the views below were made for
+
+class _RowInputs:
+    """`Transformer.decode_rows`' inputs to the fused stack, rewritten in place for each pass
+    through NumPy views of their storage: the rows' embeddings x [T, H], rotary rows cos, sin
+    [T, D] and slots [1, T], for T up to `capacity`. The same values as the generic path's
+    lookups (row copies), at a NumPy assignment each instead of a PyTorch op each (~10-50 us
+    apiece right after a pass, where PyTorch's dispatcher runs cold). Plain tensors: writable
+    in any mode."""
+
+    def __init__(self, weight: Tensor, cos_table: Tensor, sin_table: Tensor, capacity: int) -> None:
+        self.weight, self.cos_table, self.capacity = weight, cos_table, capacity  # what it was made for
         with torch.inference_mode(False):
-            self.tensors = (torch.empty(1, weight.shape[1]), torch.empty(1, cos_table.shape[1]),
-                            torch.empty(1, sin_table.shape[1]), torch.zeros(1, 1, dtype=torch.long))
-        self.x, self.cos, self.sin, self.slot = (t.numpy() for t in self.tensors)
+            tensors = (torch.empty(capacity, weight.shape[1]), torch.empty(capacity, cos_table.shape[1]),
+                       torch.empty(capacity, sin_table.shape[1]), torch.zeros(1, capacity, dtype=torch.long))
+        self.x, self.cos, self.sin, self.slots = (t.numpy() for t in tensors)
         self.rows, self.cos_rows, self.sin_rows = (t.detach().numpy() for t in (weight, cos_table, sin_table))
+        x, cos, sin, slots = tensors
+        self.views = [(x[:count], cos[:count], sin[:count], slots[:, :count]) for count in range(capacity + 1)]
 
-    def write(self, token: int, position: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """x, cos, sin, slots for `token` at `position` (slot = position)."""
-        self.x[0] = self.rows[token]
-        self.cos[0] = self.cos_rows[position]
-        self.sin[0] = self.sin_rows[position]
-        self.slot[0, 0] = position
-        return self.tensors
+    def write(self, tokens: Sequence[int], positions: Sequence[int], first_slot: int
+              ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """x, cos, sin, slots for `tokens` at `positions`, written at slots first_slot.."""
+        count = len(tokens)
+        self.x[:count] = self.rows[tokens]
+        self.cos[:count] = self.cos_rows[positions]
+        self.sin[:count] = self.sin_rows[positions]
+        self.slots[0, :count] = range(first_slot, first_slot + count)
+        return self.views[count]
 
 
 def rope_inverse_frequencies(config: ModelConfig) -> Tensor:
@@ -195,7 +203,7 @@ class Transformer(nn.Module):
         self._rope_cache: tuple[Tensor, Tensor] | None = None
         self.fused_plan: fused_cpu.FusedStack | bool | None = None  # False = none; None = not looked at
         self.kv_dtype_choice = "auto"  # the fused layers' KV cache: auto, float32, float16 (fused_cpu.kv_dtype)
-        self._one_inputs: _OneTokenInputs | None = None  # decode_one's input buffers
+        self._row_inputs: _RowInputs | None = None  # decode_rows' input buffers
         self._all_layers: list[int] | None = None  # decode_one's layer list
 
     @property
@@ -316,30 +324,40 @@ class Transformer(nn.Module):
 
     def decode_one(self, token: int, position: int, cache: KVCache,
                    tap_layers: Sequence[int] = ()) -> ForwardOutput | None:
-        """`forward` for one token of one sequence on the fused stack (a single-stream plain
-        step), with the same C++ calls and inputs, so the same bits: token at `position`,
-        written at slot `position`, seeing slots [0, position]. Python ints in, no mask, no
-        logits (the caller's output layer). None where the fused stack does not run this pass
-        (then `forward`). The generic path's small ops (embedding lookup, positions, rotary
-        rows, slots, the layer list) cost ~0.2 ms a token here, running cold after each pass."""
+        """`decode_rows` for one token at `position`, written at slot `position` (a
+        single-stream plain step: it sees slots [0, position], no mask)."""
+        return self.decode_rows([token], [position], position, None, cache, tap_layers)
+
+    def decode_rows(self, tokens: Sequence[int], positions: Sequence[int], first_slot: int,
+                    mask: Tensor | None, cache: KVCache, tap_layers: Sequence[int] = ()) -> ForwardOutput | None:
+        """`forward` for T tokens of one sequence on the fused stack (a single-stream step:
+        its root, and its draft tree when it has one), with the same C++ calls and inputs, so
+        the same bits: tokens [T] at `positions` [T], written at slots first_slot.., mask
+        [1, T, first_slot + T] bool or None (T = 1: every slot up to its own). Python ints in,
+        no logits (the caller's output layer). None where the fused stack does not run this
+        pass (then `forward`). The generic path's small ops (embedding lookup, positions,
+        rotary rows, slots, the layer list) cost ~0.2 ms a step here, running cold after each
+        pass."""
         weight = getattr(self.embed_tokens, "weight", None)
-        if not isinstance(self.embed_tokens, nn.Embedding) or weight.dtype != torch.float32:
+        count = len(tokens)
+        if (not isinstance(self.embed_tokens, nn.Embedding) or weight.dtype != torch.float32
+                or not 0 < count <= DECODE_ROWS or (mask is None and count > 1)):
             return None
         plan = self._fused(cache, weight)
         if not plan or any(not 0 <= k <= len(self.layers) for k in tap_layers):
             return None
-        cos_table, sin_table = self.rope_tables(position + 1)
-        inputs = self._one_inputs  # the thread that runs the model's passes is its only user
+        cos_table, sin_table = self.rope_tables(max(positions) + 1)
+        inputs = self._row_inputs  # the thread that runs the model's passes is its only user
         if inputs is None or inputs.weight is not weight or inputs.cos_table is not cos_table:
-            inputs = self._one_inputs = _OneTokenInputs(weight, cos_table, sin_table)
-        x, cos, sin, slots = inputs.write(token, position)
+            inputs = self._row_inputs = _RowInputs(weight, cos_table, sin_table, DECODE_ROWS)
+        x, cos, sin, slots = inputs.write(tokens, positions, first_slot)
         everything = self._all_layers
         if everything is None or len(everything) != len(self.layers):
             everything = self._all_layers = list(range(len(self.layers)))
-        taps = x.new_empty(1, len(tap_layers), x.shape[1]) if tap_layers else None  # [1, K, H]
-        x = plan.run(x, cos, sin, cache, everything, slots, position + 1, None, None, list(tap_layers), taps)
-        hidden = plan.final_norm(x, self.norm).view(1, 1, -1)
-        return ForwardOutput(logits=None, hidden=hidden, taps=None if taps is None else taps.view(1, 1, -1))
+        taps = x.new_empty(count, len(tap_layers), x.shape[1]) if tap_layers else None  # [T, K, H]
+        x = plan.run(x, cos, sin, cache, everything, slots, first_slot + count, mask, None, list(tap_layers), taps)
+        hidden = plan.final_norm(x, self.norm).view(1, count, -1)
+        return ForwardOutput(logits=None, hidden=hidden, taps=None if taps is None else taps.view(1, count, -1))
 
     def _logits_at(self, hidden: Tensor, logits_at: Tensor | str | None, greedy: bool) -> Tensor | None:
         """3. The output layer, only where asked (it is the widest matmul of a small model)."""

@@ -44,7 +44,7 @@ from eyas.engine.speculative.tree import node_depths
 from eyas.engine.target import Target
 from eyas.errors import EyasError
 from eyas.models.llama import ForwardOutput
-from eyas.scheduler.batch import RowInput, build_decode_batch, build_ragged_batch
+from eyas.scheduler.batch import RowInput, build_decode_batch, build_ragged_batch, tree_row
 from eyas.scheduler.faults import FaultInjector, InjectedFault, describe
 from eyas.scheduler.kv_pool import KVPool
 from eyas.scheduler.request import Request, RequestStatus
@@ -203,7 +203,7 @@ class StepExecutor:
                 result: StepResult) -> None:
         """One pass over `decode` (ragged: each request's root and drafts, no padding), then
         acceptance for each request."""
-        if len(decode) == 1 and self._verify_plain_one(decode[0], trees, asked, result):
+        if len(decode) == 1 and self._verify_one(decode[0], trees, asked, result):
             return
         stats = result.stats
         inputs = [RowInput(r.row, r.context_length, r.root, trees[r.row]) for r in decode]
@@ -272,38 +272,44 @@ class StepExecutor:
             self._accept(request, trees[request.row], row_output, request.row in asked, result,
                          draws.get(request.row), row_choices)
 
-    def _verify_plain_one(self, request: Request, trees: dict[int, DraftTree], asked: set[int],
-                          result: StepResult) -> bool:
-        """A lone greedy request's plain step (no draft, only the argmax read) through the
-        model's `decode_one`: what the general path below computes for it, with the same calls
-        into the fused stack and the output screen, without building a batch. False (nothing
-        done) where it does not apply; the general path then runs."""
+    def _verify_one(self, request: Request, trees: dict[int, DraftTree], asked: set[int],
+                    result: StepResult) -> bool:
+        """A lone greedy request's step (its root and its draft, only the argmax of each row
+        read) through the model's `decode_one` / `decode_rows`: what the general path below
+        computes for it, with the same calls into the fused stack and the output screen,
+        without building a batch in PyTorch. False (nothing done) where it does not apply;
+        the general path then runs."""
         tree = trees[request.row]
         model = self.target.model
-        if (tree.size or not self._argmax_only(request, tree) or request.noise_base is not None
-                or request.needs_full_logits or not hasattr(model, "decode_one")
+        if (not self._argmax_only(request, tree) or request.noise_base is not None
+                or request.needs_full_logits or not hasattr(model, "decode_rows")
                 or not hasattr(model.lm_head, "greedy_logits")):
             return False
-        context = request.context_length
-        self.pool.ensure_slots(context + 1)
+        context, size = request.context_length, 1 + tree.size
+        self.pool.ensure_slots(context + size)
         taps = self.tap_layers if self._taps_read([request], trees) else ()
+        view = self.pool.view(request.row, request.row + 1)
         forward_started = time.perf_counter()
-        output = model.decode_one(request.root, context, self.pool.view(request.row, request.row + 1), taps)
+        if tree.size:
+            tokens, positions, mask = tree_row(request.root, tree, context)
+            output = model.decode_rows(tokens, positions, context, mask, view, taps)
+        else:
+            output = model.decode_one(request.root, context, view, taps)
         if output is None:
             return False
-        logits = model.output_logits(output.hidden[0], greedy=True)  # [1, V]: its argmax is exact
-        choices = [int(np.argmax(logits.detach().numpy()[0]))] if logits.dtype == torch.float32 \
-            else argmax_rows(logits).tolist()  # argmax_rows' own NumPy call, without its tensor
+        logits = model.output_logits(output.hidden[0], greedy=True)  # [T, V]: each row's argmax exact
+        choices = (np.argmax(logits.detach().numpy(), axis=-1).tolist() if logits.dtype == torch.float32
+                   else argmax_rows(logits).tolist())  # argmax_rows' own NumPy call, without its tensor
         forward_seconds = time.perf_counter() - forward_started
         stats = result.stats
         stats.forward_seconds += forward_seconds
         stats.decode_rows += 1
         stats.passes += 1
-        stats.queries += 1
+        stats.queries += size
         stats.span = max(stats.span, request.row + 1)
-        stats.tokens_per_row = max(stats.tokens_per_row, 1)
+        stats.tokens_per_row = max(stats.tokens_per_row, size)
         if self.costs is not None:
-            self.costs.observe_ragged(1, 1, forward_seconds)
+            self.costs.observe_ragged(1, size, forward_seconds)
         row_output = ForwardOutput(logits=logits[None], hidden=output.hidden, taps=output.taps)
         self._accept(request, tree, row_output, request.row in asked, result, None, choices)
         return True

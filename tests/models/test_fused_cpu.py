@@ -207,6 +207,29 @@ def test_decode_one_gives_forward_s_bits(int4_target):
         assert model.decode_one(260, 0, caches[1], (31,)) is None  # no such boundary: forward's error
 
 
+def test_decode_rows_gives_forward_s_bits_over_a_draft_tree(int4_target):
+    """A single-stream drafting step through `decode_rows` (a root and a 4-node tree: 1 -> root,
+    2 -> 1, 3 -> root, 4 -> 3) gives forward's hidden states, taps and KV cache bit for bit."""
+    from eyas.engine.speculative.draft import DraftTree
+    from eyas.scheduler.batch import tree_row
+
+    model, taps = int4_target.model, (0, 7, 30)
+    tree = DraftTree(torch.tensor([2114, 5549, 30, 260]), torch.tensor([0, 1, 0, 3]))
+    caches = [new_cache(int4_target) for _ in range(2)]
+    context = PROMPT.shape[1]
+    tokens, positions, mask = tree_row(504, tree, context)
+    assert positions == [context + d for d in (0, 1, 2, 1, 2)]
+    with torch.inference_mode():
+        for cache in caches:
+            model(PROMPT, cache=cache, logits_at=None)
+        want = model(torch.tensor([tokens]), torch.tensor([positions]), cache=caches[0], write_at=context,
+                     attn_mask=mask, kv_len=context + 5, tap_layers=taps, logits_at=None)
+        got = model.decode_rows(tokens, positions, context, mask, caches[1], taps)
+    assert torch.equal(got.hidden, want.hidden) and torch.equal(got.taps, want.taps)
+    assert torch.equal(caches[1].keys, caches[0].keys) and torch.equal(caches[1].values, caches[0].values)
+    assert model.decode_rows(tokens, positions, context, None, caches[1]) is None  # several rows need a mask
+
+
 def test_decode_one_leaves_other_models_to_forward(smollm_target):
     cache = new_cache(smollm_target)
     with torch.inference_mode():

@@ -369,24 +369,34 @@ def test_the_stream_holds_at_least_two_windows() -> None:
         PolicyConfig(window=6, stream_steps=8)
 
 
-def test_single_stream_plain_steps_take_decode_one_with_the_general_path_s_output(smollm_int4_target,
-                                                                                   monkeypatch) -> None:
-    """A lone greedy request's plain steps go through `decode_one` (no batch built), and give
-    the tokens the general ragged path gives with it turned off."""
+def test_single_stream_steps_skip_the_batch_with_the_general_path_s_output(smollm_int4_target,
+                                                                           monkeypatch) -> None:
+    """A lone greedy request's plain steps go through `decode_one` and its drafted steps through
+    `decode_rows` (no batch built in PyTorch), and give the tokens the general path gives with
+    them turned off: plain decoding, and n-gram drafts on a prompt that repeats itself."""
+    from eyas.engine.speculative.decode import speculative_generate
+    from eyas.engine.speculative.methods import build_proposer
     from eyas.scheduler.executor import StepExecutor
 
     params = SamplingParams(max_tokens=24, ignore_eos=True)
+    model_type = type(smollm_int4_target.model)
     prompt = smollm_int4_target.tokenizer.encode("The capital of France is")
     calls = []
-    original = type(smollm_int4_target.model).decode_one
+    original = model_type.decode_rows
 
-    def counted(self, *args, **kwargs):
-        calls.append(args[1])
-        return original(self, *args, **kwargs)
+    def counted(self, tokens, positions, *args, **kwargs):
+        calls.append((len(tokens), positions[0]))
+        return original(self, tokens, positions, *args, **kwargs)
 
-    monkeypatch.setattr(type(smollm_int4_target.model), "decode_one", counted)
+    monkeypatch.setattr(model_type, "decode_rows", counted)
     fast = generate(smollm_int4_target, prompt, params).token_ids
-    assert len(calls) == len(fast) - 1  # every step after the prompt's pass
-    assert calls == list(range(len(prompt), len(prompt) + len(fast) - 1))  # the positions
-    monkeypatch.setattr(StepExecutor, "_verify_plain_one", lambda *args: False)
+    assert calls == [(1, position) for position in range(len(prompt), len(prompt) + len(fast) - 1)]
+    repeated = smollm_int4_target.tokenizer.encode("one two three four five six. one two three four five six. one two")
+    calls.clear()
+    drafted = speculative_generate(smollm_int4_target, repeated, params, build_proposer("ngram", smollm_int4_target), 4)
+    assert any(rows > 1 for rows, _ in calls)  # drafted steps took decode_rows too
+    monkeypatch.setattr(StepExecutor, "_verify_one", lambda *args: False)
     assert generate(smollm_int4_target, prompt, params).token_ids == fast
+    assert speculative_generate(smollm_int4_target, repeated, params, build_proposer("ngram", smollm_int4_target),
+                                4).token_ids == drafted.token_ids == generate(smollm_int4_target, repeated,
+                                                                               params).token_ids
