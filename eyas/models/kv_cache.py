@@ -70,6 +70,8 @@ class KVCache:
         Used after verification: the accepted path's entries become contiguous after the
         context; whatever lies beyond them is scratch that the next step overwrites.
         """
+        if isinstance(keep_slots, list) and keep_slots == list(range(start, start + len(keep_slots))):
+            return  # already in place (an accepted chain): checked without PyTorch ops
         index = torch.as_tensor(keep_slots, dtype=torch.long, device=self.keys.device)
         count = index.numel()
         if count == 0:

@@ -57,6 +57,10 @@ def test_compact_moves_kept_slots_down_in_order_on_every_layer():
     for layer in range(2):
         assert cache.keys[layer, 0, 0, :6, 0].tolist() == [x + 10 * layer for x in [0, 1, 2, 3, 6, 7]]
         assert cache.values[layer, 0, 0, :6, 0].tolist() == [x + 10 * layer for x in [0, 1, 2, 3, 6, 7]]
+    before = cache.keys.clone()
+    cache.compact(0, [3, 4, 5], start=3)  # an accepted chain: already in place, nothing moves
+    cache.compact(0, torch.tensor([3, 4]), start=3)
+    assert torch.equal(cache.keys, before)
 
 
 def test_overflow_is_an_error():
