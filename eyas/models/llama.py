@@ -204,7 +204,7 @@ class Transformer(nn.Module):
         self.fused_plan: fused_cpu.FusedStack | bool | None = None  # False = none; None = not looked at
         self.kv_dtype_choice = "auto"  # the fused layers' KV cache: auto, float32, float16 (fused_cpu.kv_dtype)
         self._row_inputs: _RowInputs | None = None  # decode_rows' input buffers
-        self._all_layers: list[int] | None = None  # decode_one's layer list
+        self._all_layers: list[int] | None = None  # decode_rows' layer list (every layer)
 
     @property
     def kv_dtype(self) -> torch.dtype:
