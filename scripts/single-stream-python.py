@@ -1,9 +1,10 @@
 """The time a single-stream plain decode spends outside its two C++ calls (the fused decoder
 stack and the output screen): the wall clock of greedy decoding over MT-Bench first turns less
-the time inside those calls, per token. Run it from two code trees in turn to compare them.
+the time inside those calls, per token; TEMPERATURE > 0 samples (seeded), drawing each token
+through the screen. Run it from two code trees in turn to compare them.
 
 Usage:
-    OMP_NUM_THREADS=2 PYTHONPATH=$PWD python scripts/single-stream-python.py [PROMPTS] [TOKENS]
+    OMP_NUM_THREADS=2 PYTHONPATH=$PWD python scripts/single-stream-python.py [PROMPTS] [TOKENS] [TEMPERATURE]
     OMP_NUM_THREADS=2 PYTHONPATH=$PWD python scripts/single-stream-python.py 16 128
 """
 
@@ -26,6 +27,7 @@ from eyas.models.tokenizer import chat_prompt_ids
 def main() -> None:
     count = int(sys.argv[1]) if len(sys.argv) > 1 else 16
     tokens = int(sys.argv[2]) if len(sys.argv) > 2 else 128
+    temperature = float(sys.argv[3]) if len(sys.argv) > 3 else 0.0
     target = load_target("smollm2-135m", dtype="int4")
     prompts = [chat_prompt_ids(target.tokenizer, [{"role": "user", "content": q}])
                for q in load_prompt_set("mtbench", count)]
@@ -45,7 +47,8 @@ def main() -> None:
 
     timed(fused_cpu.FusedStack, "run", "stack")
     timed(ScreenedOutputLayer, "greedy_logits", "screen")
-    params = SamplingParams(max_tokens=tokens)
+    timed(ScreenedOutputLayer, "sample_tokens", "screen")
+    params = SamplingParams(max_tokens=tokens, temperature=temperature, seed=0 if temperature else None)
     generate(target, prompts[0], SamplingParams(max_tokens=8))  # warm-up
     inside.update(stack=0.0, screen=0.0)
     started, emitted = time.perf_counter(), 0

@@ -274,16 +274,18 @@ class StepExecutor:
 
     def _verify_one(self, request: Request, trees: dict[int, DraftTree], asked: set[int],
                     result: StepResult) -> bool:
-        """A lone greedy request's step (its root and its draft, only the argmax of each row
-        read) through the model's `decode_one` / `decode_rows`: what the general path below
-        computes for it, with the same calls into the fused stack and the output screen,
-        without building a batch in PyTorch. False (nothing done) where it does not apply;
-        the general path then runs."""
+        """A lone request's step (its root and its draft) whose rows are read only by their
+        argmax (greedy, no processors or logprobs) or by Gumbel draws through the screen
+        (plain temperature, drafts without draft probabilities), through the model's
+        `decode_one` / `decode_rows`: what the general path below computes for it, with the
+        same calls into the fused stack and the output screen, without building a batch in
+        PyTorch. False (nothing done) where it does not apply; the general path then runs."""
         tree = trees[request.row]
         model = self.target.model
-        if (not self._argmax_only(request, tree) or request.noise_base is not None
-                or request.needs_full_logits or not hasattr(model, "decode_rows")
-                or not hasattr(model.lm_head, "greedy_logits")):
+        drawn = request.noise_base is not None and tree.draft_probs is None
+        argmax = (self._argmax_only(request, tree) and request.noise_base is None
+                  and not request.needs_full_logits and hasattr(model.lm_head, "greedy_logits"))
+        if not (drawn or argmax) or not hasattr(model, "decode_rows"):
             return False
         context, size = request.context_length, 1 + tree.size
         self.pool.ensure_slots(context + size)
@@ -297,9 +299,15 @@ class StepExecutor:
             output = model.decode_one(request.root, context, view, taps)
         if output is None:
             return False
-        logits = model.output_logits(output.hidden[0], greedy=True)  # [T, V]: each row's argmax exact
-        choices = (np.argmax(logits.detach().numpy(), axis=-1).tolist() if logits.dtype == torch.float32
-                   else argmax_rows(logits).tolist())  # argmax_rows' own NumPy call, without its tensor
+        hidden = output.hidden[0]  # [T, H]
+        draws, choices = None, None
+        if drawn:  # the rows' tokens drawn through the screen; their logits are not read
+            logits = hidden.new_empty(size, 0)
+            draws = self._draws_isolated([(request, 0, size)], trees, hidden, result).get(request.row)
+        else:
+            logits = model.output_logits(hidden, greedy=True)  # [T, V]: each row's argmax exact
+            choices = (np.argmax(logits.detach().numpy(), axis=-1).tolist() if logits.dtype == torch.float32
+                       else argmax_rows(logits).tolist())  # argmax_rows' own NumPy call, without its tensor
         forward_seconds = time.perf_counter() - forward_started
         stats = result.stats
         stats.forward_seconds += forward_seconds
@@ -310,8 +318,10 @@ class StepExecutor:
         stats.tokens_per_row = max(stats.tokens_per_row, size)
         if self.costs is not None:
             self.costs.observe_ragged(1, size, forward_seconds)
+        if request.failure is not None:  # its draw failed (_draws_isolated)
+            return True
         row_output = ForwardOutput(logits=logits[None], hidden=output.hidden, taps=output.taps)
-        self._accept(request, tree, row_output, request.row in asked, result, None, choices)
+        self._accept(request, tree, row_output, request.row in asked, result, draws, choices)
         return True
 
     def _taps_read(self, decode: list[Request], trees: dict[int, DraftTree]) -> bool:

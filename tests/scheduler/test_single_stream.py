@@ -371,9 +371,10 @@ def test_the_stream_holds_at_least_two_windows() -> None:
 
 def test_single_stream_steps_skip_the_batch_with_the_general_path_s_output(smollm_int4_target,
                                                                            monkeypatch) -> None:
-    """A lone greedy request's plain steps go through `decode_one` and its drafted steps through
-    `decode_rows` (no batch built in PyTorch), and give the tokens the general path gives with
-    them turned off: plain decoding, and n-gram drafts on a prompt that repeats itself."""
+    """A lone request's plain steps go through `decode_one` and its drafted steps through
+    `decode_rows` (no batch built in PyTorch), greedy or drawn at temperature 0.8, and give the
+    tokens the general path gives with them turned off: plain decoding, and n-gram drafts on a
+    prompt that repeats itself."""
     from eyas.engine.speculative.decode import speculative_generate
     from eyas.engine.speculative.methods import build_proposer
     from eyas.scheduler.executor import StepExecutor
@@ -395,8 +396,17 @@ def test_single_stream_steps_skip_the_batch_with_the_general_path_s_output(smoll
     calls.clear()
     drafted = speculative_generate(smollm_int4_target, repeated, params, build_proposer("ngram", smollm_int4_target), 4)
     assert any(rows > 1 for rows, _ in calls)  # drafted steps took decode_rows too
+    sampled = SamplingParams(max_tokens=24, ignore_eos=True, temperature=0.8, seed=3)  # Gumbel draws
+    calls.clear()
+    drawn = generate(smollm_int4_target, prompt, sampled).token_ids
+    drawn_drafted = speculative_generate(smollm_int4_target, repeated, sampled,
+                                         build_proposer("ngram", smollm_int4_target), 4).token_ids
+    assert len(calls) >= len(drawn) - 1 and any(rows > 1 for rows, _ in calls)
     monkeypatch.setattr(StepExecutor, "_verify_one", lambda *args: False)
     assert generate(smollm_int4_target, prompt, params).token_ids == fast
     assert speculative_generate(smollm_int4_target, repeated, params, build_proposer("ngram", smollm_int4_target),
                                 4).token_ids == drafted.token_ids == generate(smollm_int4_target, repeated,
                                                                                params).token_ids
+    assert generate(smollm_int4_target, prompt, sampled).token_ids == drawn
+    assert speculative_generate(smollm_int4_target, repeated, sampled, build_proposer("ngram", smollm_int4_target),
+                                4).token_ids == drawn_drafted
