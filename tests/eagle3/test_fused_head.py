@@ -58,6 +58,16 @@ def test_the_fused_layer_computes_the_heads_layer(smollm_int4_target, proposer, 
     assert torch.equal(logits.topk(4).indices, expected.logits[0].topk(4).indices)
 
 
+@torch.inference_mode()
+def test_token_embeddings_from_ints_are_the_lookup_s(proposer):
+    """`embeds` of ints copies the table's rows into a kept buffer: F.embedding's floats, for
+    one id, several, repeated ones and past the buffer's capacity (then the lookup itself)."""
+    weight = proposer.head.embed_tokens.weight
+    for ids in ([260], [1, 504, 3458], [7, 7, 9, 7], list(range(100, 170))):
+        assert torch.equal(proposer.fused.embeds(ids), torch.nn.functional.embedding(torch.tensor(ids), weight))
+    assert torch.equal(proposer.fused.embeds(torch.tensor([5, 6])), weight[5:7])
+
+
 def test_the_cache_grows_and_keeps_its_rows():
     cache = HeadCache(kv_heads=3, head_dim=64, slots=4)
     cache.keys[0, :, :4] = torch.arange(4.0)[None, :, None]
