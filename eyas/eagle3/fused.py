@@ -41,6 +41,9 @@ from eyas.eagle3.head import Eagle3Head
 from eyas.models import extension
 from eyas.models.fused_cpu import norm_matches_torch
 from eyas.models.quant import Int4Linear
+from eyas.models.row_copies import RowCopies
+
+EMBED_ROWS = 64  # token ids `embeds` copies through NumPy (more: a PyTorch lookup)
 
 
 class HeadCache:
@@ -75,7 +78,7 @@ class FusedHead:
     _tables: list = field(default_factory=lambda: [torch.empty(0), torch.empty(0)])  # cos, sin [S, D]
     _slots: list = field(default_factory=lambda: [torch.empty(0, dtype=torch.long)])  # [S] 0, 1, ..
     _causal: dict = field(default_factory=dict)  # rows T -> [T, S] bool, row t sees columns <= S - T + t
-    _embed_rows: list = field(default_factory=lambda: [None])  # [_EmbedRows] for `embeds`
+    _embed_rows: list = field(default_factory=lambda: [None])  # [RowCopies of the table] for `embeds`
 
     @staticmethod
     def supported(head: Eagle3Head) -> bool:
@@ -184,15 +187,15 @@ class FusedHead:
 
     def embeds(self, input_ids: Tensor | Sequence[int]) -> Tensor:
         """[T, H] float32 token embeddings of input_ids [T] (a tensor or ints). Ints with a
-        float32 table: the rows copied through NumPy into a kept buffer, valid until the next
-        call (`run` hands it to its C++ call at once): a PyTorch lookup took ~50 us a drafting
+        float32 table: the rows copied through NumPy into a kept buffer (models/row_copies.py),
+        valid until the next call (`run` hands it to its C++ call at once): a PyTorch lookup took ~50 us a drafting
         step here, its ops running cold after the target's pass."""
         weight = self.head.embed_tokens.weight
         if not isinstance(input_ids, Tensor):
-            if weight.dtype == torch.float32 and len(input_ids) <= _EmbedRows.CAPACITY:
+            if weight.dtype == torch.float32 and len(input_ids) <= EMBED_ROWS:
                 rows = self._embed_rows[0]
-                if rows is None or rows.weight is not weight:
-                    rows = self._embed_rows[0] = _EmbedRows(weight)
+                if rows is None or rows.table is not weight:
+                    rows = self._embed_rows[0] = RowCopies(weight, EMBED_ROWS)
                 return rows.write(input_ids)
             input_ids = torch.tensor(input_ids)
         return F.embedding(input_ids, weight).float().contiguous()
@@ -207,25 +210,6 @@ class FusedHead:
             return extension.module().rms_norm_int4_linear(hidden, norm.weight, norm.eps, self.lm_head_packed)
         normed = F.rms_norm(hidden.float(), (hidden.shape[-1],), norm.weight.float(), norm.eps).to(hidden.dtype)
         return _linear(self.head.lm_head, self.lm_head_packed, normed)
-
-
-class _EmbedRows:
-    """Token embeddings [T, H] copied from a float32 table's rows through NumPy into a kept
-    plain tensor (the same floats as F.embedding), for T up to CAPACITY."""
-
-    CAPACITY = 64
-
-    def __init__(self, weight: Tensor) -> None:
-        self.weight = weight  # the table the view below reads
-        self.table = weight.detach().numpy()  # [V, H]
-        with torch.inference_mode(False):
-            buffer = torch.empty(self.CAPACITY, weight.shape[1])
-        self.buffer = buffer.numpy()
-        self.views = [buffer[:count] for count in range(self.CAPACITY + 1)]
-
-    def write(self, ids: Sequence[int]) -> Tensor:
-        self.buffer[: len(ids)] = self.table[ids]
-        return self.views[len(ids)]
 
 
 def _int8dot_weights(linear) -> Tensor | None:

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from eyas.models import fused_cpu
 from eyas.models.config import ModelConfig
 from eyas.models.kv_cache import KVCache, RowsView
+from eyas.models.row_copies import RowCopies
 from eyas.models.sdpa import attention
 
 
@@ -46,31 +47,22 @@ DECODE_ROWS = 64  # the most rows `Transformer.decode_rows` takes (a draft tree 
 
 class _RowInputs:
     """`Transformer.decode_rows`' inputs to the fused stack, rewritten in place for each pass
-    through NumPy views of their storage: the rows' embeddings x [T, H], rotary rows cos, sin
-    [T, D] and slots [1, T], for T up to `capacity`. The same values as the generic path's
-    lookups (row copies), at a NumPy assignment each instead of a PyTorch op each (~10-50 us
-    apiece right after a pass, where PyTorch's dispatcher runs cold). Plain tensors: writable
-    in any mode."""
+    (models/row_copies.py): the rows' embeddings x [T, H], rotary rows cos, sin [T, D] and
+    slots [1, T], for T up to DECODE_ROWS: the generic path's lookups, without its PyTorch ops."""
 
-    def __init__(self, weight: Tensor, cos_table: Tensor, sin_table: Tensor, capacity: int) -> None:
-        self.weight, self.cos_table, self.capacity = weight, cos_table, capacity  # what it was made for
+    def __init__(self, weight: Tensor, cos_table: Tensor, sin_table: Tensor) -> None:
+        self.x, self.cos, self.sin = (RowCopies(t, DECODE_ROWS) for t in (weight, cos_table, sin_table))
         with torch.inference_mode(False):
-            tensors = (torch.empty(capacity, weight.shape[1]), torch.empty(capacity, cos_table.shape[1]),
-                       torch.empty(capacity, sin_table.shape[1]), torch.zeros(1, capacity, dtype=torch.long))
-        self.x, self.cos, self.sin, self.slots = (t.numpy() for t in tensors)
-        self.rows, self.cos_rows, self.sin_rows = (t.detach().numpy() for t in (weight, cos_table, sin_table))
-        x, cos, sin, slots = tensors
-        self.views = [(x[:count], cos[:count], sin[:count], slots[:, :count]) for count in range(capacity + 1)]
+            slots = torch.zeros(1, DECODE_ROWS, dtype=torch.long)
+        self._slots = slots.numpy()
+        self._slot_views = [slots[:, :count] for count in range(DECODE_ROWS + 1)]
 
     def write(self, tokens: Sequence[int], positions: Sequence[int], first_slot: int
               ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """x, cos, sin, slots for `tokens` at `positions`, written at slots first_slot.."""
-        count = len(tokens)
-        self.x[:count] = self.rows[tokens]
-        self.cos[:count] = self.cos_rows[positions]
-        self.sin[:count] = self.sin_rows[positions]
-        self.slots[0, :count] = range(first_slot, first_slot + count)
-        return self.views[count]
+        self._slots[0, : len(tokens)] = range(first_slot, first_slot + len(tokens))
+        return (self.x.write(tokens), self.cos.write(positions), self.sin.write(positions),
+                self._slot_views[len(tokens)])
 
 
 def rope_inverse_frequencies(config: ModelConfig) -> Tensor:
@@ -204,7 +196,6 @@ class Transformer(nn.Module):
         self.fused_plan: fused_cpu.FusedStack | bool | None = None  # False = none; None = not looked at
         self.kv_dtype_choice = "auto"  # the fused layers' KV cache: auto, float32, float16 (fused_cpu.kv_dtype)
         self._row_inputs: _RowInputs | None = None  # decode_rows' input buffers
-        self._all_layers: list[int] | None = None  # decode_rows' layer list (every layer)
 
     @property
     def kv_dtype(self) -> torch.dtype:
@@ -336,8 +327,7 @@ class Transformer(nn.Module):
         [1, T, first_slot + T] bool or None (T = 1: every slot up to its own). Python ints in,
         no logits (the caller's output layer). None where the fused stack does not run this
         pass (then `forward`). The generic path's small ops (embedding lookup, positions,
-        rotary rows, slots, the layer list) cost ~0.2 ms a step here, running cold after each
-        pass."""
+        rotary rows, slots) cost ~0.2 ms a step here, running cold after each pass."""
         weight = getattr(self.embed_tokens, "weight", None)
         count = len(tokens)
         if (not isinstance(self.embed_tokens, nn.Embedding) or weight.dtype != torch.float32
@@ -348,14 +338,12 @@ class Transformer(nn.Module):
             return None
         cos_table, sin_table = self.rope_tables(max(positions) + 1)
         inputs = self._row_inputs  # the thread that runs the model's passes is its only user
-        if inputs is None or inputs.weight is not weight or inputs.cos_table is not cos_table:
-            inputs = self._row_inputs = _RowInputs(weight, cos_table, sin_table, DECODE_ROWS)
+        if inputs is None or inputs.x.table is not weight or inputs.cos.table is not cos_table:
+            inputs = self._row_inputs = _RowInputs(weight, cos_table, sin_table)
         x, cos, sin, slots = inputs.write(tokens, positions, first_slot)
-        everything = self._all_layers
-        if everything is None or len(everything) != len(self.layers):
-            everything = self._all_layers = list(range(len(self.layers)))
         taps = x.new_empty(count, len(tap_layers), x.shape[1]) if tap_layers else None  # [T, K, H]
-        x = plan.run(x, cos, sin, cache, everything, slots, first_slot + count, mask, None, list(tap_layers), taps)
+        x = plan.run(x, cos, sin, cache, list(range(len(self.layers))), slots, first_slot + count, mask, None,
+                     list(tap_layers), taps)
         hidden = plan.final_norm(x, self.norm).view(1, count, -1)
         return ForwardOutput(logits=None, hidden=hidden, taps=None if taps is None else taps.view(1, count, -1))
 

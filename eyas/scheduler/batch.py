@@ -83,8 +83,6 @@ def build_decode_batch(inputs: list[RowInput], device: torch.device | str = "cpu
     assert [item.row for item in inputs] == list(range(len(inputs))), "rows must be 0..B-1"
     if len(inputs) == 1 and inputs[0].size == 1:  # one plain row (single-stream): no mask
         return one_plain_row(inputs[0], device)
-    if len(inputs) == 1 and inputs[0].size > 1:  # one row and its draft (single-stream speculation)
-        return one_tree_row(inputs[0], device)
     batch = len(inputs)
     length = max(max(item.size for item in inputs), 1)  # T
     contexts = torch.tensor([item.context_length for item in inputs], dtype=torch.long)  # [B]
@@ -191,36 +189,16 @@ def build_ragged_batch(inputs: list[RowInput], device: torch.device | str = "cpu
 
 
 def tree_row(root: int, tree: DraftTree, context: int) -> tuple[list[int], list[int], Tensor]:
-    """One row's pass over its root and draft tree, in NumPy (a single-stream drafting step
-    built it with ~15 small PyTorch ops, ~0.3 ms a step as they run cold after each pass):
-    its tokens [T] and positions [T] (context + depth) as ints, and its mask [1, T, context + T]
-    bool, each query seeing the context, its ancestors and itself (written at slots context..)."""
+    """One row's pass over its root and draft tree, as the general builder lays it out, without
+    its PyTorch ops (~15, ~0.3 ms a step as they run cold after each pass): its tokens [T] and
+    positions [T] (context + depth) as ints, and its mask [1, T, context + T] bool, each query
+    seeing the context, its ancestors and itself (written at slots context..)."""
     size = tree.size + 1
-    tokens = [root] + tree.tokens.tolist()
-    depths = [0]
-    block = np.zeros((size, size), dtype=bool)  # tree_mask(tree)
-    block[0, 0] = True
-    for node, parent in enumerate(tree.parents.tolist(), start=1):
-        depths.append(depths[parent] + 1)
-        block[node] = block[parent]
-        block[node, node] = True
     mask = np.empty((1, size, context + size), dtype=bool)  # [1, T, kv_len]
     mask[0, :, :context] = True
-    mask[0, :, context:] = block
-    return tokens, [context + depth for depth in depths], torch.from_numpy(mask)
-
-
-def one_tree_row(item: RowInput, device: torch.device | str) -> DecodeBatch:
-    """The pass of one row holding its root and draft tree (`tree_row`): the general
-    builder's tensors for B = 1, every query real."""
-    size, context = item.size, item.context_length
-    tokens, positions, mask = tree_row(item.root, item.tree, context)
-    return DecodeBatch(input_ids=torch.tensor([tokens], dtype=torch.long, device=device),
-                       positions=torch.tensor([positions], dtype=torch.long, device=device),
-                       write_slots=torch.arange(context, context + size, device=device)[None],
-                       attn_mask=mask.to(device), kv_len=context + size,
-                       query_rows=torch.zeros(size, dtype=torch.long, device=device),
-                       query_cols=torch.arange(size, device=device), offsets=[0])
+    mask[0, :, context:] = tree_mask(tree).numpy()
+    positions = [context] + [context + depth for depth in node_depths(tree)]
+    return [root] + tree.tokens.tolist(), positions, torch.from_numpy(mask)
 
 
 def one_plain_row(item: RowInput, device: torch.device | str) -> DecodeBatch:

@@ -28,7 +28,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -306,8 +305,7 @@ class StepExecutor:
             draws = self._draws_isolated([(request, 0, size)], trees, hidden, result).get(request.row)
         else:
             logits = model.output_logits(hidden, greedy=True)  # [T, V]: each row's argmax exact
-            choices = (np.argmax(logits.detach().numpy(), axis=-1).tolist() if logits.dtype == torch.float32
-                       else argmax_rows(logits).tolist())  # argmax_rows' own NumPy call, without its tensor
+            choices = argmax_rows(logits).tolist()
         forward_seconds = time.perf_counter() - forward_started
         stats = result.stats
         stats.forward_seconds += forward_seconds

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from eyas.engine.speculative.draft import DraftTree
-from eyas.scheduler.batch import RowInput, build_decode_batch, build_ragged_batch
+from eyas.scheduler.batch import RowInput, build_decode_batch, build_ragged_batch, tree_row
 
 
 def test_two_requests_and_an_idle_row_in_one_pass():
@@ -35,22 +35,21 @@ def test_two_requests_and_an_idle_row_in_one_pass():
     assert batch.offsets == [0, 4, 4]
 
 
-def test_one_row_and_its_tree_gets_the_general_builder_s_tensors():
-    """A lone row with a draft (single-stream speculation) is built in NumPy (one_tree_row):
-    the same ids, positions, slots, mask and query indices as that row in a general batch
-    (here beside an idle row, which the general builder pads), on random trees."""
+def test_tree_row_lays_out_one_row_as_the_general_builder_does():
+    """`tree_row` (single-stream drafting steps, without a batch) gives the ids, positions and
+    mask the general builder gives that row, alone and beside an idle row (which it pads), on
+    random trees."""
     generator = torch.Generator().manual_seed(0)
     for size in (1, 2, 5, 9):
         parents = [int(torch.randint(0, node, (1,), generator=generator)) for node in range(1, size + 1)]
         tree = DraftTree(torch.randint(0, 1000, (size,), generator=generator), torch.tensor(parents))
-        alone = build_decode_batch([RowInput(0, 7, 42, tree)])
-        general = build_decode_batch([RowInput(0, 7, 42, tree), RowInput(1, 3, None)])
-        assert alone.kv_len == general.kv_len == 7 + size + 1
-        for name in ("input_ids", "positions", "write_slots", "attn_mask"):
-            assert torch.equal(getattr(alone, name), getattr(general, name)[:1]), name
-        assert alone.query_rows.tolist() == [0] * (size + 1)
-        assert alone.query_cols.tolist() == list(range(size + 1)) and alone.offsets == [0]
-        assert alone.pass_arguments()["write_at"] == 7
+        tokens, positions, mask = tree_row(42, tree, 7)
+        for rows in ([RowInput(0, 7, 42, tree)], [RowInput(0, 7, 42, tree), RowInput(1, 3, None)]):
+            batch = build_decode_batch(rows)
+            assert batch.kv_len == 7 + size + 1 and mask.shape == (1, size + 1, batch.kv_len)
+            assert batch.input_ids[0].tolist() == tokens and batch.positions[0].tolist() == positions
+            assert torch.equal(batch.attn_mask[:1], mask)
+            assert batch.write_slots[0].tolist() == list(range(7, 7 + size + 1))
 
 
 def test_plain_rows_are_one_token_each():
