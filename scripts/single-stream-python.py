@@ -32,22 +32,29 @@ def main() -> None:
     prompts = [chat_prompt_ids(target.tokenizer, [{"role": "user", "content": q}])
                for q in load_prompt_set("mtbench", count)]
     inside = {"stack": 0.0, "screen": 0.0}
+    depth = {"stack": 0, "screen": 0}  # a call inside another of its part counts once
 
     def timed(owner, name: str, part: str) -> None:
-        original = getattr(owner, name)
+        original = getattr(owner, name, None)
+        if original is None:  # a code tree without this call
+            return
 
         def wrapper(*args, **kwargs):
+            depth[part] += 1
             started = time.perf_counter()
             try:
                 return original(*args, **kwargs)
             finally:
-                inside[part] += time.perf_counter() - started
+                depth[part] -= 1
+                if not depth[part]:
+                    inside[part] += time.perf_counter() - started
 
         setattr(owner, name, wrapper)
 
-    timed(fused_cpu.FusedStack, "run", "stack")
-    timed(ScreenedOutputLayer, "greedy_logits", "screen")
-    timed(ScreenedOutputLayer, "sample_tokens", "screen")
+    for name in ("run", "decode"):
+        timed(fused_cpu.FusedStack, name, "stack")
+    for name in ("greedy_logits", "greedy_tokens", "sample_tokens"):
+        timed(ScreenedOutputLayer, name, "screen")
     params = SamplingParams(max_tokens=tokens, temperature=temperature, seed=0 if temperature else None)
     generate(target, prompts[0], SamplingParams(max_tokens=8))  # warm-up
     inside.update(stack=0.0, screen=0.0)

@@ -139,6 +139,7 @@ class FusedStack:
         weights = [w if w is not None else empty for layer in layers for w in layer.weights]
         self.native = module().Int4Stack(weights, first.group, first.eps, first.heads, first.kv_heads)
         self._norm_in_cpp: bool | None = None  # final_norm's check, made on first use
+        self._every_layer = list(range(len(layers)))
 
     def final_norm(self, x: Tensor, norm: nn.Module) -> Tensor:
         """norm(x) for the stack's output x [..., H] float32, with F.rms_norm's bits: in one C++
@@ -149,6 +150,23 @@ class FusedStack:
         if not self._norm_in_cpp or x.dtype != torch.float32 or torch.is_grad_enabled():
             return norm(x)
         return module().torch_rms_norm(x.reshape(-1, x.shape[-1]), norm.weight, norm.eps).view(x.shape)
+
+    def decode(self, tokens: Sequence[int], positions: Sequence[int], first_slot: int, embed: Tensor,
+               cos_table: Tensor, sin_table: Tensor, cache, mask: Tensor | None, tap_before: Sequence[int],
+               norm: nn.Module) -> list[Tensor] | None:
+        """A single-stream step in one C++ call: `run` over every layer, then `final_norm`,
+        its inputs gathered in C++ (embed [V, H], cos_table/sin_table [P, D] float32: the rows
+        F.embedding and indexing give) -> [hidden [1, T, H]] (+ [taps [1, T, K * H]] with
+        tap_before). None where the C++ norm is not F.rms_norm's bits here (then run and
+        final_norm). Tokens at positions are written at slots first_slot.. of cache row 0."""
+        if self._norm_in_cpp is None:
+            self._norm_in_cpp = norm_matches_torch(norm)
+        if not self._norm_in_cpp or torch.is_grad_enabled():
+            return None
+        storage = getattr(cache, "storage_index", None)
+        where = self._every_layer if storage is None else [storage[index] for index in self._every_layer]
+        return self.native.decode(tokens, positions, first_slot, embed, cos_table, sin_table, cache.keys,
+                                  cache.values, where, mask, tap_before, norm.weight, norm.eps)
 
     def __len__(self) -> int:
         return len(self.layers)

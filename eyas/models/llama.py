@@ -31,7 +31,6 @@ from torch import Tensor, nn
 from eyas.models import fused_cpu
 from eyas.models.config import ModelConfig
 from eyas.models.kv_cache import KVCache, RowsView
-from eyas.models.row_copies import RowCopies
 from eyas.models.sdpa import attention
 
 
@@ -40,29 +39,6 @@ class ForwardOutput:
     logits: Tensor | None  # [B, T_sel, V] (T_sel = T, or the rows picked by `logits_at`)
     hidden: Tensor  # [B, T, H] final hidden state, after the final norm (what lm_head reads)
     taps: Tensor | None  # [B, T, len(tap_layers) * H] residual stream entering each tap layer
-
-
-DECODE_ROWS = 64  # the most rows `Transformer.decode_rows` takes (a draft tree and its root)
-
-
-class _RowInputs:
-    """`Transformer.decode_rows`' inputs to the fused stack, rewritten in place for each pass
-    (models/row_copies.py): the rows' embeddings x [T, H], rotary rows cos, sin [T, D] and
-    slots [1, T], for T up to DECODE_ROWS: the generic path's lookups, without its PyTorch ops."""
-
-    def __init__(self, weight: Tensor, cos_table: Tensor, sin_table: Tensor) -> None:
-        self.x, self.cos, self.sin = (RowCopies(t, DECODE_ROWS) for t in (weight, cos_table, sin_table))
-        with torch.inference_mode(False):
-            slots = torch.zeros(1, DECODE_ROWS, dtype=torch.long)
-        self._slots = slots.numpy()
-        self._slot_views = [slots[:, :count] for count in range(DECODE_ROWS + 1)]
-
-    def write(self, tokens: Sequence[int], positions: Sequence[int], first_slot: int
-              ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """x, cos, sin, slots for `tokens` at `positions`, written at slots first_slot.."""
-        self._slots[0, : len(tokens)] = range(first_slot, first_slot + len(tokens))
-        return (self.x.write(tokens), self.cos.write(positions), self.sin.write(positions),
-                self._slot_views[len(tokens)])
 
 
 def rope_inverse_frequencies(config: ModelConfig) -> Tensor:
@@ -195,7 +171,6 @@ class Transformer(nn.Module):
         self._rope_cache: tuple[Tensor, Tensor] | None = None
         self.fused_plan: fused_cpu.FusedStack | bool | None = None  # False = none; None = not looked at
         self.kv_dtype_choice = "auto"  # the fused layers' KV cache: auto, float32, float16 (fused_cpu.kv_dtype)
-        self._row_inputs: _RowInputs | None = None  # decode_rows' input buffers
 
     @property
     def kv_dtype(self) -> torch.dtype:
@@ -322,30 +297,35 @@ class Transformer(nn.Module):
     def decode_rows(self, tokens: Sequence[int], positions: Sequence[int], first_slot: int,
                     mask: Tensor | None, cache: KVCache, tap_layers: Sequence[int] = ()) -> ForwardOutput | None:
         """`forward` for T tokens of one sequence on the fused stack (a single-stream step:
-        its root, and its draft tree when it has one), with the same C++ calls and inputs, so
-        the same bits: tokens [T] at `positions` [T], written at slots first_slot.., mask
-        [1, T, first_slot + T] bool or None (T = 1: every slot up to its own). Python ints in,
-        no logits (the caller's output layer). None where the fused stack does not run this
-        pass (then `forward`). The generic path's small ops (embedding lookup, positions,
-        rotary rows, slots) cost ~0.2 ms a step here, running cold after each pass."""
+        its root, and its draft tree when it has one), with the same C++ code on the same
+        inputs, so the same bits: tokens [T] at `positions` [T], written at slots first_slot..,
+        mask [1, T, first_slot + T] bool or None (T = 1: every slot up to its own). Python ints
+        in, no logits (the caller's output layer). None where the fused stack does not run
+        this pass (then `forward`). One C++ call gathers the inputs, runs the layers and the
+        final norm: the generic path's small ops (embedding lookup, positions, rotary rows,
+        slots, the norm) ran cold after each pass, ~0.2 ms a step on AMD Zen 4."""
         weight = getattr(self.embed_tokens, "weight", None)
         count = len(tokens)
         if (not isinstance(self.embed_tokens, nn.Embedding) or weight.dtype != torch.float32
-                or not 0 < count <= DECODE_ROWS or (mask is None and count > 1)):
+                or count == 0 or (mask is None and count > 1)):
             return None
         plan = self._fused(cache, weight)
         if not plan or any(not 0 <= k <= len(self.layers) for k in tap_layers):
             return None
         cos_table, sin_table = self.rope_tables(max(positions) + 1)
-        inputs = self._row_inputs  # the thread that runs the model's passes is its only user
-        if inputs is None or inputs.x.table is not weight or inputs.cos.table is not cos_table:
-            inputs = self._row_inputs = _RowInputs(weight, cos_table, sin_table)
-        x, cos, sin, slots = inputs.write(tokens, positions, first_slot)
-        taps = x.new_empty(count, len(tap_layers), x.shape[1]) if tap_layers else None  # [T, K, H]
-        x = plan.run(x, cos, sin, cache, list(range(len(self.layers))), slots, first_slot + count, mask, None,
-                     list(tap_layers), taps)
-        hidden = plan.final_norm(x, self.norm).view(1, count, -1)
-        return ForwardOutput(logits=None, hidden=hidden, taps=None if taps is None else taps.view(1, count, -1))
+        out = plan.decode(tokens, positions, first_slot, weight, cos_table, sin_table, cache, mask,
+                          list(tap_layers), self.norm)
+        if out is None:
+            return None
+        return ForwardOutput(logits=None, hidden=out[0], taps=out[1] if tap_layers else None)
+
+    def greedy_tokens(self, hidden: Tensor) -> list[int]:
+        """Each row's argmax of `output_logits(hidden, greedy=True)` (hidden [..., H]), as
+        Python ints: in one C++ call where the output layer screens (no logits come out),
+        else torch.argmax's (the first of equal maxima)."""
+        if hasattr(self.lm_head, "greedy_tokens"):
+            return self.lm_head.greedy_tokens(hidden)
+        return self.output_logits(hidden, greedy=True).argmax(dim=-1).reshape(-1).tolist()
 
     def _logits_at(self, hidden: Tensor, logits_at: Tensor | str | None, greedy: bool) -> Tensor | None:
         """3. The output layer, only where asked (it is the widest matmul of a small model)."""

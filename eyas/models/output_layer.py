@@ -148,6 +148,16 @@ class ScreenedOutputLayer(nn.Module):
         approx[rows, columns] = self._exact(flat, rows, columns)
         return approx.reshape(*shape[:-1], self.out_features)
 
+    def greedy_tokens(self, x: Tensor) -> list[int]:  # [..., H] -> each row's argmax, Python ints
+        """argmax(greedy_logits(x)) per row, the first of equal maxima: in one C++ call that
+        returns only the indices where the extension screens with the full float32 table (no
+        [R, V] logits for a caller to read after a pass, when every small op runs cold)."""
+        lean = self.row_source is not None and not self.row_source.has_table
+        if self.int8dot and not lean:
+            return extension.module().int8_screen_argmax(x, self.packed, self.scale_float, self.code_sums,
+                                                         self.weight_error, self.approx_norm, self.full_weight())
+        return self.greedy_logits(x).argmax(dim=-1).reshape(-1).tolist()
+
     def _exact(self, flat: Tensor, rows: Tensor, columns: Tensor) -> Tensor:
         """The float32 logits of the pairs (rows [P] of flat [R, H], columns [P]) -> [P], each
         from its own weight row (a lean row source dequantizes only those rows)."""

@@ -1,5 +1,5 @@
 """`RowCopies`: rows of a table gathered into a kept tensor through NumPy, for the passes that
-run once a decoding step (single-stream decoding's inputs, the EAGLE-3 head's embeddings).
+run once a decoding step (the EAGLE-3 head's embeddings).
 
 Why: after a target pass has streamed ~100 MB through the caches, each small PyTorch op (an
 index, a lookup, a copy) runs cold, ~10-50 us apiece; a NumPy assignment into a buffer

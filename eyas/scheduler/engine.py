@@ -31,6 +31,8 @@ import time
 from collections import deque
 from typing import Callable, Iterable
 
+import torch
+
 from eyas.engine.logits_process import LogitsProcessor
 from eyas.engine.penalties import sampling_processors
 from eyas.engine.sampling import SamplingParams
@@ -255,26 +257,30 @@ class Engine:
         self._exited.clear()
         self._running.set()
         try:
-            while True:
-                with self._wakeup:
-                    while self._incoming:
-                        self.scheduler.add(self._incoming.popleft())
-                    idle = not self.scheduler.has_work and not self.loop.busy
-                    if idle and (self._stopping or (stop_when is not None and stop_when())):
-                        return
-                    if idle:
-                        self._wakeup.wait(0.05)
-                        continue
-                try:
-                    self.loop.step()
-                except Exception as error:  # a bug in the loop itself: fail everything, keep serving
-                    log.exception("engine loop failed; failing every request in it")
-                    self.loop.fail_everything(error)
-                if self.observer is not None:
-                    self._report_state()
+            with torch.inference_mode():  # once, not once a step (StepExecutor.run)
+                self._loop(stop_when)
         finally:
             self._running.clear()
             self._exited.set()
+
+    def _loop(self, stop_when: Callable[[], bool] | None) -> None:
+        while True:
+            with self._wakeup:
+                while self._incoming:
+                    self.scheduler.add(self._incoming.popleft())
+                idle = not self.scheduler.has_work and not self.loop.busy
+                if idle and (self._stopping or (stop_when is not None and stop_when())):
+                    return
+                if idle:
+                    self._wakeup.wait(0.05)
+                    continue
+            try:
+                self.loop.step()
+            except Exception as error:  # a bug in the loop itself: fail everything, keep serving
+                log.exception("engine loop failed; failing every request in it")
+                self.loop.fail_everything(error)
+            if self.observer is not None:
+                self._report_state()
 
     def _report_state(self, every_s: float = 0.5) -> None:
         """The queue, KV pool and prefix cache to the observer's gauges: when any of them

@@ -234,3 +234,15 @@ def test_decode_one_leaves_other_models_to_forward(smollm_target):
     cache = new_cache(smollm_target)
     with torch.inference_mode():
         assert smollm_target.model.decode_one(260, 0, cache) is None  # float32: the Python layers
+
+
+def test_greedy_tokens_are_the_output_logits_argmax(int4_target, smollm_target):
+    """`greedy_tokens` (Python ints, no logits out of the screen's C++ call) gives each row's
+    argmax of `output_logits(hidden, greedy=True)`; a float32 model's plain output layer too."""
+    for target in (int4_target, smollm_target):
+        model = target.model
+        with torch.inference_mode():
+            hidden = model(PROMPT, logits_at=None).hidden  # [1, T, H]
+            want = model.output_logits(hidden, greedy=True).argmax(-1).reshape(-1).tolist()
+            assert model.greedy_tokens(hidden) == want
+            assert model.greedy_tokens(hidden[0, -1:]) == want[-1:]

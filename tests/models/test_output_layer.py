@@ -31,6 +31,7 @@ def test_the_argmax_is_exact_on_near_ties_and_exact_ties():
     assert torch.equal(screened.argmax(-1), exact.argmax(-1))
     assert screened.argmax(-1)[0] == 7
     assert screened.argmax(-1)[1] == exact[1].argmax()  # 1000 or 2000, as float32 decides
+    assert layer.greedy_tokens(x) == exact.argmax(-1).tolist()  # no logits out, the same argmax
     assert torch.equal(layer(x), x @ layer.weight_t)  # the plain path is the float32 product
 
 
@@ -76,9 +77,11 @@ def test_the_bound_holds_and_the_argmax_is_the_float64_one_on_random_logits(bits
     with screen_bits(layer, bits), torch.inference_mode():
         approx, bound = layer.screen(x)
         screened = layer.greedy_logits(x)
+        tokens = layer.greedy_tokens(x.reshape(8, 5, 128))  # any leading dimensions
     assert bool(((exact - approx.double()).abs() <= bound.double()).all())
     assert torch.equal(screened.argmax(-1), exact.argmax(-1))
     assert screened.argmax(-1)[1] == 17
+    assert tokens == exact.argmax(-1).tolist()
 
 
 @pytest.mark.parametrize("screen", ["model's 8-bit", "model's 14-bit", "pytorch"])
@@ -102,13 +105,32 @@ def test_the_error_bound_holds_on_smollm2_hidden_states(smollm_int4_target, mtbe
         exact = hidden @ layer.weight.t()
         approx, bound = layer.screen(hidden)
         screened = layer.greedy_logits(hidden)
+        tokens = layer.greedy_tokens(hidden)
         candidates = (approx + bound >= (approx - bound).amax(1, keepdim=True)).sum(1)  # [T]
     assert bool(((exact - approx).abs() <= bound).all())
     assert torch.equal(screened.argmax(-1), exact.argmax(-1))
+    assert tokens == exact.argmax(-1).tolist()
     assert candidates.float().median() <= 64  # of 49,152: the screen is worth its cost
     best = exact.argmax(-1, keepdim=True)
     # the maximum is its float32 dot product (a matmul may round its last bit otherwise)
     assert torch.allclose(screened.gather(1, best), exact.gather(1, best), rtol=1e-6, atol=0)
+
+
+def test_greedy_tokens_of_rows_that_are_not_finite_are_greedy_logits_argmax():
+    """A row with NaN or infinite inputs has no bound to trust: its token is still what
+    argmax(greedy_logits(row)) gives (NaN counting as the largest), the other rows unaffected."""
+    torch.manual_seed(3)
+    weight = torch.randn(2048, 64) * 0.1
+    layer = layer_with(weight)
+    x = torch.randn(4, 64)
+    x[1, 5] = float("nan")
+    x[2, 9] = float("inf")
+    x[3, 0] = -float("inf")
+    with torch.inference_mode():
+        expected = layer.greedy_logits(x).argmax(-1).tolist()
+        tokens = layer.greedy_tokens(x)
+    assert tokens == expected
+    assert tokens[0] == (x[0] @ weight.t()).argmax().item()
 
 
 def test_rows_that_are_not_the_layers_weight_are_refused():

@@ -484,6 +484,55 @@ class Int4Stack {
     return hidden;
   }
 
+  // A single-stream step (Transformer.decode_rows): tokens [T] at positions [T], written at slots
+  // first_slot .. first_slot + T - 1 of cache row 0, seeing slots [0, first_slot + T) through
+  // mask [1, T, first_slot + T] (or none: T = 1), through every layer, then the final RMSNorm
+  // (torch_rms_norm: F.rms_norm's bits). run()'s inputs are gathered here, the rows that
+  // F.embedding and indexing give: x from embed [V, H], cos and sin from the rotary tables
+  // [P, D], so that a step makes no small PyTorch ops, each of which runs cold (~20-50 us on
+  // AMD Zen 4) after a pass has streamed ~100 MB of weights. -> [hidden [1, T, H]] or, with
+  // taps, [hidden, taps [1, T, len(tap_before) * H]].
+  std::vector<Tensor> decode(const std::vector<int64_t>& tokens, const std::vector<int64_t>& positions,
+                             int64_t first_slot, const Tensor& embed, const Tensor& cos_table,
+                             const Tensor& sin_table, const Tensor& keys, const Tensor& values,
+                             const std::vector<int64_t>& storage, const c10::optional<Tensor>& mask,
+                             const std::vector<int64_t>& tap_before, const Tensor& norm, double eps) const {
+    const int64_t count = int64_t(tokens.size());
+    TORCH_CHECK(count > 0 && positions.size() == tokens.size(), "tokens and positions: T > 0 of each");
+    TORCH_CHECK(first_slot >= 0, "first_slot >= 0");
+    for (const Tensor* table : {&embed, &cos_table, &sin_table})
+      TORCH_CHECK(table->dim() == 2 && table->scalar_type() == at::kFloat && table->is_contiguous(),
+                  "embed, cos_table, sin_table: contiguous float32 [rows, width]");
+    TORCH_CHECK(cos_table.sizes() == sin_table.sizes(), "cos_table and sin_table differ in shape");
+    TORCH_CHECK(int64_t(storage.size()) == size(), "one storage index per layer");
+    const int64_t hidden = embed.size(1), head_dim = cos_table.size(1);
+    Tensor x = at::empty({count, hidden}, embed.options());
+    Tensor cos = at::empty({count, head_dim}, embed.options()), sin = at::empty({count, head_dim}, embed.options());
+    Tensor slots = at::empty({1, count}, embed.options().dtype(at::kLong));
+    int64_t* slot_data = slots.data_ptr<int64_t>();
+    for (int64_t t = 0; t < count; ++t) {
+      TORCH_CHECK_INDEX(tokens[t] >= 0 && tokens[t] < embed.size(0), "token ", tokens[t], " of ", embed.size(0));
+      TORCH_CHECK_INDEX(positions[t] >= 0 && positions[t] < cos_table.size(0), "position ", positions[t], " of ",
+                        cos_table.size(0));
+      std::memcpy(x.data_ptr<float>() + t * hidden, embed.data_ptr<float>() + tokens[t] * hidden,
+                  hidden * sizeof(float));
+      std::memcpy(cos.data_ptr<float>() + t * head_dim, cos_table.data_ptr<float>() + positions[t] * head_dim,
+                  head_dim * sizeof(float));
+      std::memcpy(sin.data_ptr<float>() + t * head_dim, sin_table.data_ptr<float>() + positions[t] * head_dim,
+                  head_dim * sizeof(float));
+      slot_data[t] = first_slot + t;
+    }
+    std::vector<int64_t> layers(size());
+    for (int64_t i = 0; i < size(); ++i) layers[i] = i;
+    c10::optional<Tensor> taps;
+    if (!tap_before.empty()) taps = at::empty({count, int64_t(tap_before.size()), hidden}, embed.options());
+    const Tensor out = run(x, cos, sin, keys, values, layers, storage, slots, first_slot + count, mask, c10::nullopt,
+                           tap_before, taps);
+    std::vector<Tensor> result{eyas::torch_rms_norm(out, norm, eps).view({1, count, hidden})};
+    if (taps.has_value()) result.push_back(taps->view({1, count, -1}));
+    return result;
+  }
+
  private:
   std::vector<LayerWeights> layers_;
 };
@@ -587,7 +636,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            pybind11::arg("tap_before") = std::vector<int64_t>{}, pybind11::arg("taps") = pybind11::none(),
            // without the GIL: the server's event loop (HTTP, streaming) runs while a pass computes;
            // its buffers are per calling thread and the worker pool lets two callers take turns
-           pybind11::call_guard<pybind11::gil_scoped_release>());
+           pybind11::call_guard<pybind11::gil_scoped_release>())
+      .def("decode", &Int4Stack::decode, "A single-stream step from token ids (see Int4Stack::decode)",
+           pybind11::arg("tokens"), pybind11::arg("positions"), pybind11::arg("first_slot"), pybind11::arg("embed"),
+           pybind11::arg("cos_table"), pybind11::arg("sin_table"), pybind11::arg("keys"), pybind11::arg("values"),
+           pybind11::arg("storage"), pybind11::arg("mask"), pybind11::arg("tap_before"), pybind11::arg("norm"),
+           pybind11::arg("eps"), pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("set_phase_timing", &set_phase_timing, pybind11::arg("enabled"), pybind11::arg("clock") = "wall",
         "Per-phase timers of the stack on or off, on the 'wall' or 'cpu' clock (phase_timer.h)");
   m.def("phase_seconds", &phase_seconds, pybind11::arg("reset") = false,
@@ -619,4 +673,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_screen_streaming", &eyas::set_screen_streaming, "Sets it (off only for comparisons; same bits)");
   m.def("int8_screen_pack", &eyas::int8_screen_pack, "codes [V, H] int8 -> packed (int8_screen.cpp)");
   m.def("int8_screen", &eyas::int8_screen, "x [R, H] -> (approx, bound) [R, V] (int8_screen.cpp)");
+  m.def("int8_screen_argmax", &eyas::int8_screen_argmax,
+        "x [..., H] -> each row's argmax, as int8_screen_greedy's logits give it (int8_screen.cpp)",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
 }

@@ -491,6 +491,40 @@ at::Tensor int8_screen_greedy(const at::Tensor& x_in, const at::Tensor& packed, 
   });
 }
 
+std::vector<int64_t> int8_screen_argmax(const at::Tensor& x_in, const at::Tensor& packed, const at::Tensor& scale_in,
+                                        const at::Tensor& sums_in, const at::Tensor& weight_error_in,
+                                        const at::Tensor& approx_norm_in, const at::Tensor& weight_in) {
+  const int64_t vocab = packed.size(0) * kRows, hidden = packed.size(1) * 4;
+  TORCH_CHECK(x_in.dim() >= 1 && x_in.size(-1) == hidden, "x must be [..., ", hidden, "]");
+  const Checked c = check(x_in.reshape({-1, hidden}), packed, scale_in, sums_in, weight_error_in, approx_norm_in);
+  TORCH_CHECK(weight_in.dim() == 2 && weight_in.size(0) == vocab && weight_in.size(1) == hidden &&
+              weight_in.scalar_type() == at::kFloat, "weight must be float32 [", vocab, ", ", hidden, "]");
+  const at::Tensor weight = weight_in.contiguous();
+  const int64_t rows = c.x.size(0);
+  const float* xp = c.x.data_ptr<float>();
+  const float* wp = weight.data_ptr<float>();
+  std::vector<int64_t> best(rows, -1);
+  std::vector<float> best_value(rows);
+  const at::Tensor approx = screen_candidates(c, packed, [&](int64_t r, int64_t j, float* a) {
+    const float value = a[j] = exact_logit(xp + r * hidden, wp + j * hidden, hidden);  // increasing j
+    const float held = best_value[r];
+    if (best[r] < 0 || (!std::isnan(held) && (value > held || std::isnan(value)))) best[r] = j, best_value[r] = value;
+  });
+  // A row whose inputs are not all finite has no meaningful bound: the first maximum of the whole
+  // row as int8_screen_greedy leaves it (NaN counting as the largest, as torch.argmax and NumPy's).
+  const float* ap = approx.data_ptr<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = xp + r * hidden;
+    if (best[r] >= 0 && std::all_of(xr, xr + hidden, [](float v) { return std::isfinite(v); })) continue;
+    const float* a = ap + r * vocab;
+    int64_t at = 0;
+    for (int64_t j = 1; j < vocab && !std::isnan(a[at]); ++j)
+      if (a[j] > a[at] || std::isnan(a[j])) at = j;
+    best[r] = at;
+  }
+  return best;
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_screen_candidates(
     const at::Tensor& x_in, const at::Tensor& packed, const at::Tensor& scale_in, const at::Tensor& sums_in,
     const at::Tensor& weight_error_in, const at::Tensor& approx_norm_in) {

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include <tuple>
+#include <vector>
 
 namespace eyas {
 
@@ -28,6 +29,14 @@ std::tuple<at::Tensor, at::Tensor> int8_screen(const at::Tensor& x, const at::Te
 at::Tensor int8_screen_greedy(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale,
                               const at::Tensor& sums, const at::Tensor& weight_error,
                               const at::Tensor& approx_norm, const at::Tensor& weight);
+
+// int8_screen_greedy's argmax of each row of x [..., H] (R rows), without its logits leaving C++:
+// the first of the candidates' largest float32 logits (every other logit's interval lies below
+// them), NaN counting as the largest. Python ints for a caller that reads nothing else (a greedy
+// single-stream step: a small PyTorch op after a pass costs ~20-50 us on cold caches).
+std::vector<int64_t> int8_screen_argmax(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale,
+                                        const at::Tensor& sums, const at::Tensor& weight_error,
+                                        const at::Tensor& approx_norm, const at::Tensor& weight);
 
 // The same screen, then each row's candidates (the logits that int8_screen_greedy re-checks), for a
 // caller that computes their exact values itself (an output layer whose float32 rows are read from
