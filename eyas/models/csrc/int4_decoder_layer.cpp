@@ -101,14 +101,21 @@ constexpr int64_t kMaxHeadDim = 512;  // rope_and_write's per-head scratch
 // unused) on float32 activations, or PyTorch's packed int4 on activations rounded to bf16, its
 // output widened back. Returns O. `hooks` (int4_gemm.h) write x's rows first and finish y's
 // columns: inside the kernel's own regions, or around PyTorch's.
-int64_t linear(eyas::Phase phase, const float* x, int64_t rows, int64_t in, const Tensor& packed, int64_t group,
-               const Tensor& scales, std::vector<float>& y, const eyas::GemmHooks& hooks = {}) {
+struct Linear {
+  Tensor packed, scales;
+  eyas::PackedInt4 fast;  // set where `packed` is in the int8dot kernel's layout
+};
+
+int64_t linear(eyas::Phase phase, const float* x, int64_t rows, int64_t in, const Linear& weights, int64_t group,
+               std::vector<float>& y, const eyas::GemmHooks& hooks = {}) {
   const eyas::PhaseScope timed(phase);
-  if (packed.scalar_type() == at::kByte && packed.dim() == 3) {
-    const int64_t out = packed.size(0) * 16;  // 16 columns per block (int4_gemm.h)
-    eyas::int4_gemm(x, rows, in, packed, sized(y, rows * out), hooks);
+  if (weights.fast.data != nullptr) {
+    const int64_t out = weights.fast.blocks * 16;  // 16 columns per block (int4_gemm.h)
+    eyas::int4_gemm(x, rows, in, weights.fast, sized(y, rows * out), hooks);
     return out;
   }
+  const Tensor& packed = weights.packed;
+  const Tensor& scales = weights.scales;
   if (hooks.prepare) eyas::parallel_for(0, rows, kRowsPerThread, hooks.prepare);
   const Tensor input = at::from_blob(const_cast<float*>(x), {rows, in}, at::kFloat);
   const Tensor result = int4_mm(input.to(at::kBFloat16), packed, group, scales).to(at::kFloat).contiguous();
@@ -202,37 +209,115 @@ void rope_and_write(const QkvRows& in, Q* q, K* keys, K* values) {
 }
 
 
-// The tensors and sizes of one decoder layer, in int4_decoder_layer's argument order.
+// The tensors and sizes of one decoder layer, in int4_decoder_layer's argument order (the tensors
+// kept alive here), and what a pass reads of them as raw pointers: once the weights have streamed
+// through the caches, every access to a tensor's metadata (data_ptr, sizes, checks) is a cache
+// miss, ~10 a layer.
 struct LayerWeights {
-  Tensor norm_in, qkv_packed, qkv_scales;
+  Tensor norm_in;
+  Linear qkv;
   c10::optional<Tensor> qkv_bias;
-  Tensor o_packed, o_scales, norm_post, gate_up_packed, gate_up_scales, down_packed, down_scales;
+  Linear o;
+  Tensor norm_post;
+  Linear gate_up, down;
   int64_t group, heads, kv_heads;
   double eps;
+  const float* norm_in_data = nullptr;
+  const float* norm_post_data = nullptr;
+  const float* bias_data = nullptr;  // [(Hq + 2 KV) * D] or null
+
+  LayerWeights(const Tensor& norm_in_, const Tensor& qkv_packed, const Tensor& qkv_scales,
+               const c10::optional<Tensor>& qkv_bias_, const Tensor& o_packed, const Tensor& o_scales,
+               const Tensor& norm_post_, const Tensor& gate_up_packed, const Tensor& gate_up_scales,
+               const Tensor& down_packed, const Tensor& down_scales, int64_t group_, int64_t heads_,
+               int64_t kv_heads_, double eps_)
+      : norm_in(norm_in_), qkv(linear_weights(qkv_packed, qkv_scales)), qkv_bias(qkv_bias_),
+        o(linear_weights(o_packed, o_scales)), norm_post(norm_post_),
+        gate_up(linear_weights(gate_up_packed, gate_up_scales)), down(linear_weights(down_packed, down_scales)),
+        group(group_), heads(heads_), kv_heads(kv_heads_), eps(eps_) {
+    TORCH_CHECK(norm_in.scalar_type() == at::kFloat && norm_in.is_contiguous() &&
+                norm_post.scalar_type() == at::kFloat && norm_post.is_contiguous(),
+                "the layer's norm weights must be contiguous float32");
+    norm_in_data = norm_in.data_ptr<float>();
+    norm_post_data = norm_post.data_ptr<float>();
+    if (qkv_bias.has_value()) {
+      TORCH_CHECK(qkv_bias->scalar_type() == at::kFloat && qkv_bias->is_contiguous(),
+                  "the qkv bias must be contiguous float32");
+      bias_data = qkv_bias->data_ptr<float>();
+    }
+  }
+
+  static Linear linear_weights(const Tensor& packed, const Tensor& scales) {
+    const bool fast = packed.scalar_type() == at::kByte && packed.dim() == 3;
+    return {packed, scales, fast ? eyas::packed_int4(packed) : eyas::PackedInt4{}};
+  }
 };
 
 // What every layer of a pass shares: rows, rotary tables, cache slots, each row's sequence
 // and visible slots.
 struct Pass {
-  const Tensor& cos;  // [N, D] float32
-  const Tensor& sin;  // [N, D] float32, sign-folded
-  const Tensor& slots;  // [N] (or [B, T]) int64: each row's slot in its own cache row
+  const float* cos;  // [N, D] float32
+  const float* sin;  // [N, D] float32, sign-folded
+  const int64_t* slots;  // [N] (or [B, T]) int64: each row's slot in its own cache row
+  int64_t head_dim;
   int64_t kv_len;
   const eyas::Visibility& visible;  // each row's cache row (sequence) and visible slots
 };
 
-void check_cache(const Tensor& cache_k, const Tensor& cache_v, int64_t batch, int64_t kv_heads, int64_t head_dim,
-                 int64_t kv_len) {
-  TORCH_CHECK(cache_k.scalar_type() == cache_v.scalar_type() &&
-              (cache_k.scalar_type() == at::kDouble || cache_k.scalar_type() == at::kFloat ||
-               cache_k.scalar_type() == at::kHalf),
+// The pass's tables, checked (slots: check_pass).
+Pass make_pass(const Tensor& cos, const Tensor& sin, const Tensor& slots, int64_t kv_len,
+               const eyas::Visibility& visible) {
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.is_contiguous() &&
+              sin.is_contiguous() && cos.dim() == 2 && cos.sizes() == sin.sizes() && cos.size(0) == visible.rows(),
+              "cos, sin: contiguous float32 [N, D], one row per row of x");
+  return {cos.data_ptr<float>(), sin.data_ptr<float>(), slots.data_ptr<int64_t>(), cos.size(1), kv_len, visible};
+}
+
+// A layer of the KV cache, [B', KV, S, D] float64, float32 or float16, by raw pointers; from a
+// stack's cache [L, B', KV, S, D], its first layer, `layer(i)` giving the others.
+struct CacheLayer {
+  at::ScalarType dtype;
+  void* keys;
+  void* values;
+  int64_t rows, kv_heads, slots, head_dim;
+  int64_t layers = 1, key_layer_bytes = 0, value_layer_bytes = 0;
+
+  CacheLayer layer(int64_t index) const {
+    TORCH_CHECK_INDEX(index >= 0 && index < layers, "cache layer ", index, " of ", layers);
+    CacheLayer one = *this;
+    one.keys = static_cast<char*>(keys) + index * key_layer_bytes;
+    one.values = static_cast<char*>(values) + index * value_layer_bytes;
+    one.layers = 1;
+    return one;
+  }
+};
+
+// Checks keys, values (4-D: one layer [B', KV, S, D]; 5-D: a stack's [L, B', KV, S, D]).
+CacheLayer cache_layers(const Tensor& keys, const Tensor& values) {
+  TORCH_CHECK(keys.scalar_type() == values.scalar_type() &&
+              (keys.scalar_type() == at::kDouble || keys.scalar_type() == at::kFloat ||
+               keys.scalar_type() == at::kHalf),
               "the KV cache must be float32, float64 or float16 (attention runs in its dtype, float32 for float16)");
-  TORCH_CHECK(cache_k.is_contiguous() && cache_v.is_contiguous(), "cache layers must be contiguous");
-  TORCH_CHECK(cache_k.dim() == 4 && cache_k.sizes() == cache_v.sizes() && cache_k.size(0) >= batch &&
-              cache_k.size(1) == kv_heads && cache_k.size(3) == head_dim,
+  TORCH_CHECK((keys.dim() == 4 || keys.dim() == 5) && keys.sizes() == values.sizes(),
+              "cache layers must be [B, KV, S, D] (a stack's: [L, B, KV, S, D])");
+  const int64_t d = keys.dim() - 4;
+  for (const Tensor* t : {&keys, &values}) {  // each layer contiguous (a stack's layers at any stride)
+    int64_t expected = 1;
+    for (int64_t k = t->dim() - 1; k >= d; --k) {
+      TORCH_CHECK(t->size(k) == 1 || t->stride(k) == expected, "cache layers must be contiguous");
+      expected *= t->size(k);
+    }
+  }
+  const int64_t bytes = int64_t(keys.element_size());
+  return {keys.scalar_type(), keys.data_ptr(), values.data_ptr(), keys.size(d), keys.size(d + 1), keys.size(d + 2),
+          keys.size(d + 3), d ? keys.size(0) : 1, d ? keys.stride(0) * bytes : 0, d ? values.stride(0) * bytes : 0};
+}
+
+void check_cache(const CacheLayer& cache, int64_t batch, int64_t kv_heads, int64_t head_dim, int64_t kv_len) {
+  TORCH_CHECK(cache.rows >= batch && cache.kv_heads == kv_heads && cache.head_dim == head_dim,
               "cache layers must be [B, KV, S, D] with this layer's kv heads and head dim");
-  TORCH_CHECK_INDEX(kv_len > 0 && kv_len <= cache_k.size(2), "KV cache overflow: ", kv_len, " visible slots of ",
-                    cache_k.size(2));
+  TORCH_CHECK_INDEX(kv_len > 0 && kv_len <= cache.slots, "KV cache overflow: ", kv_len, " visible slots of ",
+                    cache.slots);
 }
 
 // SiLU(gate) * up for rows begin..end-1 of gate_up [N, 2I] -> act [N, I] (inside the down
@@ -266,14 +351,14 @@ void add_columns(const float* x, const float* y, int64_t rows, int64_t h, int64_
 // sequence's row of cache_k / cache_v [B', KV, S, D]. With `embeds` (and `norm_embeds`) it is an EAGLE-3 head's layer (see
 // int4_decoder_layer).
 void decoder_layer(const float* x, int64_t rows, int64_t hidden, const LayerWeights& w, const Pass& pass,
-                   const Tensor& cache_k, const Tensor& cache_v, float* out, const Tensor* embeds = nullptr,
+                   const CacheLayer& cache, float* out, const Tensor* embeds = nullptr,
                    const Tensor* norm_embeds = nullptr) {
   const int64_t batch = pass.visible.rows() ? 1 + *std::max_element(pass.visible.sequences.begin(),
                                                                       pass.visible.sequences.end()) : 0;
-  const int64_t heads = w.heads, kv_heads = w.kv_heads, head_dim = pass.cos.size(1);
-  const int64_t max_slots = cache_k.size(2);
+  const int64_t heads = w.heads, kv_heads = w.kv_heads, head_dim = pass.head_dim;
+  const int64_t max_slots = cache.slots;
   const int64_t qkv_width = (heads + 2 * kv_heads) * head_dim;
-  check_cache(cache_k, cache_v, batch, kv_heads, head_dim, pass.kv_len);
+  check_cache(cache, batch, kv_heads, head_dim, pass.kv_len);
   Buffers& buf = buffers();
   // 1. Attention input: RMSNorm (of the token embeddings too, for a head) -> q/k/v projection,
   // the norms in the region that rounds the projection's input (GemmHooks).
@@ -283,20 +368,20 @@ void decoder_layer(const float* x, int64_t rows, int64_t hidden, const LayerWeig
     float* both = sized(buf.both, rows * 2 * hidden);  // [N, 2H] = cat(norm(e), norm(x))
     const float* e = embeds->data_ptr<float>();
     const float* e_weight = norm_embeds->data_ptr<float>();
-    const float* x_weight = w.norm_in.data_ptr<float>();
+    const float* x_weight = w.norm_in_data;
     const auto norms = [&](int64_t begin, int64_t end) {
       const eyas::PhaseScope timed(eyas::kNorms);
       rms_norm_rows(e, e_weight, begin, end, hidden, w.eps, both, 2 * hidden);
       rms_norm_rows(x, x_weight, begin, end, hidden, w.eps, both + hidden, 2 * hidden);
     };
-    width = linear(eyas::kQkv, both, rows, 2 * hidden, w.qkv_packed, w.group, w.qkv_scales, buf.qkv, {norms, {}});
+    width = linear(eyas::kQkv, both, rows, 2 * hidden, w.qkv, w.group, buf.qkv, {norms, {}});
   } else {
-    const float* weight = w.norm_in.data_ptr<float>();
+    const float* weight = w.norm_in_data;
     const auto norm = [&](int64_t begin, int64_t end) {
       const eyas::PhaseScope timed(eyas::kNorms);
       rms_norm_rows(x, weight, begin, end, hidden, w.eps, normed, hidden);
     };
-    width = linear(eyas::kQkv, normed, rows, hidden, w.qkv_packed, w.group, w.qkv_scales, buf.qkv, {norm, {}});
+    width = linear(eyas::kQkv, normed, rows, hidden, w.qkv, w.group, buf.qkv, {norm, {}});
   }
   TORCH_CHECK(width == qkv_width, "qkv projection width does not match the heads");
 
@@ -304,14 +389,12 @@ void decoder_layer(const float* x, int64_t rows, int64_t hidden, const LayerWeig
   // a float16 cache), k and v into the cache; 3. attention in that dtype (float32 for float16),
   // rounded to float32 for o_proj.
   float* attended = sized(buf.attended, rows * heads * head_dim);
-  const float* bias = w.qkv_bias.has_value() ? w.qkv_bias->data_ptr<float>() : nullptr;
-  const QkvRows qkv_rows{buf.qkv.data(), bias, pass.cos.data_ptr<float>(), pass.sin.data_ptr<float>(),
-                         pass.slots.data_ptr<int64_t>(), pass.visible.sequences.data(), rows, heads, kv_heads,
-                         head_dim, max_slots};
-  if (cache_k.scalar_type() == at::kDouble) {
-    Tensor q = at::empty({rows, heads, head_dim}, cache_k.options());
-    double* kc = cache_k.data_ptr<double>();
-    double* vc = cache_v.data_ptr<double>();
+  const QkvRows qkv_rows{buf.qkv.data(), w.bias_data, pass.cos, pass.sin, pass.slots, pass.visible.sequences.data(),
+                         rows, heads, kv_heads, head_dim, max_slots};
+  if (cache.dtype == at::kDouble) {
+    Tensor q = at::empty({rows, heads, head_dim}, at::TensorOptions().dtype(at::kDouble));
+    double* kc = static_cast<double*>(cache.keys);
+    double* vc = static_cast<double*>(cache.values);
     {
       const eyas::PhaseScope timed(eyas::kRotary);
       rope_and_write(qkv_rows, q.data_ptr<double>(), kc, vc);
@@ -329,10 +412,10 @@ void decoder_layer(const float* x, int64_t rows, int64_t hidden, const LayerWeig
       const eyas::PhaseScope timed(eyas::kAttention);
       eyas::attention(q, kc, vc, pass.visible, heads, kv_heads, head_dim, max_slots, attended);  // attention.cpp
     };
-    if (cache_k.scalar_type() == at::kHalf) {
-      run(cache_k.data_ptr<at::Half>(), cache_v.data_ptr<at::Half>());
+    if (cache.dtype == at::kHalf) {
+      run(static_cast<at::Half*>(cache.keys), static_cast<at::Half*>(cache.values));
     } else {
-      run(cache_k.data_ptr<float>(), cache_v.data_ptr<float>());
+      run(static_cast<float*>(cache.keys), static_cast<float*>(cache.values));
     }
   }
   // 4. Output projection, the residual added in its region as each chunk of columns is done.
@@ -340,18 +423,17 @@ void decoder_layer(const float* x, int64_t rows, int64_t hidden, const LayerWeig
     const eyas::PhaseScope timed(eyas::kResiduals);
     add_columns(x, buf.projected.data(), rows, hidden, begin, end, out);
   };
-  linear(eyas::kO, attended, rows, heads * head_dim, w.o_packed, w.group, w.o_scales, buf.projected,
-         {{}, residual});  // [N, H]
+  linear(eyas::kO, attended, rows, heads * head_dim, w.o, w.group, buf.projected, {{}, residual});  // [N, H]
 
   // 5. MLP: RMSNorm -> gate/up -> silu(gate) * up -> down; 6. residual. The norm and SiLU run in
   // the regions that round the next matmul's input, the residual in the down matmul's.
-  const float* post_weight = w.norm_post.data_ptr<float>();
+  const float* post_weight = w.norm_post_data;
   const auto post_norm = [&](int64_t begin, int64_t end) {
     const eyas::PhaseScope timed(eyas::kNorms);
     rms_norm_rows(out, post_weight, begin, end, hidden, w.eps, normed, hidden);
   };
-  const int64_t inner = linear(eyas::kGateUp, normed, rows, hidden, w.gate_up_packed, w.group, w.gate_up_scales,
-                               buf.gate_up, {post_norm, {}}) / 2;  // [N, 2I]
+  const int64_t inner = linear(eyas::kGateUp, normed, rows, hidden, w.gate_up, w.group, buf.gate_up,
+                               {post_norm, {}}) / 2;  // [N, 2I]
   float* act = sized(buf.act, rows * inner);
   const auto silu_mul = [&](int64_t begin, int64_t end) {
     const eyas::PhaseScope timed(eyas::kSiluMul);
@@ -361,8 +443,7 @@ void decoder_layer(const float* x, int64_t rows, int64_t hidden, const LayerWeig
     const eyas::PhaseScope timed(eyas::kResiduals);
     add_columns(out, buf.down.data(), rows, hidden, begin, end, out);
   };
-  linear(eyas::kDown, act, rows, inner, w.down_packed, w.group, w.down_scales, buf.down,
-         {silu_mul, down_residual});  // [N, H]
+  linear(eyas::kDown, act, rows, inner, w.down, w.group, buf.down, {silu_mul, down_residual});  // [N, H]
 }
 
 // The mask [N, kv_len] bool (or none: every slot visible), checked.
@@ -436,8 +517,8 @@ class Int4Stack {
       const Tensor* t = weights.data() + i;
       c10::optional<Tensor> bias;
       if (t[3].defined() && t[3].numel() > 0) bias = t[3];
-      layers_.push_back({t[0], t[1], t[2], bias, t[4], t[5], t[6], t[7], t[8], t[9], t[10], group, heads, kv_heads,
-                         eps});
+      layers_.emplace_back(t[0], t[1], t[2], bias, t[4], t[5], t[6], t[7], t[8], t[9], t[10], group, heads, kv_heads,
+                           eps);
     }
   }
 
@@ -465,18 +546,17 @@ class Int4Stack {
     const Tensor mask_c = checked_mask(mask, x.size(0), kv_len_checked);
     const eyas::Visibility visible(mask_c.defined() ? mask_c.data_ptr<bool>() : nullptr, kv_len,
                                    std::move(row_sequences));
-    const Pass pass{cos, sin, slots, kv_len, visible};
+    const Pass pass = make_pass(cos, sin, slots, kv_len, visible);
+    const CacheLayer cache = cache_layers(keys, values);
     // Layers write in turn to two buffers (a layer never writes its own input).
     Tensor outputs[2] = {at::empty_like(x), layers.size() > 1 ? at::empty_like(x) : Tensor()};
     const float* input = x.data_ptr<float>();
     Tensor hidden = x;
     for (size_t i = 0; i < layers.size(); ++i) {
       TORCH_CHECK_INDEX(layers[i] >= 0 && layers[i] < size(), "layer ", layers[i], " of ", size());
-      TORCH_CHECK_INDEX(storage[i] >= 0 && storage[i] < keys.size(0), "cache layer ", storage[i], " of ",
-                        keys.size(0));
       copy_taps(input, x.size(0), x.size(1), tap_before, int64_t(i), tap_data);
       hidden = outputs[i % 2];
-      decoder_layer(input, x.size(0), x.size(1), layers_[layers[i]], pass, keys[storage[i]], values[storage[i]],
+      decoder_layer(input, x.size(0), x.size(1), layers_[layers[i]], pass, cache.layer(storage[i]),
                     hidden.data_ptr<float>());
       input = hidden.data_ptr<float>();
     }
@@ -579,13 +659,15 @@ Tensor int4_decoder_layer(const Tensor& x, const Tensor& norm_in, const Tensor& 
                                  std::move(row_sequences));
   const LayerWeights weights{norm_in, qkv_packed, qkv_scales, qkv_bias, o_packed, o_scales, norm_post,
                              gate_up_packed, gate_up_scales, down_packed, down_scales, group, heads, kv_heads, eps};
-  const Pass pass{cos, sin, slots, kv_len, visible};
+  const Pass pass = make_pass(cos, sin, slots, kv_len, visible);
   if (embeds.has_value()) {
     TORCH_CHECK(norm_embeds.has_value() && embeds->scalar_type() == at::kFloat && embeds->is_contiguous() &&
                 embeds->sizes() == x.sizes(), "embeds: [N, H] float32 like x, with norm_embeds [H]");
   }
   Tensor out = at::empty_like(x);
-  decoder_layer(x.data_ptr<float>(), x.size(0), x.size(1), weights, pass, cache_k, cache_v, out.data_ptr<float>(),
+  TORCH_CHECK(cache_k.dim() == 4, "cache_k, cache_v: one layer [B, KV, S, D]");
+  decoder_layer(x.data_ptr<float>(), x.size(0), x.size(1), weights, pass, cache_layers(cache_k, cache_v),
+                out.data_ptr<float>(),
                 embeds.has_value() ? &*embeds : nullptr, embeds.has_value() ? &*norm_embeds : nullptr);
   return out;
 }

@@ -721,14 +721,22 @@ at::Tensor int4_pack(const at::Tensor& codes_in, const at::Tensor& scale_in, con
   return packed;
 }
 
-void int4_gemm(const float* x, int64_t rows, int64_t in, const at::Tensor& packed, float* y, const GemmHooks& hooks) {
+PackedInt4 packed_int4(const at::Tensor& packed) {
   check_packed(packed);
+  return {packed.data_ptr<uint8_t>(), packed.size(0), packed.size(1)};
+}
+
+void int4_gemm(const float* x, int64_t rows, int64_t in, const at::Tensor& packed, float* y, const GemmHooks& hooks) {
+  int4_gemm(x, rows, in, packed_int4(packed), y, hooks);
+}
+
+void int4_gemm(const float* x, int64_t rows, int64_t in, const PackedInt4& packed, float* y, const GemmHooks& hooks) {
   const Implementation kernel = implementation();
   TORCH_CHECK(kernel.block_columns != nullptr, "this build of the eyas extension has no int8 dot-product kernel (no AVX2)");
-  const int64_t blocks = packed.size(0), groups = packed.size(1), out = blocks * kColumns;
+  const int64_t blocks = packed.blocks, groups = packed.groups, out = blocks * kColumns;
   TORCH_CHECK(groups * kGroup == in, "input width ", in, " does not match the packed weights' ", groups * kGroup);
   const Quantized& xq = quantize_rows(kernel.quantize_group, kernel.parts, x, rows, in, hooks.prepare);
-  const uint8_t* weights = packed.data_ptr<uint8_t>();
+  const uint8_t* weights = packed.data;
   // Threads claim chunks of columns (worker_pool.h); each streams its blocks' weights once per
   // tile of rows (a block of 16 columns is 320 bytes per 32 inputs: it stays in L1/L2 between
   // tiles), prefetching as int4_prefetch says (kPrefetchBytes ahead as it goes, or whole blocks).

@@ -30,4 +30,15 @@ struct GemmHooks {
 void int4_gemm(const float* x, int64_t rows, int64_t in, const at::Tensor& packed, float* y,
                const GemmHooks& hooks = {});
 
+// One matrix's packed weights (int4_pack's layout), checked once and then read through a raw
+// pointer: a pass over a model's layers then touches no tensor's metadata, each access of which
+// is a cache miss once the weights have streamed through the caches (the decoder stack).
+struct PackedInt4 {
+  const uint8_t* data = nullptr;  // [blocks, groups, 320]
+  int64_t blocks = 0, groups = 0;
+};
+PackedInt4 packed_int4(const at::Tensor& packed);  // checks the layout; the tensor must outlive it
+void int4_gemm(const float* x, int64_t rows, int64_t in, const PackedInt4& packed, float* y,
+               const GemmHooks& hooks = {});
+
 }  // namespace eyas
