@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass
 from typing import Collection, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -304,20 +305,40 @@ class Transformer(nn.Module):
         this pass (then `forward`). One C++ call gathers the inputs, runs the layers and the
         final norm: the generic path's small ops (embedding lookup, positions, rotary rows,
         slots, the norm) ran cold after each pass, ~0.2 ms a step on AMD Zen 4."""
-        weight = getattr(self.embed_tokens, "weight", None)
         count = len(tokens)
-        if (not isinstance(self.embed_tokens, nn.Embedding) or weight.dtype != torch.float32
-                or count == 0 or (mask is None and count > 1)):
+        if count == 0 or (mask is None and count > 1):
             return None
-        plan = self._fused(cache, weight)
+        embedding = self._embedding_rows(tokens)
+        if embedding is None:
+            return None
+        table, ids = embedding
+        plan = self._fused(cache, table)
         if not plan or any(not 0 <= k <= len(self.layers) for k in tap_layers):
             return None
         cos_table, sin_table = self.rope_tables(max(positions) + 1)
-        out = plan.decode(tokens, positions, first_slot, weight, cos_table, sin_table, cache, mask,
+        out = plan.decode(ids, positions, first_slot, table, cos_table, sin_table, cache, mask,
                           list(tap_layers), self.norm)
         if out is None:
             return None
         return ForwardOutput(logits=None, hidden=out[0], taps=out[1] if tap_layers else None)
+
+    def _embedding_rows(self, tokens: Sequence[int]) -> tuple[Tensor, Sequence[int]] | None:
+        """What `decode_rows`' C++ call gathers its input rows from: the float32 embedding
+        table [V, H] and the tokens, or, for an embedding read from the checkpoint row by row
+        (models/source_embedding.py, its float32 table never built here), the tokens' own
+        rows [T, H] and 0..T-1. None where neither applies (then `forward`, which also
+        raises for a token out of range)."""
+        embed = self.embed_tokens
+        if isinstance(embed, nn.Embedding):
+            table = embed.weight
+            return (table, tokens) if table.dtype == torch.float32 else None
+        if not hasattr(embed, "rows") or not hasattr(embed, "has_table"):
+            return None
+        if embed.has_table:
+            return embed.weight, tokens
+        if min(tokens) < 0 or max(tokens) >= embed.num_embeddings:
+            return None
+        return torch.from_numpy(embed.rows(np.asarray(tokens, dtype=np.int64))), list(range(len(tokens)))
 
     def greedy_tokens(self, hidden: Tensor) -> list[int]:
         """Each row's argmax of `output_logits(hidden, greedy=True)` (hidden [..., H]), as

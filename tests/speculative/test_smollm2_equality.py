@@ -68,6 +68,32 @@ def test_int4_speculative_equals_int4_plain(smollm_int4_target, mtbench_prompt_i
                                NEW_TOKENS, expected)
 
 
+def test_a_greedy_int4_draft_model_drafts_through_the_single_stream_call(smollm_int4_target, mtbench_prompt_ids,
+                                                                         monkeypatch):
+    """A greedy int4 draft model feeds its catch-up and each draft token through
+    `Transformer.decode_rows` and takes the screen's argmax as an int (`_next_token`): the same
+    chains as its generic forward and logits, step after step."""
+    target = smollm_int4_target
+    prompt = mtbench_prompt_ids[0]
+    params = SamplingParams(max_tokens=NEW_TOKENS)
+    answer = generate(target, prompt, params).token_ids
+    chains = {}
+    for fast in (True, False):
+        proposer = DraftModelProposer(target, name="self")
+        proposer.priced = False
+        if not fast:
+            monkeypatch.setattr(proposer, "_next_token", lambda ids, write_at: None)
+        calls = []
+        original = target.model.decode_rows
+        monkeypatch.setattr(target.model, "decode_rows", lambda *a, **k: calls.append(1) or original(*a, **k))
+        proposer.begin(target, prompt, params)
+        chains[fast] = [proposer.propose(prompt + answer[:n], 4).tokens.tolist() for n in (1, 2, 5, 6, 20)]
+        monkeypatch.undo()
+        assert bool(calls) == fast
+    assert chains[True] == chains[False]
+    assert chains[True][0] == answer[1:5]  # the target drafting itself: its own next tokens
+
+
 def _shipped_head_proposer(target, tree: str, graft: str = ""):
     from eyas.engine.speculative.methods import build_proposer
 

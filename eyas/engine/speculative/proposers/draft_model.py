@@ -43,6 +43,7 @@ from __future__ import annotations
 import time
 from typing import Collection
 
+import numpy as np
 import torch
 
 from eyas.engine.gumbel import sample_rows
@@ -193,30 +194,55 @@ class DraftModelProposer:
     def _argmax_only(self) -> bool:
         return self.params.greedy and self.min_confidence <= 0
 
-    def _forward(self, ids: list[int], write_at: int) -> torch.Tensor:
+    def _forward(self, ids: list[int], write_at: int) -> torch.Tensor | int:
         """Feed `ids` at slots write_at..; the draft's logits [1, V] after the last one (greedy
-        with a vocabulary subset: the subset's [1, N], whose argmax `vocabulary.token` maps;
-        coupled draws: the last row's hidden state [1, H], which `_coupled_draw` draws from)."""
-        tensor = torch.tensor([ids], device=self.draft.device)
+        with a vocabulary subset: the subset's [1, N], whose argmax `vocabulary.token` maps,
+        or that token itself as an int where `_next_token` finds it; coupled draws: the last
+        row's hidden state [1, H], which `_coupled_draw` draws from)."""
         # greedy drafting needs only the argmax: the screened output layer gives it exactly at
         # int8 cost (a 150k-token vocabulary in float32 would cost more than the draft's layers)
         argmax_only = self._argmax_only()
         subset = self.vocabulary if argmax_only else None
         hidden_only = subset is not None or self.coupling is not None
         started = time.thread_time()
-        out = self.draft.model(tensor, cache=self.cache, write_at=write_at,
-                               logits_at=None if hidden_only else "last", skip_layers=self.skip_layers,
-                               greedy=argmax_only)
-        if self.coupling is not None:
-            logits = out.hidden[:, -1]
-        else:
-            logits = subset.logits(out.hidden[:, -1]) if subset else out.logits[:, -1]
+        logits = self._next_token(ids, write_at) if argmax_only and self.coupling is None else None
+        if logits is None:
+            tensor = torch.tensor([ids], device=self.draft.device)
+            out = self.draft.model(tensor, cache=self.cache, write_at=write_at,
+                                   logits_at=None if hidden_only else "last", skip_layers=self.skip_layers,
+                                   greedy=argmax_only)
+            if self.coupling is not None:
+                logits = out.hidden[:, -1]
+            else:
+                logits = subset.logits(out.hidden[:, -1]) if subset else out.logits[:, -1]
         seconds = time.thread_time() - started
         self.pass_seconds += seconds
         self._step_pass = seconds if len(ids) <= 2 else None  # a step's pass, not a catch-up's
         if self.pricing is not None and self._step_pass is not None and self.coupling is None:
             self.pricing.measured("draft", seconds, self.pricing.draft_pass)  # coupled: with its draw
         return logits
+
+    def _next_token(self, ids: list[int], write_at: int) -> int | None:
+        """The greedy draft token after feeding `ids` at slots write_at.., through the fused
+        stack's single-stream call and the screen's argmax (the vocabulary subset's where there
+        is one: Transformer.decode_rows, greedy_tokens; the same bits as `forward` and
+        `logits`, without ~0.4 ms a token of small PyTorch ops running cold after the draft's
+        pass, AMD Zen 4, Qwen2.5-Coder-0.5B). None where that path does not run (skipped
+        layers, another precision)."""
+        model = self.draft.model
+        if self.skip_layers or not hasattr(model, "decode_rows"):
+            return None
+        count = len(ids)
+        mask = None  # one token sees every slot up to its own; several, the causal rows below
+        if count > 1:
+            mask = torch.from_numpy(np.tri(count, write_at + count, k=write_at, dtype=bool)[None])
+        out = model.decode_rows(ids, list(range(write_at, write_at + count)), write_at, mask, self.cache)
+        if out is None:
+            return None
+        hidden = out.hidden if count == 1 else out.hidden[0, -1:]
+        if self.vocabulary is None:
+            return model.greedy_tokens(hidden)[-1]
+        return self.vocabulary.token(self.vocabulary.layer.greedy_tokens(hidden)[-1])
 
     def _common_prefix(self, token_ids: list[int]) -> int:
         """Slots of the cache that still hold token_ids[offset:] (the root is always fed again)."""
@@ -264,6 +290,8 @@ class DraftModelProposer:
         for step in range(max_nodes):
             if self.coupling is not None:  # logits holds the last row's hidden state
                 token = self._coupled_draw(logits, len(token_ids) + step)
+            elif isinstance(logits, int):  # the greedy token itself (_next_token)
+                token = logits
             elif self.params.greedy:
                 if self.min_confidence > 0:
                     confidence = float(torch.softmax(logits.float(), dim=-1).max())
