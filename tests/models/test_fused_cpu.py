@@ -246,3 +246,32 @@ def test_greedy_tokens_are_the_output_logits_argmax(int4_target, smollm_target):
             want = model.output_logits(hidden, greedy=True).argmax(-1).reshape(-1).tolist()
             assert model.greedy_tokens(hidden) == want
             assert model.greedy_tokens(hidden[0, -1:]) == want[-1:]
+
+
+def test_decode_one_reads_a_checkpoint_embedding_row_by_row(int4_target, tmp_path, monkeypatch):
+    """A target whose embedding is read from the checkpoint row by row (SourceEmbedding: an
+    untied GGUF embedding, 933 MB in float32 for a 1.5B Qwen) takes the single-stream step on
+    the token's own row, with the same bits, and never builds the float32 table."""
+    from random_checkpoints import write_gguf
+
+    from eyas.models.gguf_loader import GGUFSource
+    from eyas.models.source_embedding import SourceEmbedding
+
+    model = int4_target.model
+    table = model.embed_tokens.weight.detach()[:4096].numpy()  # the prompt's and the step's ids
+    path = write_gguf(tmp_path / "e.gguf", {"token_embd.weight": (table, "F32")})
+    source = SourceEmbedding(GGUFSource(path).tensors["model.embed_tokens.weight"])
+    caches = [new_cache(int4_target) for _ in range(2)]
+    position = PROMPT.shape[1]
+    with torch.inference_mode():
+        for cache in caches:
+            model(PROMPT, cache=cache, logits_at=None)
+        want = model.decode_rows([260, 2114], [position, position + 1], position,
+                                 torch.ones(1, 2, position + 2, dtype=torch.bool).tril(position), caches[0])
+        monkeypatch.setattr(model, "embed_tokens", source)
+        got = model.decode_rows([260, 2114], [position, position + 1], position,
+                                torch.ones(1, 2, position + 2, dtype=torch.bool).tril(position), caches[1])
+        assert model.decode_one(5000, position, caches[1]) is None  # out of its range: forward's error
+    assert got is not None and torch.equal(got.hidden, want.hidden)
+    assert torch.equal(caches[1].keys, caches[0].keys)
+    assert source._table is None
