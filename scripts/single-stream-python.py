@@ -53,7 +53,7 @@ def main() -> None:
 
     for name in ("run", "decode"):
         timed(fused_cpu.FusedStack, name, "stack")
-    for name in ("greedy_logits", "greedy_tokens", "sample_tokens"):
+    for name in ("greedy_logits", "greedy_tokens", "sample_tokens", "sample_token_ids"):
         timed(ScreenedOutputLayer, name, "screen")
     params = SamplingParams(max_tokens=tokens, temperature=temperature, seed=0 if temperature else None)
     generate(target, prompts[0], SamplingParams(max_tokens=8))  # warm-up

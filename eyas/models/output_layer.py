@@ -196,6 +196,19 @@ class ScreenedOutputLayer(nn.Module):
         values = self._exact(flat, rows, columns) * scales[rows] + noise  # fl(fl(l * (1/T)) + g)
         return first_argmax(values, rows, columns, flat.shape[0], self.out_features)
 
+    def sample_token_ids(self, x: Tensor, inverse_temperatures: list[float], keys: list[int]) -> list[int]:
+        """`sample_tokens` for x [..., H] (R rows) with each row's 1/T (float32 values) and
+        noise key as Python numbers, the draws as Python ints: in one C++ call where the
+        extension screens with the full float32 table (no small PyTorch ops after a pass)."""
+        lean = self.row_source is not None and not self.row_source.has_table
+        if self.int8dot and not lean:
+            return extension.module().int8_screen_gumbel_ids(x, self.packed, self.scale_float, self.code_sums,
+                                                             self.weight_error, self.approx_norm,
+                                                             self.full_weight(), inverse_temperatures, keys)
+        flat = x.reshape(-1, x.shape[-1])
+        return self.sample_tokens(flat, torch.tensor(inverse_temperatures, dtype=torch.float32),
+                                  torch.tensor(keys, dtype=torch.int64)).tolist()
+
     def screen(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """x [R, H] float32 -> (approximate logits, bound on their error) [R, V] each."""
         if self.int8dot:

@@ -308,7 +308,7 @@ class StepExecutor:
             return False
         draws, choices = None, None
         if drawn:  # the rows' tokens drawn through the screen; their logits are not read
-            draws = self._draws_isolated([(request, 0, size)], trees, output.hidden[0], result).get(request.row)
+            draws = self._draws_isolated([(request, 0, size)], trees, output.hidden, result).get(request.row)
         else:  # each row's argmax, exact; no logits come out
             choices = model.greedy_tokens(output.hidden)
         forward_seconds = time.perf_counter() - forward_started
@@ -359,7 +359,7 @@ class StepExecutor:
               ) -> dict[int, list[int]]:
         """The Gumbel draws of `drawn`'s requests (request, offset of its first query in the
         pass, queries) in one call (engine/gumbel.py): for each (by KV row), one token per tree
-        position, each with its output position's noise."""
+        position, each with its output position's noise. hidden [N, H] (or [1, N, H])."""
         if not drawn:
             return {}
         index, scales, keys = [], [], []
@@ -368,8 +368,14 @@ class StepExecutor:
             index += range(offset, offset + len(depths))
             scales += [inverse_temperature(request.params.temperature)] * len(depths)
             keys += [noise_key(request.noise_base, request.num_output + depth) for depth in depths]
-        tokens = sample_rows(self.target.model.lm_head, hidden[torch.tensor(index)],
-                             torch.tensor(scales, dtype=torch.float32), torch.tensor(keys)).tolist()
+        lm_head = self.target.model.lm_head
+        whole = hidden.numel() == len(index) * hidden.shape[-1] and index == list(range(len(index)))
+        if whole and hasattr(lm_head, "sample_token_ids"):  # every row of the pass, in order
+            tokens = lm_head.sample_token_ids(hidden, scales, keys)
+        else:
+            rows = hidden.reshape(-1, hidden.shape[-1])[torch.tensor(index)]
+            tokens = sample_rows(lm_head, rows, torch.tensor(scales, dtype=torch.float32),
+                                 torch.tensor(keys)).tolist()
         draws, at = {}, 0
         for request, _, size in drawn:
             draws[request.row], at = tokens[at : at + size], at + size

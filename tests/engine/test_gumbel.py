@@ -79,6 +79,9 @@ def test_the_screened_draw_is_the_argmax_over_every_logit_with_the_same_noise(la
     reference = gumbel_argmax(exact_logits(layer, x), scale, keys)
     assert torch.equal(drawn, reference)
     assert len(set(drawn.tolist())) > 20  # draws, not one argmax
+    # the single-stream form: Python numbers in, ints out, any leading dimensions
+    ids = layer.sample_token_ids(x.reshape(20, 20, HIDDEN), scale.tolist(), keys.tolist())
+    assert ids == drawn.tolist()
 
 
 def test_candidates_are_few(layer):

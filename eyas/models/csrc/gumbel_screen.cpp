@@ -277,6 +277,28 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_screen_gumbel_candidates(
   return {rows, columns, noise};
 }
 
+std::vector<int64_t> int8_screen_gumbel_ids(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale,
+                                            const at::Tensor& sums, const at::Tensor& weight_error,
+                                            const at::Tensor& approx_norm, const at::Tensor& weight,
+                                            const std::vector<double>& inverse_temperatures,
+                                            const std::vector<int64_t>& keys) {
+  const int64_t hidden = packed.size(1) * 4;
+  TORCH_CHECK(x.dim() >= 1 && x.size(-1) == hidden, "x must be [..., ", hidden, "]");
+  const at::Tensor flat = x.reshape({-1, hidden});
+  const int64_t rows = flat.size(0);
+  TORCH_CHECK(int64_t(inverse_temperatures.size()) == rows && int64_t(keys.size()) == rows,
+              "one inverse temperature and one key per row of x (", rows, ")");
+  at::Tensor scales = at::empty({rows}, at::kFloat), key_tensor = at::empty({rows}, at::kLong);
+  for (int64_t r = 0; r < rows; ++r) {
+    scales.data_ptr<float>()[r] = float(inverse_temperatures[r]);  // as torch.tensor(..., float32) rounds
+    key_tensor.data_ptr<int64_t>()[r] = keys[r];
+  }
+  const at::Tensor tokens = std::get<0>(
+      int8_screen_gumbel(flat, packed, scale, sums, weight_error, approx_norm, weight, scales, key_tensor));
+  const int64_t* tp = tokens.data_ptr<int64_t>();
+  return std::vector<int64_t>(tp, tp + rows);
+}
+
 }  // namespace eyas
 
 TORCH_LIBRARY_FRAGMENT(eyas, m) {

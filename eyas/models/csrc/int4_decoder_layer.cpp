@@ -755,6 +755,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_screen_streaming", &eyas::set_screen_streaming, "Sets it (off only for comparisons; same bits)");
   m.def("int8_screen_pack", &eyas::int8_screen_pack, "codes [V, H] int8 -> packed (int8_screen.cpp)");
   m.def("int8_screen", &eyas::int8_screen, "x [R, H] -> (approx, bound) [R, V] (int8_screen.cpp)");
+  m.def("int8_screen_gumbel_ids", &eyas::int8_screen_gumbel_ids,
+        "x [..., H], 1/T and noise key per row -> each row's Gumbel draw (gumbel_screen.cpp)",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("int8_screen_argmax", &eyas::int8_screen_argmax,
         "x [..., H] -> each row's argmax, as int8_screen_greedy's logits give it (int8_screen.cpp)",
         pybind11::call_guard<pybind11::gil_scoped_release>());

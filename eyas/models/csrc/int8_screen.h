@@ -46,6 +46,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_screen_candidates(
     const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, const at::Tensor& sums,
     const at::Tensor& weight_error, const at::Tensor& approx_norm);
 
+// int8_screen_gumbel's draws (gumbel_screen.cpp) for x [..., H] (R rows), each row's 1/T (rounded
+// to float32) and noise key given as numbers: Python lists in and out, for a single-stream step
+// (no small PyTorch ops after a pass, each of which runs cold).
+std::vector<int64_t> int8_screen_gumbel_ids(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale,
+                                            const at::Tensor& sums, const at::Tensor& weight_error,
+                                            const at::Tensor& approx_norm, const at::Tensor& weight,
+                                            const std::vector<double>& inverse_temperatures,
+                                            const std::vector<int64_t>& keys);
+
 // A candidate's float32 logit x . w (x, w: `hidden` floats), accumulated in float64 in a fixed order
 // and rounded once: what int8_screen_greedy and the Gumbel sampler (gumbel_screen.cpp) re-check.
 float exact_logit(const float* x, const float* w, int64_t hidden);
