@@ -248,7 +248,7 @@ def test_greedy_tokens_are_the_output_logits_argmax(int4_target, smollm_target):
             assert model.greedy_tokens(hidden[0, -1:]) == want[-1:]
 
 
-def test_decode_one_reads_a_checkpoint_embedding_row_by_row(int4_target, tmp_path, monkeypatch):
+def test_decode_one_reads_a_checkpoint_embedding_row_by_row(int4_target, tmp_path):
     """A target whose embedding is read from the checkpoint row by row (SourceEmbedding: an
     untied GGUF embedding, 933 MB in float32 for a 1.5B Qwen) takes the single-stream step on
     the token's own row, with the same bits, and never builds the float32 table."""
@@ -268,10 +268,14 @@ def test_decode_one_reads_a_checkpoint_embedding_row_by_row(int4_target, tmp_pat
             model(PROMPT, cache=cache, logits_at=None)
         want = model.decode_rows([260, 2114], [position, position + 1], position,
                                  torch.ones(1, 2, position + 2, dtype=torch.bool).tril(position), caches[0])
-        monkeypatch.setattr(model, "embed_tokens", source)
-        got = model.decode_rows([260, 2114], [position, position + 1], position,
-                                torch.ones(1, 2, position + 2, dtype=torch.bool).tril(position), caches[1])
-        assert model.decode_one(5000, position, caches[1]) is None  # out of its range: forward's error
+        original = model.embed_tokens  # a submodule: set back by hand (monkeypatch would delete it)
+        model.embed_tokens = source
+        try:
+            got = model.decode_rows([260, 2114], [position, position + 1], position,
+                                    torch.ones(1, 2, position + 2, dtype=torch.bool).tril(position), caches[1])
+            assert model.decode_one(5000, position, caches[1]) is None  # out of its range: forward's error
+        finally:
+            model.embed_tokens = original
     assert got is not None and torch.equal(got.hidden, want.hidden)
     assert torch.equal(caches[1].keys, caches[0].keys)
     assert source._table is None
