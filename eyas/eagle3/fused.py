@@ -79,6 +79,7 @@ class FusedHead:
     _slots: list = field(default_factory=lambda: [torch.empty(0, dtype=torch.long)])  # [S] 0, 1, ..
     _causal: dict = field(default_factory=dict)  # rows T -> [T, S] bool, row t sees columns <= S - T + t
     _embed_rows: list = field(default_factory=lambda: [None])  # [RowCopies of the table] for `embeds`
+    native: object = None  # the extension's Int4HeadLayer (`step`), where fc is in the int8dot layout
 
     @staticmethod
     def supported(head: Eagle3Head) -> bool:
@@ -109,9 +110,15 @@ class FusedHead:
         weights = (layer.hidden_norm.weight.detach(), qkv, empty, None, attn.o_proj.packed, empty,
                    layer.post_attention_layernorm.weight.detach(), gate_up, empty, mlp.down_proj.packed, empty)
         lm_head_packed = _int8dot_weights(head.lm_head)
-        return cls(head, weights, layer.input_layernorm.weight.detach(), float(layer.input_layernorm.eps),
-                   _int8dot_weights(head.fc), lm_head_packed,
-                   lm_head_packed is not None and norm_matches_torch(head.norm))
+        fc_packed = _int8dot_weights(head.fc)
+        norm_embeds = layer.input_layernorm.weight.detach()
+        native = None
+        if fc_packed is not None:
+            native = extension.module().Int4HeadLayer([w if w is not None else empty for w in weights], 32,
+                                                      float(layer.input_layernorm.eps), attn.num_heads,
+                                                      attn.num_kv_heads, norm_embeds, fc_packed)
+        return cls(head, weights, norm_embeds, float(layer.input_layernorm.eps), fc_packed, lm_head_packed,
+                   lm_head_packed is not None and norm_matches_torch(head.norm), native=native)
 
     def new_cache(self) -> HeadCache:
         attn = self.head.midlayer.self_attn
@@ -184,6 +191,23 @@ class FusedHead:
         return extension.module().int4_decoder_layer(
             hidden, *self.weights, 32, self.eps, cos, sin, cache.keys, cache.values, slots, kv_len,
             None if mask is None else mask[None], attn.num_heads, attn.num_kv_heads, embeds, self.norm_embeds)
+
+    def step(self, hidden: Tensor, input_ids: Sequence[int], positions: Sequence[int], first_slot: int,
+             cache: HeadCache, mask: Tensor | None = None) -> Tensor:
+        """`run` for hidden [1, T, *] float32 and ids and positions given as ints -> [1, T, H],
+        in one C++ call (Int4HeadLayer: fc, the embedding and rotary rows, the slots and the
+        causal mask gathered there, the same bits): a drafting step's small PyTorch ops ran
+        cold after the target's pass. mask [1, T, first_slot + T] or None. Where the extension
+        does not take it (fc in another layout, another dtype), `run`."""
+        weight = self.head.embed_tokens.weight
+        if self.native is None or hidden.dtype != torch.float32 or weight.dtype != torch.float32:
+            return self.run(hidden[0], input_ids, positions, first_slot, cache,
+                            None if mask is None else mask[0])[None]
+        self._grow_tables(max(positions) + 1)
+        cache.ensure(first_slot + len(input_ids))
+        cos, sin = self._tables
+        return self.native.step(hidden, input_ids, positions, first_slot, weight, cos, sin, cache.keys,
+                                cache.values, mask)
 
     def embeds(self, input_ids: Tensor | Sequence[int]) -> Tensor:
         """[T, H] float32 token embeddings of input_ids [T] (a tensor or ints). Ints with a

@@ -59,6 +59,33 @@ def test_the_fused_layer_computes_the_heads_layer(smollm_int4_target, proposer, 
 
 
 @torch.inference_mode()
+def test_a_step_from_ints_gives_run_s_bits(smollm_int4_target, proposer, mtbench_prompt_ids):
+    """`step` (one C++ call: fc, embedding and rotary rows, slots and the causal mask gathered
+    there) gives `run`'s hidden states and cache bit for bit: committed rows from the target's
+    taps, one more row, then a tree level of 3 rows at one position with its mask."""
+    fused = proposer.fused
+    assert fused.native is not None
+    ids = mtbench_prompt_ids[0]
+    taps = smollm_int4_target.model(torch.tensor([ids]), logits_at=None, tap_layers=proposer.tap_layers).taps
+    count = len(ids) - 2
+    caches = [fused.new_cache(), fused.new_cache()]
+    want = fused.run(taps[0, :count], ids[1 : count + 1], list(range(count)), 0, caches[0])[None]
+    got = fused.step(taps[:, :count], ids[1 : count + 1], list(range(count)), 0, caches[1])
+    assert torch.equal(got, want)
+    want = fused.run(taps[0, count : count + 1], [ids[-1]], [count], count, caches[0])[None]
+    got = fused.step(taps[:, count : count + 1], [ids[-1]], [count], count, caches[1])
+    assert torch.equal(got, want)
+    parents = got[:, -1:].expand(1, 3, -1)  # [1, 3, H]: the head's own outputs
+    mask = torch.zeros(1, 3, count + 4, dtype=torch.bool)
+    mask[0, :, : count + 1] = True
+    mask[0, torch.arange(3), count + 1 + torch.arange(3)] = True
+    want = fused.run(parents[0], [198, 504, 2114], [count + 1] * 3, count + 1, caches[0], mask[0])[None]
+    got = fused.step(parents, [198, 504, 2114], [count + 1] * 3, count + 1, caches[1], mask)
+    assert torch.equal(got, want)
+    assert torch.equal(caches[1].keys, caches[0].keys) and torch.equal(caches[1].values, caches[0].values)
+
+
+@torch.inference_mode()
 def test_token_embeddings_from_ints_are_the_lookup_s(proposer):
     """`embeds` of ints copies the table's rows into a kept buffer: F.embedding's floats, for
     one id, several, repeated ones and past the buffer's capacity (then the lookup itself)."""

@@ -672,6 +672,89 @@ Tensor int4_decoder_layer(const Tensor& x, const Tensor& norm_in, const Tensor& 
   return out;
 }
 
+// Rows [T, width] float32 of `table` [rows, width] (contiguous float32) at `ids`, checked.
+Tensor gathered_rows(const Tensor& table, const std::vector<int64_t>& ids, const char* what) {
+  TORCH_CHECK(table.dim() == 2 && table.scalar_type() == at::kFloat && table.is_contiguous(), what,
+              ": a contiguous float32 [rows, width] table");
+  const int64_t width = table.size(1), count = int64_t(ids.size());
+  Tensor rows = at::empty({count, width}, table.options());
+  for (int64_t t = 0; t < count; ++t) {
+    TORCH_CHECK_INDEX(ids[t] >= 0 && ids[t] < table.size(0), what, ": row ", ids[t], " of ", table.size(0));
+    std::memcpy(rows.data_ptr<float>() + t * width, table.data_ptr<float>() + ids[t] * width, width * sizeof(float));
+  }
+  return rows;
+}
+
+// An EAGLE-3 head's decoder layer (eagle3/fused.py FusedHead), kept with its weights: one call a
+// draft pass from token ids and positions given as Python ints, its inputs gathered here (the
+// fc projection of the target's taps, the token embeddings, the rotary rows, the slots, the
+// causal mask) as int4_decoder_layer's caller gathered them in PyTorch, so the same bits, and a
+// drafting step makes no small PyTorch ops, each of which runs cold after the target's pass.
+class Int4HeadLayer {
+ public:
+  // weights: int4_decoder_layer's 11; norm_embeds [H]; fc: the fc projection's packed int8dot
+  // weights (int4_pack's layout) or an empty tensor (then only H-wide inputs are taken).
+  Int4HeadLayer(const std::vector<Tensor>& w, int64_t group, double eps, int64_t heads, int64_t kv_heads,
+                const Tensor& norm_embeds, const Tensor& fc)
+      : weights_(w.at(0), w.at(1), w.at(2), w.at(3).numel() ? c10::optional<Tensor>(w.at(3)) : c10::nullopt,
+                 w.at(4), w.at(5), w.at(6), w.at(7), w.at(8), w.at(9), w.at(10), group, heads, kv_heads, eps),
+        norm_embeds_(norm_embeds), fc_tensor_(fc) {
+    TORCH_CHECK(w.size() == 11, "Int4HeadLayer takes int4_decoder_layer's 11 weight tensors");
+    TORCH_CHECK(norm_embeds.scalar_type() == at::kFloat && norm_embeds.is_contiguous(),
+                "norm_embeds: contiguous float32 [H]");
+    if (fc.numel()) fc_ = eyas::packed_int4(fc);
+  }
+
+  // x [..., W] (W: fc's input width, the target's taps, or H, the head's own outputs; T rows),
+  // tokens and positions [T]; writes the rows' keys and values at slots first_slot.. of
+  // keys/values [1, KV, S, D]; mask [T, first_slot + T] bool or none (causal: row t sees slots
+  // up to first_slot + t). embed [V, H], cos_table/sin_table [P, D] float32. -> [1, T, H].
+  Tensor step(const Tensor& x_in, const std::vector<int64_t>& tokens, const std::vector<int64_t>& positions,
+              int64_t first_slot, const Tensor& embed, const Tensor& cos_table, const Tensor& sin_table,
+              const Tensor& keys, const Tensor& values, const c10::optional<Tensor>& mask) const {
+    const int64_t count = int64_t(tokens.size());
+    TORCH_CHECK(count > 0 && positions.size() == tokens.size() && first_slot >= 0,
+                "tokens and positions: T > 0 of each, first_slot >= 0");
+    const int64_t hidden = embed.size(1);
+    Tensor x = x_in.reshape({-1, x_in.size(-1)}).to(at::kFloat).contiguous();
+    TORCH_CHECK(x.size(0) == count, "x must have one row per token (", count, ")");
+    if (fc_.data != nullptr && x.size(1) == fc_.groups * 32) {  // the target's taps through fc
+      Tensor projected = at::empty({count, fc_.blocks * 16}, x.options());
+      eyas::int4_gemm(x.data_ptr<float>(), count, x.size(1), fc_, projected.data_ptr<float>());
+      x = projected;
+    }
+    TORCH_CHECK(x.size(1) == hidden, "x must be [..., ", hidden, "] (or fc's input width)");
+    const Tensor embeds = gathered_rows(embed, tokens, "embed");
+    const Tensor cos = gathered_rows(cos_table, positions, "cos_table");
+    const Tensor sin = gathered_rows(sin_table, positions, "sin_table");
+    Tensor slots = at::empty({1, count}, at::kLong);
+    for (int64_t t = 0; t < count; ++t) slots.data_ptr<int64_t>()[t] = first_slot + t;
+    const int64_t kv_len = first_slot + count;
+    Tensor mask_c;
+    if (mask.has_value()) {
+      mask_c = checked_mask(mask, count, kv_len);
+    } else if (count > 1) {
+      mask_c = at::empty({count, kv_len}, at::kBool);
+      bool* m = mask_c.data_ptr<bool>();
+      for (int64_t t = 0; t < count; ++t)
+        for (int64_t j = 0; j < kv_len; ++j) m[t * kv_len + j] = j <= first_slot + t;
+    }
+    const eyas::Visibility visible(mask_c.defined() ? mask_c.data_ptr<bool>() : nullptr, kv_len,
+                                   std::vector<int64_t>(count, 0));
+    const Pass pass = make_pass(cos, sin, slots, kv_len, visible);
+    TORCH_CHECK(keys.dim() == 4, "keys, values: the head's cache [1, KV, S, D]");
+    Tensor out = at::empty({count, hidden}, x.options());
+    decoder_layer(x.data_ptr<float>(), count, hidden, weights_, pass, cache_layers(keys, values),
+                  out.data_ptr<float>(), &embeds, &norm_embeds_);
+    return out.view({1, count, hidden});
+  }
+
+ private:
+  LayerWeights weights_;
+  Tensor norm_embeds_, fc_tensor_;
+  eyas::PackedInt4 fc_;
+};
+
 // The layers' attention alone (attention.cpp), for tests and measurements: q [N, Hq, D] float32
 // over keys, values [B, KV, S, D] (float32 or float16), row n reading cache row sequences[n]
 // and the slots mask[n] [N, kv_len] marks -> [N, Hq, D] float32.
@@ -724,6 +807,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            pybind11::arg("cos_table"), pybind11::arg("sin_table"), pybind11::arg("keys"), pybind11::arg("values"),
            pybind11::arg("storage"), pybind11::arg("mask"), pybind11::arg("tap_before"), pybind11::arg("norm"),
            pybind11::arg("eps"), pybind11::call_guard<pybind11::gil_scoped_release>());
+  pybind11::class_<Int4HeadLayer>(m, "Int4HeadLayer", "An EAGLE-3 head's decoder layer, one call a draft pass")
+      .def(pybind11::init<const std::vector<Tensor>&, int64_t, double, int64_t, int64_t, const Tensor&,
+                          const Tensor&>())
+      .def("step", &Int4HeadLayer::step, "A draft pass from token ids (see Int4HeadLayer::step)",
+           pybind11::arg("x"), pybind11::arg("tokens"), pybind11::arg("positions"), pybind11::arg("first_slot"),
+           pybind11::arg("embed"), pybind11::arg("cos_table"), pybind11::arg("sin_table"), pybind11::arg("keys"),
+           pybind11::arg("values"), pybind11::arg("mask"), pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("set_phase_timing", &set_phase_timing, pybind11::arg("enabled"), pybind11::arg("clock") = "wall",
         "Per-phase timers of the stack on or off, on the 'wall' or 'cpu' clock (phase_timer.h)");
   m.def("phase_seconds", &phase_seconds, pybind11::arg("reset") = false,

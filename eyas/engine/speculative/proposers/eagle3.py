@@ -484,9 +484,7 @@ class Eagle3Proposer:
         already in the scratch KV) see it without extending it. mask [1, T, committed +
         scratch + T] or None (causal)."""
         if self.fused is not None:
-            first_slot = self.committed + (scratch or 0)
-            return self.fused.run(hidden[0], ids, positions, first_slot, self.kv,
-                                  None if mask is None else mask[0])[None]
+            return self.fused.step(hidden, ids, positions, self.committed + (scratch or 0), self.kv, mask)
         past = self._scratch_past if scratch else self.past  # the first tree level starts anew
         device = hidden.device
         out = self.head(hidden, torch.tensor([ids], device=device), torch.tensor([positions], device=device),
