@@ -244,8 +244,19 @@ class StepExecutor:
             by_draw = span[0].noise_base is not None and trees[span[0].row].draft_probs is None
             (drawn if by_draw else others).append(span)
         screened = all(span[0].params.greedy for span in others) and hasattr(model.lm_head, "greedy_logits")
-        logits = (model.output_logits(hidden, greedy=screened) if others
-                  else hidden.new_empty(hidden.shape[0], 0))  # [N, V]
+        # Greedy rows whose logits are read as they are (no processors): the argmax of every
+        # query of the pass in one call, not one call per row (~35 us a row of call overhead).
+        argmax_read = {span[0].row for span in others if self._argmax_only(span[0], trees[span[0].row])}
+        # Where every such row reads nothing but its argmax, the screen gives them as ints and
+        # no [N, V] logits are made (the drawn rows' entries go unread).
+        lean = screened and bool(others) and all(
+            span[0].row in argmax_read and not span[0].needs_full_logits for span in others)
+        logits: Tensor | None = None
+        if lean:
+            choices = model.greedy_tokens(hidden)  # [N]
+        else:
+            logits = (model.output_logits(hidden, greedy=screened) if others
+                      else hidden.new_empty(hidden.shape[0], 0))  # [N, V]
         draws = self._draws_isolated(drawn, trees, hidden, result)
         full = [span for span in others if span[0].needs_full_logits] if screened else others
         if screened and full:
@@ -253,10 +264,8 @@ class StepExecutor:
             logits[index] = model.output_logits(hidden[index])
         if full:
             self._settle_near_ties(full, hidden, logits)
-        # Greedy rows whose logits are read as they are (no processors): the argmax of every
-        # query of the pass in one call, not one call per row (~35 us a row of call overhead).
-        argmax_read = {span[0].row for span in others if self._argmax_only(span[0], trees[span[0].row])}
-        choices = argmax_rows(logits).tolist() if argmax_read else []  # [N]
+        if not lean:
+            choices = argmax_rows(logits).tolist() if argmax_read else []  # [N]
         forward_seconds = time.perf_counter() - forward_started
         queries = hidden.shape[0]
         stats.forward_seconds += forward_seconds
@@ -268,16 +277,23 @@ class StepExecutor:
         if self.costs is not None:
             self.costs.observe_ragged(len(decode), queries, forward_seconds)
         # 3. Acceptance, KV compaction and token-level state, request by request.
+        # Each row's slices only where something reads them (a slice is a small op, ~20 us
+        # cold after a pass): logits where neither its draws nor its argmax stand for them,
+        # hidden states for its proposer or processors, taps where the pass made them.
         for request, offset, size in spans:
             if request.failure is not None:  # its draw failed (_draws_isolated)
                 continue
-            row_logits = logits[offset : offset + size]  # [N_row, V]
-            taps = output.taps[:, offset : offset + size] if output.taps is not None else None
-            row_output = ForwardOutput(logits=row_logits[None], hidden=output.hidden[:, offset : offset + size],
-                                       taps=taps)
+            row_draws = draws.get(request.row)
             row_choices = choices[offset : offset + size] if request.row in argmax_read else None
+            read = logits is not None and (row_draws is None and row_choices is None or request.logits_processors
+                                           or request.params.logprobs is not None)
+            row_logits = logits[offset : offset + size][None] if read else None  # [1, N_row, V]
+            observed = request.proposer is not None or bool(request.logits_processors)
+            row_hidden = output.hidden[:, offset : offset + size] if observed else None
+            taps = output.taps[:, offset : offset + size] if output.taps is not None else None
+            row_output = ForwardOutput(logits=row_logits, hidden=row_hidden, taps=taps)
             self._accept(request, trees[request.row], row_output, request.row in asked, result,
-                         draws.get(request.row), row_choices)
+                         row_draws, row_choices)
 
     def _verify_one(self, request: Request, trees: dict[int, DraftTree], asked: set[int],
                     result: StepResult) -> bool:
