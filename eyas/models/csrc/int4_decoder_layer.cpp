@@ -1,6 +1,7 @@
 // The decoder layers of an int4 Llama-family model on the CPU: one layer per call
-// (int4_decoder_layer, what an EAGLE-3 head runs) or the whole stack in one call (Int4Stack,
-// what the target runs).
+// (int4_decoder_layer; Int4HeadLayer, an EAGLE-3 head's layer kept with its weights, one call a
+// draft pass from token ids) or the whole stack in one call (Int4Stack, what the target runs;
+// Int4Stack::decode, a single-stream step from token ids with its final norm).
 //
 // Why: a decode step of SmolLM2-135M spends ~4.5 ms in its int4 matmuls and more than that in
 // the ~25 small ops per layer around them (norms, RoPE, dtype conversions, cache writes) and in
