@@ -507,6 +507,29 @@ void copy_taps(const float* hidden, int64_t rows, int64_t width, const std::vect
   }
 }
 
+// Rows [T, width] float32 of `table` [rows, width] (contiguous float32) at `ids`, checked: the
+// rows F.embedding and indexing give.
+Tensor gathered_rows(const Tensor& table, const std::vector<int64_t>& ids, const char* what) {
+  TORCH_CHECK(table.dim() == 2 && table.scalar_type() == at::kFloat && table.is_contiguous(), what,
+              ": a contiguous float32 [rows, width] table");
+  const int64_t width = table.size(1), count = int64_t(ids.size());
+  Tensor rows = at::empty({count, width}, table.options());
+  for (int64_t t = 0; t < count; ++t) {
+    TORCH_CHECK_INDEX(ids[t] >= 0 && ids[t] < table.size(0), what, ": row ", ids[t], " of ", table.size(0));
+    std::memcpy(rows.data_ptr<float>() + t * width, table.data_ptr<float>() + ids[t] * width, width * sizeof(float));
+  }
+  return rows;
+}
+
+// Slots [1, T] int64: first_slot, first_slot + 1, ...
+Tensor slot_range(int64_t first_slot, int64_t count) {
+  TORCH_CHECK(first_slot >= 0, "first_slot >= 0");
+  Tensor slots = at::empty({1, count}, at::kLong);
+  int64_t* data = slots.data_ptr<int64_t>();
+  for (int64_t t = 0; t < count; ++t) data[t] = first_slot + t;
+  return slots;
+}
+
 // The decoder layers of an int4 model, run in one call per pass (no Python between layers):
 // the same code and the same bits as one int4_decoder_layer call per layer.
 class Int4Stack {
@@ -580,29 +603,13 @@ class Int4Stack {
                              const std::vector<int64_t>& tap_before, const Tensor& norm, double eps) const {
     const int64_t count = int64_t(tokens.size());
     TORCH_CHECK(count > 0 && positions.size() == tokens.size(), "tokens and positions: T > 0 of each");
-    TORCH_CHECK(first_slot >= 0, "first_slot >= 0");
-    for (const Tensor* table : {&embed, &cos_table, &sin_table})
-      TORCH_CHECK(table->dim() == 2 && table->scalar_type() == at::kFloat && table->is_contiguous(),
-                  "embed, cos_table, sin_table: contiguous float32 [rows, width]");
     TORCH_CHECK(cos_table.sizes() == sin_table.sizes(), "cos_table and sin_table differ in shape");
     TORCH_CHECK(int64_t(storage.size()) == size(), "one storage index per layer");
-    const int64_t hidden = embed.size(1), head_dim = cos_table.size(1);
-    Tensor x = at::empty({count, hidden}, embed.options());
-    Tensor cos = at::empty({count, head_dim}, embed.options()), sin = at::empty({count, head_dim}, embed.options());
-    Tensor slots = at::empty({1, count}, embed.options().dtype(at::kLong));
-    int64_t* slot_data = slots.data_ptr<int64_t>();
-    for (int64_t t = 0; t < count; ++t) {
-      TORCH_CHECK_INDEX(tokens[t] >= 0 && tokens[t] < embed.size(0), "token ", tokens[t], " of ", embed.size(0));
-      TORCH_CHECK_INDEX(positions[t] >= 0 && positions[t] < cos_table.size(0), "position ", positions[t], " of ",
-                        cos_table.size(0));
-      std::memcpy(x.data_ptr<float>() + t * hidden, embed.data_ptr<float>() + tokens[t] * hidden,
-                  hidden * sizeof(float));
-      std::memcpy(cos.data_ptr<float>() + t * head_dim, cos_table.data_ptr<float>() + positions[t] * head_dim,
-                  head_dim * sizeof(float));
-      std::memcpy(sin.data_ptr<float>() + t * head_dim, sin_table.data_ptr<float>() + positions[t] * head_dim,
-                  head_dim * sizeof(float));
-      slot_data[t] = first_slot + t;
-    }
+    const int64_t hidden = embed.size(1);
+    const Tensor x = gathered_rows(embed, tokens, "embed");
+    const Tensor cos = gathered_rows(cos_table, positions, "cos_table");
+    const Tensor sin = gathered_rows(sin_table, positions, "sin_table");
+    const Tensor slots = slot_range(first_slot, count);
     std::vector<int64_t> layers(size());
     for (int64_t i = 0; i < size(); ++i) layers[i] = i;
     c10::optional<Tensor> taps;
@@ -673,19 +680,6 @@ Tensor int4_decoder_layer(const Tensor& x, const Tensor& norm_in, const Tensor& 
   return out;
 }
 
-// Rows [T, width] float32 of `table` [rows, width] (contiguous float32) at `ids`, checked.
-Tensor gathered_rows(const Tensor& table, const std::vector<int64_t>& ids, const char* what) {
-  TORCH_CHECK(table.dim() == 2 && table.scalar_type() == at::kFloat && table.is_contiguous(), what,
-              ": a contiguous float32 [rows, width] table");
-  const int64_t width = table.size(1), count = int64_t(ids.size());
-  Tensor rows = at::empty({count, width}, table.options());
-  for (int64_t t = 0; t < count; ++t) {
-    TORCH_CHECK_INDEX(ids[t] >= 0 && ids[t] < table.size(0), what, ": row ", ids[t], " of ", table.size(0));
-    std::memcpy(rows.data_ptr<float>() + t * width, table.data_ptr<float>() + ids[t] * width, width * sizeof(float));
-  }
-  return rows;
-}
-
 // An EAGLE-3 head's decoder layer (eagle3/fused.py FusedHead), kept with its weights: one call a
 // draft pass from token ids and positions given as Python ints, its inputs gathered here (the
 // fc projection of the target's taps, the token embeddings, the rotary rows, the slots, the
@@ -714,8 +708,7 @@ class Int4HeadLayer {
               int64_t first_slot, const Tensor& embed, const Tensor& cos_table, const Tensor& sin_table,
               const Tensor& keys, const Tensor& values, const c10::optional<Tensor>& mask) const {
     const int64_t count = int64_t(tokens.size());
-    TORCH_CHECK(count > 0 && positions.size() == tokens.size() && first_slot >= 0,
-                "tokens and positions: T > 0 of each, first_slot >= 0");
+    TORCH_CHECK(count > 0 && positions.size() == tokens.size(), "tokens and positions: T > 0 of each");
     const int64_t hidden = embed.size(1);
     Tensor x = x_in.reshape({-1, x_in.size(-1)}).to(at::kFloat).contiguous();
     TORCH_CHECK(x.size(0) == count, "x must have one row per token (", count, ")");
@@ -728,8 +721,7 @@ class Int4HeadLayer {
     const Tensor embeds = gathered_rows(embed, tokens, "embed");
     const Tensor cos = gathered_rows(cos_table, positions, "cos_table");
     const Tensor sin = gathered_rows(sin_table, positions, "sin_table");
-    Tensor slots = at::empty({1, count}, at::kLong);
-    for (int64_t t = 0; t < count; ++t) slots.data_ptr<int64_t>()[t] = first_slot + t;
+    const Tensor slots = slot_range(first_slot, count);
     const int64_t kv_len = first_slot + count;
     Tensor mask_c;
     if (mask.has_value()) {
