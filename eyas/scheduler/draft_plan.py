@@ -11,18 +11,28 @@ are not (a new question) lets the first draft while the others stay plain:
     rows 0-5: 4 draft tokens each (accepted)    rows 6-15: none
     one pass of 16 + 24 queries                 instead of 16 x 5, padded
 
-The plan. Row i drafting n_i tokens emits E_i(n_i) tokens on average and costs D_i(n_i) of
-drafting (speculation.AcceptanceEstimate.price; E_i(0) = 1, D_i(0) = 0). With B decoding rows,
-the pass costs about c(B, 1) + q * sum_i n_i (q: the price of one draft query at B rows, the
-secant of the ragged cost from no draft to every row's longest). A plan's rate is
+The plan. Row i drafting n_i tokens emits E_i(n_i) tokens on average, costs D_i(n_i) of
+drafting and adds Q_i(n_i) draft queries to the pass (speculation.AcceptanceEstimate: price,
+expected_queries; Q_i = availability x n_i for a chain proposer that often finds nothing, as
+an n-gram lookup, which then adds no query; E_i(0) = 1, D_i(0) = Q_i(0) = 0). With B decoding
+rows the pass costs about c(B, 1) + q * sum_i Q_i(n_i), q the price of one draft query at B
+rows. A plan's rate is
 
-    R = sum_i E_i(n_i) / (c(B, 1) + sum_i (q n_i + D_i(n_i))),
+    R = sum_i E_i(n_i) / (c(B, 1) + sum_i (q Q_i(n_i) + D_i(n_i))),
 
-and the plan with the highest R is found exactly by Dinkelbach's method: for a rate L, the plan
-maximising sum_i E_i - L (c(B, 1) + sum_i (q n_i + D_i)) picks each row's n_i on its own; if
-that maximum is positive its plan's rate beats L, and L moves up to it, until no plan beats L.
-The first L is the plain step's rate times a margin, so speculation happens only where it pays
-by that margin. Each round costs O(rows x max_draft_tokens).
+and for a given q the plan with the highest R is found exactly by Dinkelbach's method: for a
+rate L, the plan maximising sum_i E_i - L (c(B, 1) + sum_i (q Q_i + D_i)) picks each row's n_i
+on its own; if that maximum is positive its plan's rate beats L, and L moves up to it, until
+no plan beats L. The first L is the plain step's rate times a margin, so speculation happens
+only where it pays by that margin. Each round costs O(rows x max_draft_tokens).
+
+The real pass is not linear in its queries: at one row a CPU's pass streams its weights
+whatever its width, so a first draft query costs far less than the average one up to the
+longest draft (SmolLM2 int4, Zen 4: 3.6 / 3.7 / 4.2 / 4.9 / 5.6 ms at 1-5 queries). So a lone
+request's budgets are each priced by the ragged cost itself (k + 1 of them), and for several
+rows q starts as the secant up to every row's longest draft and then moves to the secant up
+to the plan it found (a few times, while it moves); of the plans found, the one with the
+highest rate priced by the ragged cost itself is taken.
 
 The step's token budget caps the pass's queries, sum_i (1 + n_i), not each row's share of it:
 a row whose drafts pay may take more than budget / B while rows whose drafts do not pay take
@@ -41,6 +51,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from eyas.scheduler.speculation import AcceptanceEstimate, StepCostModel
 
 MAX_ROUNDS = 8  # Dinkelbach rounds (it converges in 2-3)
+MAX_SECANTS = 4  # prices of a draft query tried (see choose_draft_budgets)
 
 
 def choose_draft_budgets(rows: Sequence[AcceptanceEstimate | None], costs: StepCostModel,
@@ -57,32 +68,67 @@ def choose_draft_budgets(rows: Sequence[AcceptanceEstimate | None], costs: StepC
         max_draft_tokens = min(max_draft_tokens, capacity)
     if not live or max_draft_tokens < 1:
         return budgets
-    prices = {i: [(1.0, 0.0)] + [rows[i].price(n) for n in range(1, max_draft_tokens + 1)] for i in live}
-    if all(max(e for e, _ in prices[i]) <= 1.0 for i in live):
+    # per row and budget n: (expected tokens, drafting seconds, expected draft queries)
+    prices = {i: [(1.0, 0.0, 0.0)] + [(*rows[i].price(n), rows[i].expected_queries(n))
+                                      for n in range(1, max_draft_tokens + 1)] for i in live}
+    if all(max(e for e, _, _ in prices[i]) <= 1.0 for i in live):
         return budgets  # nobody expects a draft token accepted
     plain = costs.ragged_cost(sequences, sequences)
-    longest = sequences * (1 + max_draft_tokens)  # the price of a draft query: the secant
-    if capacity is not None:
-        longest = min(longest, sequences + capacity)
-    per_query = max(costs.ragged_cost(sequences, longest) - plain, 0.0) / (longest - sequences)
-    rate = margin * sequences / plain
-    best: list[int] | None = None
+
+    def secant(queries: float) -> float:  # the price of a draft query up to `queries` of them
+        return max(costs.ragged_cost(sequences, sequences + queries) - plain, 0.0) / queries
+
+    def rate(plan: list[int]) -> float:  # tokens per second, priced by the ragged cost itself
+        chosen = [prices[i][plan[i]] for i in live]
+        seconds = (costs.ragged_cost(sequences, sequences + sum(q for _, _, q in chosen))
+                   + sum(d for _, d, _ in chosen))
+        return sum(e for e, _, _ in chosen) / seconds if seconds > 0 else 0.0
+
+    best, best_rate = budgets, margin * sequences / plain
+    if sequences == 1:  # one request: every budget priced exactly
+        (row,) = live
+        for n in range(1, max_draft_tokens + 1):
+            plan = [0] * len(rows)
+            plan[row] = n
+            if rate(plan) > best_rate:
+                best, best_rate = plan, rate(plan)
+        return best
+    most = sequences * max_draft_tokens if capacity is None else min(sequences * max_draft_tokens, capacity)
+    per_query, tried = secant(most), []
+    while len(tried) < MAX_SECANTS and not any(abs(per_query - q) <= 0.02 * q for q in tried):
+        tried.append(per_query)
+        plan = linearised_plan(prices, live, len(rows), plain, per_query, best_rate, capacity)
+        queries = sum(prices[i][plan[i]][2] for i in live) if plan is not None else 0.0
+        if plan is None or queries <= 0:
+            break
+        if rate(plan) > best_rate:
+            best, best_rate = plan, rate(plan)
+        per_query = secant(queries)  # the price of a query at this plan's own size
+    return best
+
+
+def linearised_plan(prices: dict[int, list[tuple[float, float, float]]], live: list[int],
+                    width: int, plain: float, per_query: float, floor: float,
+                    capacity: int | None) -> list[int] | None:
+    """Dinkelbach's method (the module docstring) with the pass priced at `plain` plus
+    `per_query` a draft query: the plan with the highest such rate, if it beats `floor`."""
+    rate, found = floor, None
     for _ in range(MAX_ROUNDS):
-        values = {i: [e - rate * (per_query * n + d) for n, (e, d) in enumerate(prices[i])] for i in live}
+        values = {i: [e - rate * (per_query * q + d) for e, d, q in prices[i]] for i in live}
         value, choice = best_choices(values, capacity)
         value -= rate * plain
         if value <= 1e-12:
             break
-        plan = list(budgets)
+        plan = [0] * width
         for i, n in choice.items():
             plan[i] = n
-        best = plan
+        found = plan
         tokens = sum(prices[i][plan[i]][0] for i in live)
-        seconds = plain + sum(per_query * plan[i] + prices[i][plan[i]][1] for i in live)
+        seconds = plain + sum(per_query * prices[i][plan[i]][2] + prices[i][plan[i]][1] for i in live)
         if seconds <= 0:
             break
         rate = tokens / seconds
-    return best if best is not None else budgets
+    return found
 
 
 def best_choices(values: dict[int, list[float]], capacity: int | None) -> tuple[float, dict[int, int]]:

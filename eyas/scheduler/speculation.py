@@ -48,12 +48,9 @@ Which rows draft how much: draft_plan.py.
 
 from __future__ import annotations
 
-import time
 from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, Sequence
-
-import torch
 
 from eyas.engine.speculative.draft import DraftTree
 
@@ -142,6 +139,14 @@ class AcceptanceEstimate:
 
     def expected_tokens(self, k: int) -> float:
         return self.price(k)[0]
+
+    def expected_queries(self, k: int) -> float:
+        """Draft queries a budget of k adds to the pass on average. A chain proposer that
+        finds no draft (an n-gram lookup without a match) adds none: availability x k. A tree
+        proposer that prices its own tree drafts that tree: k."""
+        if k >= 1 and self.tree is not None and self.tree.expected_tokens(k) is not None:
+            return float(k)
+        return self.availability * k
 
     def record(self, drafted_depth: int, accepted: int) -> None:
         """One verification of a chain (or the deepest path) of `drafted_depth` tokens."""
@@ -295,33 +300,12 @@ class StepCostModel:
     @classmethod
     def measure(cls, target: Target, batch_sizes: Sequence[int], max_tokens_per_row: int,
                 context: int = 64, rounds: int = 3) -> StepCostModel:
-        """Time the target's forward for every B in `batch_sizes` and T in 1..max over a
-        `context`-token cache, as the decode step runs it. Every shape is timed once per round,
-        rounds interleaved (so that a burst of load elsewhere does not bias one shape), and
-        the best round is kept."""
-        from eyas.engine.generate import new_cache
+        """Time the executor's greedy pass for every B in `batch_sizes` and T in 1..max over a
+        `context`-token cache of text (pass_costs.py: how, and why text), then make the table
+        monotone."""
+        from eyas.scheduler.pass_costs import measure_pass_costs
 
-        model, device, vocab = target.model, target.device, target.config.vocab_size
-        table: dict[tuple[int, int], float] = {}
-        with torch.inference_mode():
-            caches = {}
-            for batch in batch_sizes:  # prefill a context per batch size (also a warm-up)
-                caches[batch] = new_cache(target, batch, context + max_tokens_per_row)
-                model(torch.randint(0, vocab, (batch, context), device=device), cache=caches[batch],
-                      write_at=0, logits_at=None)
-            for round_index in range(rounds + 1):  # round 0 warms every shape up
-                for batch in batch_sizes:
-                    for tokens in range(1, max_tokens_per_row + 1):
-                        ids = torch.randint(0, vocab, (batch, tokens), device=device)
-                        positions = torch.arange(context, context + tokens, device=device).expand(batch, -1)
-                        mask = torch.ones(batch, tokens, context + tokens, dtype=torch.bool, device=device)
-                        started = time.perf_counter()
-                        out = model(ids, positions, cache=caches[batch], write_at=positions,
-                                    attn_mask=mask, kv_len=context + tokens, logits_at=None)
-                        model.output_logits(out.hidden.reshape(batch * tokens, -1), greedy=True)
-                        seconds = time.perf_counter() - started
-                        if round_index > 0:
-                            table[(batch, tokens)] = min(table.get((batch, tokens), seconds), seconds)
+        table = measure_pass_costs(target, batch_sizes, max_tokens_per_row, context, rounds)
         return cls(batch_sizes, monotone(table, sorted(batch_sizes), max_tokens_per_row),
                    max_tokens_per_row)
 

@@ -81,6 +81,48 @@ def test_measured_costs_cover_every_shape(tiny_target):
     assert all(seconds > 0 for seconds in costs.table.values())
 
 
+def test_measured_costs_time_the_executors_passes(tiny_target, monkeypatch):
+    """One request: the lone request's calls (decode_rows / decode_one then greedy_tokens) where
+    the fused stack runs, else the dense pass; several: one ragged pass over every row."""
+    from eyas.scheduler import pass_costs
+
+    calls = []
+    model = tiny_target.model
+    forward = type(model).forward
+
+    def counting_forward(self, input_ids, *args, **kwargs):
+        if input_ids is not None:
+            calls.append(("forward", tuple(input_ids.shape)))
+        return forward(self, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(type(model), "forward", counting_forward)
+    table = pass_costs.measure_pass_costs(tiny_target, [1, 3], 2, context=8, rounds=1)
+    assert set(table) == {(1, 1), (1, 2), (3, 1), (3, 2)}
+    passes = [shape for name, shape in calls if name == "forward"]
+    assert (1, 8) in passes and (3, 8) in passes  # each cache's context, prefilled as text
+    assert (1, 6) in passes and (1, 3) in passes  # ragged: 3 roots (+ 3 drafts), no padding
+    assert (1, 2) in passes  # one request, a float32 model: the dense pass of one row
+
+
+def test_a_first_draft_is_priced_at_the_pass_it_makes():
+    """At one row a CPU pass streams its weights whatever its width: 4.0 ms for one query, 4.1
+    for two, then 2 ms a query. A draft accepted 30% of the time pays as one token (1.3 tokens
+    / 4.1 ms beats 1 / 4.0 by 1.27x), not at the average price of four (1.42 tokens / 10.1 ms)."""
+    table = {(1, t): 0.0040 + 0.0001 * (t > 1) + 0.002 * max(t - 2, 0) for t in range(1, 6)}
+    costs = StepCostModel([1], table, 5)
+    assert choose_draft_budgets([estimate(0.3)], costs, 4) == [1]
+    assert choose_draft_budgets([estimate(0.02)], costs, 4) == [0]  # 1.02 / 4.1 ms loses
+
+
+def test_a_proposer_that_rarely_finds_a_draft_pays_only_for_the_drafts_it_finds():
+    """An n-gram lookup that matches one step in ten, accepted at 0.9 when it does: a budget
+    of 4 adds 0.4 queries on average (1.31 tokens / 12.8 ms with c(1, T) = 10 + 2 T ms, 1.25x
+    plain), not 4 (1.31 / 20 ms, slower than plain)."""
+    rare = AcceptanceEstimate(accepted=0.9 * 1000, trials=1000, found=100, asked=1000)
+    assert rare.expected_queries(4) == pytest.approx(0.4, abs=0.01)
+    assert choose_draft_length([rare], 1, cpu_like_costs(), 4) == 4
+
+
 def test_profile_noise_is_capped_by_larger_shapes():
     noisy = {(1, 1): 5.0, (1, 2): 2.0, (2, 1): 3.0, (2, 2): 4.0}  # (1, 1) hit by noise
     assert monotone(noisy, [1, 2], 2) == {(1, 1): 2.0, (1, 2): 2.0, (2, 1): 3.0, (2, 2): 4.0}
