@@ -5,7 +5,7 @@ at the taps that the forward made before, and a call without taps, on int4 SmolL
     # default: passes of 1 and 2 rows (a plain step, a one-token draft's verification)
 
 Each pass: ROWS new tokens of one sequence after CONTEXT cached ones through all 30 layers
-(csrc/int4_decoder_layer.cpp Int4Stack, no embedding, norm or output layer), written at the
+(csrc/int4_stack.cpp Int4Stack, no embedding, norm or output layer), written at the
 same slots every time. Three ways, alternated within each round in a rotating order:
 - `none`: one call, no taps;
 - `split`: one call per stretch of layers between the taps (2, 15, 27): four calls;

@@ -3,7 +3,7 @@
 Why: a drafting pass of the head through `Eagle3Head.forward` is ~25 small PyTorch ops (two
 norms and a concatenation, three projections, RoPE, a growing KV cache, attention, the MLP)
 and the Python that issues them: ~1.2 ms for one row on the 2-core machine, where the int4
-matmuls inside it take ~0.3 ms. The target's fused layer (models/csrc/int4_decoder_layer.cpp)
+matmuls inside it take ~0.3 ms. The target's fused layer (models/csrc/decoder_layer.cpp)
 computes the same layer once it also takes the token embeddings: attention input
 cat(RMSNorm(embeds), RMSNorm(hidden)), residual the hidden state. This module packs the head's
 int4 q/k/v and gate/up projections together (the int8dot layout is blocks of 16 output

@@ -54,8 +54,8 @@ import torch
 
 CSRC = Path(__file__).parent / "csrc"
 NAME = "eyas_int4_decoder_layer"  # the Python module name the sources declare (TORCH_EXTENSION_NAME)
-SOURCES = ("int4_decoder_layer.cpp", "attention.cpp", "int4_gemm.cpp", "int8_gemm.cpp", "int8_screen.cpp", "gumbel_screen.cpp",
-           "head_output.cpp", "probe.cpp")  # + headers
+SOURCES = ("int4_decoder_layer.cpp", "decoder_layer.cpp", "int4_stack.cpp", "attention.cpp", "int4_gemm.cpp",
+           "int8_gemm.cpp", "int8_screen.cpp", "gumbel_screen.cpp", "head_output.cpp", "probe.cpp")  # + headers
 CFLAGS = ("-O3", "-fopenmp", "-fno-math-errno", "-ffp-contract=off")
 STALE_BUILD_SECONDS = 3600  # a private build folder whose owner is gone, or older than this, is removed
 

@@ -2,7 +2,7 @@
 
 A decode step of int4 SmolLM2-135M spent ~4.5 ms in its 120 int4 matmuls and ~8 ms around
 them: ~25 small ops per layer (norms, RoPE, dtype conversions, cache writes, float64 attention)
-and the Python that issues them. `csrc/int4_decoder_layer.cpp` does everything between the
+and the Python that issues them. `csrc/decoder_layer.cpp` does everything between the
 matmuls in plain loops, and the model calls it once per pass for all its layers (FusedStack;
 an EAGLE-3 head calls its one layer, eagle3/fused.py). The matmuls themselves run in
 `csrc/int4_gemm.cpp` (int4 x int8 integer dot products on AVX512-VNNI or AVX2, 2.6-3.3x
@@ -126,7 +126,7 @@ def norm_matches_torch(norm) -> bool:
 
 class FusedStack:
     """Every decoder layer of an int4 model, run by the extension's Int4Stack: a pass through
-    any run of layers is one C++ call (csrc/int4_decoder_layer.cpp), with the bits of one
+    any run of layers is one C++ call (csrc/int4_stack.cpp), with the bits of one
     int4_decoder_layer call per layer, and returns the EAGLE-3 taps from that same call."""
 
     def __init__(self, layers: list[FusedLayer]) -> None:

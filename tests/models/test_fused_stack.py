@@ -1,4 +1,4 @@
-"""The int4 target's fused stack (models/fused_cpu.py FusedStack, csrc/int4_decoder_layer.cpp
+"""The int4 target's fused stack (models/fused_cpu.py FusedStack, csrc/int4_stack.cpp
 Int4Stack): one C++ call for every layer gives the bits of one call per layer, and in a pass
 over a random draft tree of T = 2..64 rows each row gets the bits of the same row run alone
 (the property that keeps speculation lossless), on each int8 dot-product implementation. The

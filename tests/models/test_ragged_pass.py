@@ -1,4 +1,4 @@
-"""A ragged pass of the int4 target (csrc/int4_decoder_layer.cpp Int4Stack with `sequences`):
+"""A ragged pass of the int4 target (csrc/int4_stack.cpp Int4Stack with `sequences`):
 the queries of several sequences, each with its own number of rows, its own KV cache row, slots
 and context, in one call with no padding. Each row must get the bits it gets alone and in the
 padded dense batch, and write the same keys and values, on each int8 dot-product

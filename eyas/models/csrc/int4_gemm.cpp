@@ -35,7 +35,7 @@
 // with s and m the group's float16 scale and minimum. The integer dots are exact; the float
 // accumulation runs over groups in order, one output column per SIMD lane. A row's values
 // depend on that row alone, never on how many rows share the call or which tile it falls in:
-// the property that keeps speculative decoding lossless (int4_decoder_layer.cpp).
+// the property that keeps speculative decoding lossless (decoder_layer.cpp).
 //
 // On AVX2 the dot products take vpmaddubsw (codes x activations, pairs summed in int16) and
 // vpmaddwd: a code is at most 15 and |hi|, |lo| <= 64, so the eight int16 partial sums of a

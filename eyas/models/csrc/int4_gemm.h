@@ -18,7 +18,7 @@ at::Tensor int4_pack(const at::Tensor& codes, const at::Tensor& scale, const at:
 at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed);
 
 // Per-row and per-column work run inside the product's parallel regions (worker_pool.h), so that
-// a layer's small phases add no region of their own (int4_decoder_layer.cpp): prepare(first,
+// a layer's small phases add no region of their own (decoder_layer.cpp): prepare(first,
 // last) writes rows first..last-1 of x just before they are rounded (an RMSNorm, SiLU * up);
 // finish(first, last) runs once columns first..last-1 of y are final for every row (a residual
 // add). Neither may depend on other rows or columns than its own. Either may be empty.

@@ -1,6 +1,6 @@
-// Where the time of the int4 decoder stack goes (int4_decoder_layer.cpp), phase by phase, for
-// `eyas bench profile` (bench/profile.py). Off by default: a scope then reads one bool and no
-// clock, so the normal path pays nothing measurable and computes the same bits either way.
+// Where the time of the int4 decoder stack goes (decoder_layer.cpp, int4_stack.cpp), phase by
+// phase, for `eyas bench profile` (bench/profile.py). Off by default: a scope then reads one bool
+// and no clock, so the normal path pays nothing measurable and computes the same bits either way.
 //
 // Exclusive time on the calling thread: every nanosecond between the outermost scope's start
 // and end is charged to exactly one phase, the innermost open one (a matmul's activation

@@ -1,4 +1,4 @@
-// SIMD helpers shared by the fused layer (int4_decoder_layer.cpp) and its attention
+// SIMD helpers shared by the fused layer (decoder_layer.cpp) and its attention
 // (attention.cpp): a vectorizable exp, AVX-width vectors, the score of a query against a block
 // of keys, and Floats16, sixteen floats that compute the same bits on AVX-512 and on AVX2.
 #pragma once

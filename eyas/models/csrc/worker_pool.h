@@ -1,4 +1,4 @@
-// The threads of the int4 decoder stack's parallel regions (int4_decoder_layer.cpp, int4_gemm.cpp,
+// The threads of the int4 decoder stack's parallel regions (decoder_layer.cpp, int4_gemm.cpp,
 // attention.cpp, int8_screen.cpp): workers created once, and regions in which no thread waits for
 // another to start.
 //
