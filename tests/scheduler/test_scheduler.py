@@ -11,7 +11,7 @@ from eyas.errors import EyasError
 from eyas.scheduler.config import EngineConfig
 from eyas.scheduler.engine import Engine, QueueFull, RequestRejected
 from eyas.scheduler.kv_pool import KVPool
-from eyas.scheduler.scheduler import PLAIN_PROBE_EVERY, Scheduler
+from eyas.scheduler.scheduler import IDLE_PLANS, IDLE_PRICE_EVERY, PLAIN_PROBE_EVERY, Scheduler
 from eyas.scheduler.speculation import StepCostModel
 
 
@@ -93,10 +93,46 @@ def test_plain_decoding_keeps_backing_off_draft_probes(tiny_target, make_request
     assert [i for i, k in enumerate(chosen) if k] == probes
     assert {chosen[i] for i in probes} == {1}
     request.acceptance.prior_alpha = request.acceptance.prior_availability = 1.0
-    assert scheduler.schedule().num_draft_tokens == 4  # drafting pays now: the back-off resets
+    # drafting pays now, seen at the next priced step (every IDLE_PRICE_EVERY-th while idle)
+    waited = [scheduler.schedule().num_draft_tokens for _ in range(IDLE_PRICE_EVERY)]
+    assert waited[-1] == 4 and set(waited[:-1]) <= {0}
     request.acceptance.prior_alpha = request.acceptance.prior_availability = 0.0
-    chosen = [scheduler.schedule().num_draft_tokens for _ in range(probes[0] + 1)]
+    chosen = [scheduler.schedule().num_draft_tokens for _ in range(probes[0] + 1)]  # the back-off reset
     assert [i for i, k in enumerate(chosen) if k] == [probes[0]]
+
+
+def test_rows_are_priced_less_often_while_no_draft_pays(tiny_target, make_request, monkeypatch):
+    """After IDLE_PLANS priced steps in a row that chose no draft, the rows are priced every
+    IDLE_PRICE_EVERY-th step only (pricing suffix-decoding rows costs ~80 us each); a plan
+    that drafts prices every step again."""
+    import eyas.scheduler.scheduler as scheduler_module
+
+    priced = []
+    choose = scheduler_module.choose_draft_budgets
+
+    def counting(*args, **kwargs):
+        priced.append(len(priced))
+        return choose(*args, **kwargs)
+
+    monkeypatch.setattr(scheduler_module, "choose_draft_budgets", counting)
+    costs = StepCostModel([1], {(1, t): 0.01 * (1 + 0.5 * (t > 1)) for t in range(1, 6)}, 5)
+    config = EngineConfig(max_running=1, max_step_tokens=64, num_draft_tokens=4, speculation="auto")
+    scheduler = Scheduler(config, KVPool(tiny_target, 1, 128, 32), True, costs)
+    request = make_request(4, max_tokens=400)
+    scheduler.add(request)
+    scheduler.schedule()  # admission and prefill
+    request.acceptance.prior_alpha = request.acceptance.prior_availability = 0.0
+    steps = IDLE_PLANS + 4 * IDLE_PRICE_EVERY
+    calls = []
+    for step in range(steps):
+        before = len(priced)
+        scheduler.schedule()
+        calls.append(len(priced) - before)
+    assert calls[:IDLE_PLANS] == [1] * IDLE_PLANS
+    assert calls[IDLE_PLANS:] == ([0] * (IDLE_PRICE_EVERY - 1) + [1]) * 4
+    request.acceptance.prior_alpha = request.acceptance.prior_availability = 1.0
+    drafted = [scheduler.schedule().num_draft_tokens for _ in range(IDLE_PRICE_EVERY + 3)]
+    assert drafted[-3:] == [4, 4, 4] and len(priced) == IDLE_PLANS + 4 + 4
 
 
 def test_release_packs_rows_and_moves_their_kv(tiny_target, make_request):
