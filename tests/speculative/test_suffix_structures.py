@@ -67,6 +67,24 @@ def test_match_finds_the_longest_suffix_seen_often_enough():
     assert trie.match([5, 6], max_length=4) == (0, 0)
 
 
+def test_the_appenders_longest_suffix_is_what_match_finds():
+    """A request's own trie answers `match` from its appender's kept suffix nodes: the same
+    (node, length) as walking each suffix from the root, after every token, for several depths,
+    lengths and counts."""
+    rng = random.Random(3)
+    for depth in (4, 6, 24):
+        trie = SuffixTrie(max_depth=depth)
+        appender = trie.appender()
+        sequence: list[int] = []
+        for _ in range(300):
+            token = rng.randrange(5)
+            appender.append(token)
+            sequence.append(token)
+            for max_length in (1, 3, 12):
+                for min_count in (1, 2, 4):
+                    assert appender.longest(max_length, min_count) == trie.match(sequence, max_length, min_count)
+
+
 def test_the_store_stays_under_its_bound_and_evicts_the_least_recently_used():
     rng = random.Random(1)
     docs = [[rng.randrange(1000) for _ in range(60)] for _ in range(12)]

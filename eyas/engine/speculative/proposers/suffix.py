@@ -196,7 +196,7 @@ class SuffixProposer:
         config, context = self.config, self.history
         self.counts["steps"] += 1
         sources = []
-        node, length = self.local.match(context, config.max_match, min_count=2)
+        node, length = self.appender.longest(config.max_match, min_count=2)  # local.match's
         if length:  # the current occurrence has no continuation yet: one count less
             self.counts["local_matches"] += 1
             sources.append(grow(self.local, node, length, self.local.count(node) - 1,

@@ -149,3 +149,15 @@ class Appender:
             counts[child] += 1
             grown.append(child)
         self.active = grown[1:] if len(grown) >= trie.max_depth else grown
+
+    def longest(self, max_length: int, min_count: int = 1) -> tuple[int, int]:
+        """`trie.match(sequence, max_length, min_count)` for the sequence appended so far, read
+        from the kept suffix nodes instead of walking each suffix from the root (up to ~80
+        lookups; the serving engine asks every row at every step). Valid while nothing is
+        removed from the trie (a request's own trie)."""
+        active, counts = self.active, self.trie.counts
+        for length in range(min(max_length, len(active)), 0, -1):
+            node = active[len(active) - length]
+            if counts[node] >= min_count:
+                return node, length
+        return 0, 0
