@@ -17,7 +17,10 @@ output screen re-checks many candidates exactly, and on SmolLM2 (Zen 4) the outp
 took 2-8 ms a pass instead of ~1, which priced a two-token pass at 5.4-6.3 ms against the
 executor's 4.3 and switched drafting off at one request. Within a round the shapes run from
 the widest down (a narrow pass right after a wide one runs slower for a few passes:
-sizing._interleaved_medians), and each shape's median round is kept.
+sizing._interleaved_medians), a cheap shape several times back to back, and each shape's
+median sample is kept: with one sample a round, the two-query pass of one request came out 0.0
+to 0.7 ms above the one-query pass in start-ups of the same minute (Zen 4), and the serving rule
+follows that difference for the server's life (the measured steps scale every T of a B alike).
 
 Usage:
     table = measure_pass_costs(target, batch_sizes=[1, 2, 4], max_tokens_per_row=5)
@@ -36,6 +39,12 @@ from eyas.engine.speculative.draft import DraftTree
 from eyas.engine.speculative.sizing import sample_tokens
 from eyas.scheduler.batch import RowInput, build_decode_batch, build_ragged_batch, tree_row
 
+# Each round times a shape back to back until ~SECONDS_PER_SHAPE have passed (at most
+# MAX_REPEATS times): the cheap shapes of one request, whose differences decide whether a lone
+# request drafts (0.2-0.5 ms between one and two queries), get the most samples.
+SECONDS_PER_SHAPE = 0.02
+MAX_REPEATS = 8
+
 if TYPE_CHECKING:
     from eyas.engine.target import Target
     from eyas.models.kv_cache import KVCache
@@ -46,7 +55,8 @@ def measure_pass_costs(target: Target, batch_sizes: Sequence[int], max_tokens_pe
                        context: int = 64, rounds: int = 3) -> dict[tuple[int, int], float]:
     """Median seconds of the executor's greedy pass for every B in `batch_sizes` and T in
     1..max_tokens_per_row, over a `context`-token cache of text in every row. One warm-up
-    round, then `rounds` timed ones; each round visits every shape, widest first."""
+    round, then `rounds` timed ones; each round visits every shape, widest first, each shape
+    for ~SECONDS_PER_SHAPE."""
     from eyas.engine.generate import new_cache
 
     text = sample_tokens(target, context + max_tokens_per_row)  # [1, context + T]
@@ -60,12 +70,17 @@ def measure_pass_costs(target: Target, batch_sizes: Sequence[int], max_tokens_pe
                                                  text[0, context:].tolist())
     order = sorted(steps, key=lambda shape: shape[0] * shape[1], reverse=True)
     times: dict[tuple[int, int], list[float]] = {shape: [] for shape in steps}
-    for round_index in range(rounds + 1):  # round 0 warms every shape up
+    repeats = dict.fromkeys(steps, 1)
+    for round_index in range(rounds + 1):  # round 0 warms every shape up and sizes the repeats
         for shape in order:
-            started = time.perf_counter()
-            steps[shape]()
-            if round_index > 0:
-                times[shape].append(time.perf_counter() - started)
+            for _ in range(repeats[shape]):
+                started = time.perf_counter()
+                steps[shape]()
+                seconds = time.perf_counter() - started
+                if round_index > 0:
+                    times[shape].append(seconds)
+                else:
+                    repeats[shape] = max(1, min(MAX_REPEATS, round(SECONDS_PER_SHAPE / max(seconds, 1e-6))))
     return {shape: float(np.median(values)) for shape, values in times.items()}
 
 

@@ -87,17 +87,24 @@ def grow(trie: SuffixTrie, node: int, match_length: int, first_denominator: int,
     found: list[Candidate] = []
     heap: list[tuple[float, int, int, int, int, float, int]] = []
     tiebreak = 0
+    counts, first_child, next_sibling, tokens = trie.counts, trie.first_child, trie.next_sibling, trie.tokens
+    scales: dict[int, float] = {}  # confidence factor by depth (the hot path: one per push otherwise)
 
     def push(trie_node: int, parent: int, depth: int, probability: float, denominator: int) -> None:
         nonlocal tiebreak
         if denominator <= 0:
             return
-        counts = trie.counts
-        top = list(trie.children(trie_node))
+        top = []  # (token, child) of every child, in the trie's order (trie.children)
+        child = first_child[trie_node]
+        while child >= 0:
+            top.append((tokens[child], child))
+            child = next_sibling[child]
         if len(top) > max_children:
             top = heapq.nlargest(max_children, top, key=lambda item: counts[item[1]])
-        length = match_length + depth
-        scale = confidence.factor(_BUCKETS[length] if length < len(_BUCKETS) else _LAST_BUCKET)
+        scale = scales.get(depth)
+        if scale is None:
+            length = match_length + depth
+            scale = scales[depth] = confidence.factor(_BUCKETS[length] if length < len(_BUCKETS) else _LAST_BUCKET)
         for token, child in top:
             ratio = counts[child] / denominator
             value = probability * ratio * scale
@@ -111,7 +118,7 @@ def grow(trie: SuffixTrie, node: int, match_length: int, first_denominator: int,
         length = match_length + depth - 1
         found.append(Candidate(token, parent, depth, -negative, ratio,
                                _BUCKETS[length] if length < len(_BUCKETS) else _LAST_BUCKET, source))
-        push(child, len(found) - 1, depth, -negative, trie.count(child))
+        push(child, len(found) - 1, depth, -negative, counts[child])
     return found
 
 
