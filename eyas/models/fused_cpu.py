@@ -163,10 +163,9 @@ class FusedStack:
             self._norm_in_cpp = norm_matches_torch(norm)
         if not self._norm_in_cpp or torch.is_grad_enabled():
             return None
-        storage = getattr(cache, "storage_index", None)
-        where = self._every_layer if storage is None else [storage[index] for index in self._every_layer]
         return self.native.decode(tokens, positions, first_slot, embed, cos_table, sin_table, cache.keys,
-                                  cache.values, where, mask, tap_before, norm.weight, norm.eps)
+                                  cache.values, _storage(cache, self._every_layer), mask, tap_before,
+                                  norm.weight, norm.eps)
 
     def __len__(self) -> int:
         return len(self.layers)
@@ -186,10 +185,15 @@ class FusedStack:
         output), in the same call."""
         if not layers and taps is None:
             return x
-        storage = getattr(cache, "storage_index", None)
-        where = layers if storage is None else [storage[index] for index in layers]
-        return self.native.run(x, cos, sin, cache.keys, cache.values, layers, where, slots, kv_len, mask,
-                               sequences, list(tap_before), taps)
+        return self.native.run(x, cos, sin, cache.keys, cache.values, layers, _storage(cache, layers), slots,
+                               kv_len, mask, sequences, list(tap_before), taps)
+
+
+def _storage(cache, layers: list[int]) -> list[int]:
+    """Where each of `layers` keeps its keys and values in `cache`'s [L, ...] tensors (a cache
+    that stores only some layers maps them: `storage_index`)."""
+    storage = getattr(cache, "storage_index", None)
+    return layers if storage is None else [storage[index] for index in layers]
 
 
 def fused_layers(model: nn.Module) -> FusedStack | None:

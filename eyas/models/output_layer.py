@@ -118,6 +118,12 @@ class ScreenedOutputLayer(nn.Module):
         return {name: tensor for name, tensor in self.named_buffers()
                 if name not in ("weight", "weight_t")}
 
+    @property
+    def reads_rows(self) -> bool:
+        """Whether the layer reads its weight rows from the checkpoint one by one (a lean row
+        source, its float32 table never built): the exact re-checks read only their rows."""
+        return self.row_source is not None and not self.row_source.has_table
+
     def full_weight(self) -> Tensor:
         """The float32 weight [V, H] (a row source dequantizes it on first use and keeps it)."""
         return self.weight if self.row_source is None else self.row_source.weight
@@ -132,8 +138,7 @@ class ScreenedOutputLayer(nn.Module):
         flat = x.reshape(-1, shape[-1]).float()  # [R, H]
         if flat.shape[0] == 0:
             return flat.new_zeros(*shape[:-1], self.out_features)
-        lean = self.row_source is not None and not self.row_source.has_table
-        if self.int8dot and not lean:  # steps 1-3 in one C++ call (csrc/int8_screen.cpp)
+        if self.int8dot and not self.reads_rows:  # steps 1-3 in one C++ call (csrc/int8_screen.cpp)
             approx = torch.ops.eyas.int8_screen_greedy(flat, self.packed, self.scale_float, self.code_sums,
                                                        self.weight_error, self.approx_norm,
                                                        self.full_weight())
@@ -152,8 +157,7 @@ class ScreenedOutputLayer(nn.Module):
         """argmax(greedy_logits(x)) per row, the first of equal maxima: in one C++ call that
         returns only the indices where the extension screens with the full float32 table (no
         [R, V] logits for a caller to read after a pass, when every small op runs cold)."""
-        lean = self.row_source is not None and not self.row_source.has_table
-        if self.int8dot and not lean:
+        if self.int8dot and not self.reads_rows:
             return extension.module().int8_screen_argmax(x, self.packed, self.scale_float, self.code_sums,
                                                          self.weight_error, self.approx_norm, self.full_weight())
         return self.greedy_logits(x).argmax(dim=-1).reshape(-1).tolist()
@@ -161,7 +165,7 @@ class ScreenedOutputLayer(nn.Module):
     def _exact(self, flat: Tensor, rows: Tensor, columns: Tensor) -> Tensor:
         """The float32 logits of the pairs (rows [P] of flat [R, H], columns [P]) -> [P], each
         from its own weight row (a lean row source dequantizes only those rows)."""
-        if self.row_source is not None and not self.row_source.has_table:
+        if self.reads_rows:
             unique, inverse = torch.unique(columns, return_inverse=True)
             weights = torch.from_numpy(self.row_source.rows(unique.numpy()))[inverse]  # [P, H]
         else:
@@ -182,8 +186,7 @@ class ScreenedOutputLayer(nn.Module):
             from eyas.engine.gumbel import gumbel_argmax
 
             return gumbel_argmax(self(flat), scales, keys, noise_ids)
-        lean = self.row_source is not None and not self.row_source.has_table
-        if not lean and noise_ids is None:  # steps 1-3 in one C++ call
+        if not self.reads_rows and noise_ids is None:  # steps 1-3 in one C++ call
             tokens, _ = torch.ops.eyas.int8_screen_gumbel(flat, self.packed, self.scale_float, self.code_sums,
                                                           self.weight_error, self.approx_norm, self.full_weight(),
                                                           scales, keys)
@@ -200,8 +203,7 @@ class ScreenedOutputLayer(nn.Module):
         """`sample_tokens` for x [..., H] (R rows) with each row's 1/T (float32 values) and
         noise key as Python numbers, the draws as Python ints: in one C++ call where the
         extension screens with the full float32 table (no small PyTorch ops after a pass)."""
-        lean = self.row_source is not None and not self.row_source.has_table
-        if self.int8dot and not lean:
+        if self.int8dot and not self.reads_rows:
             return extension.module().int8_screen_gumbel_ids(x, self.packed, self.scale_float, self.code_sums,
                                                              self.weight_error, self.approx_norm,
                                                              self.full_weight(), inverse_temperatures, keys)
