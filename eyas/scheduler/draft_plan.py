@@ -12,11 +12,10 @@ are not (a new question) lets the first draft while the others stay plain:
     one pass of 16 + 24 queries                 instead of 16 x 5, padded
 
 The plan. Row i drafting n_i tokens emits E_i(n_i) tokens on average, costs D_i(n_i) of
-drafting and adds Q_i(n_i) draft queries to the pass (speculation.AcceptanceEstimate: price,
-expected_queries; Q_i = availability x n_i for a chain proposer that often finds nothing, as
-an n-gram lookup, which then adds no query; E_i(0) = 1, D_i(0) = Q_i(0) = 0). With B decoding
-rows the pass costs about c(B, 1) + q * sum_i Q_i(n_i), q the price of one draft query at B
-rows. A plan's rate is
+drafting and adds Q_i(n_i) draft queries to the pass (speculation.AcceptanceEstimate.quote; Q_i
+= availability x n_i for a chain proposer that often finds nothing, as an n-gram lookup, which
+then adds no query; E_i(0) = 1, D_i(0) = Q_i(0) = 0). With B decoding rows the pass costs about
+c(B, 1) + q * sum_i Q_i(n_i), q the price of one draft query at B rows. A plan's rate is
 
     R = sum_i E_i(n_i) / (c(B, 1) + sum_i (q Q_i(n_i) + D_i(n_i))),
 
@@ -69,8 +68,7 @@ def choose_draft_budgets(rows: Sequence[AcceptanceEstimate | None], costs: StepC
     if not live or max_draft_tokens < 1:
         return budgets
     # per row and budget n: (expected tokens, drafting seconds, expected draft queries)
-    prices = {i: [(1.0, 0.0, 0.0)] + [(*rows[i].price(n), rows[i].expected_queries(n))
-                                      for n in range(1, max_draft_tokens + 1)] for i in live}
+    prices = {i: [(1.0, 0.0, 0.0)] + [rows[i].quote(n) for n in range(1, max_draft_tokens + 1)] for i in live}
     if all(max(e for e, _, _ in prices[i]) <= 1.0 for i in live):
         return budgets  # nobody expects a draft token accepted
     plain = costs.ragged_cost(sequences, sequences)
@@ -90,8 +88,9 @@ def choose_draft_budgets(rows: Sequence[AcceptanceEstimate | None], costs: StepC
         for n in range(1, max_draft_tokens + 1):
             plan = [0] * len(rows)
             plan[row] = n
-            if rate(plan) > best_rate:
-                best, best_rate = plan, rate(plan)
+            plan_rate = rate(plan)
+            if plan_rate > best_rate:
+                best, best_rate = plan, plan_rate
         return best
     most = sequences * max_draft_tokens if capacity is None else min(sequences * max_draft_tokens, capacity)
     per_query, tried = secant(most), []
@@ -101,8 +100,9 @@ def choose_draft_budgets(rows: Sequence[AcceptanceEstimate | None], costs: StepC
         queries = sum(prices[i][plan[i]][2] for i in live) if plan is not None else 0.0
         if plan is None or queries <= 0:
             break
-        if rate(plan) > best_rate:
-            best, best_rate = plan, rate(plan)
+        plan_rate = rate(plan)
+        if plan_rate > best_rate:
+            best, best_rate = plan, plan_rate
         per_query = secant(queries)  # the price of a query at this plan's own size
     return best
 

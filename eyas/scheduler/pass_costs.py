@@ -8,8 +8,8 @@ Each shape is timed as a greedy step of the executor (executor.py) computes it:
   T - 1 drafts, then `greedy_tokens` (its argmax from the output screen, no logits made); a
   model whose fused stack does not run (float32) takes the dense pass of one row;
 - B > 1: one ragged pass (batch.py's `build_ragged_batch`: every request's root and chain, no
-  padding), then `greedy_tokens` over all its queries;
-- a model without `greedy_tokens`: `output_logits(..., greedy=True)` after the pass.
+  padding), then `greedy_tokens` over all its queries (the screen's argmax, or
+  `output_logits(..., greedy=True)`'s for a layer that does not screen).
 
 What the passes read matters as much as how they run. Every row's context and queries are text
 (sizing.SAMPLE_TEXT), not random ids: over random ids the model is unsure of everything, the
@@ -91,12 +91,16 @@ def greedy_pass(target: Target, cache: KVCache, batch: int, tokens: int, context
     the call the executor makes for that shape (see the module docstring)."""
     model = target.model
     chain = DraftTree.chain(queries[1:tokens]) if tokens > 1 else None
-    if batch == 1 and hasattr(model, "decode_rows") and hasattr(model, "greedy_tokens"):
+    if batch == 1:
         ids, positions, mask = tree_row(queries[0], chain or DraftTree.empty(), context)
-        if model.decode_rows(ids, positions, context, mask if tokens > 1 else None, cache) is not None:
+
+        def one_row():  # ForwardOutput, or None where the fused stack does not run
             if chain is None:
-                return lambda: _argmax(model, model.decode_one(queries[0], context, cache))
-            return lambda: _argmax(model, model.decode_rows(ids, positions, context, mask, cache))
+                return model.decode_one(queries[0], context, cache)
+            return model.decode_rows(ids, positions, context, mask, cache)
+
+        if one_row() is not None:
+            return lambda: model.greedy_tokens(one_row().hidden)
     inputs = [RowInput(row, context, queries[0], chain) for row in range(batch)]
     build = build_decode_batch if batch == 1 else build_ragged_batch  # as the executor's
     pass_input = build(inputs, target.device)
@@ -104,14 +108,5 @@ def greedy_pass(target: Target, cache: KVCache, batch: int, tokens: int, context
     def step() -> None:
         output = model(pass_input.input_ids, pass_input.positions, cache=cache,
                        kv_len=pass_input.kv_len, **pass_input.pass_arguments(), logits_at=None)
-        hidden = output.hidden[0]  # [N, H]
-        if hasattr(model, "greedy_tokens"):
-            model.greedy_tokens(hidden)
-        else:
-            model.output_logits(hidden, greedy=True)
+        model.greedy_tokens(output.hidden[0])  # [N, H]
     return step
-
-
-def _argmax(model, output) -> None:
-    if output is not None:
-        model.greedy_tokens(output.hidden)

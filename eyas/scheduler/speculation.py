@@ -124,29 +124,24 @@ class AcceptanceEstimate:
                                   draft_calibration=self.draft_calibration,
                                   prior_calibration=self.calibration)
 
-    def price(self, k: int) -> tuple[float, float]:
-        """(E(k), D(k)) of the module docstring: the tree's own price where the proposer gives
-        one (its expected accepted tokens calibrated), else the chain model's."""
+    def quote(self, k: int) -> tuple[float, float, float]:
+        """(E(k), D(k), Q(k)) of a budget of k draft tokens, Q the draft queries it adds to the
+        pass on average: the tree's own price where the proposer gives one (its expected
+        accepted tokens calibrated; it drafts that tree: k queries), else the chain model's (a
+        chain proposer that finds no draft, an n-gram lookup without a match, adds no query:
+        availability x k queries on average)."""
         if k >= 1 and self.tree is not None:
             tree_tokens = self.tree.expected_tokens(k)
             if tree_tokens is not None:
                 accepted = min(self.calibration * max(tree_tokens - 1.0, 0.0), float(k))
-                return (1.0 + accepted,
-                        self.tree.draft_seconds(k) * self.draft_calibration)
+                return (1.0 + accepted, self.tree.draft_seconds(k) * self.draft_calibration, float(k))
         alpha = min(self.alpha, 0.999)
-        return (1.0 + self.availability * sum(alpha ** j for j in range(1, k + 1)),
-                k * self.draft_seconds_per_token)
+        availability = self.availability
+        return (1.0 + availability * sum(alpha ** j for j in range(1, k + 1)),
+                k * self.draft_seconds_per_token, availability * k)
 
     def expected_tokens(self, k: int) -> float:
-        return self.price(k)[0]
-
-    def expected_queries(self, k: int) -> float:
-        """Draft queries a budget of k adds to the pass on average. A chain proposer that
-        finds no draft (an n-gram lookup without a match) adds none: availability x k. A tree
-        proposer that prices its own tree drafts that tree: k."""
-        if k >= 1 and self.tree is not None and self.tree.expected_tokens(k) is not None:
-            return float(k)
-        return self.availability * k
+        return self.quote(k)[0]
 
     def record(self, drafted_depth: int, accepted: int) -> None:
         """One verification of a chain (or the deepest path) of `drafted_depth` tokens."""

@@ -119,7 +119,7 @@ def test_a_proposer_that_rarely_finds_a_draft_pays_only_for_the_drafts_it_finds(
     of 4 adds 0.4 queries on average (1.31 tokens / 12.8 ms with c(1, T) = 10 + 2 T ms, 1.25x
     plain), not 4 (1.31 / 20 ms, slower than plain)."""
     rare = AcceptanceEstimate(accepted=0.9 * 1000, trials=1000, found=100, asked=1000)
-    assert rare.expected_queries(4) == pytest.approx(0.4, abs=0.01)
+    assert rare.quote(4)[2] == pytest.approx(0.4, abs=0.01)  # draft queries a budget of 4 adds
     assert choose_draft_length([rare], 1, cpu_like_costs(), 4) == 4
 
 
@@ -188,7 +188,7 @@ def test_a_tree_proposer_is_priced_by_its_own_tree_not_by_a_chain():
     unpriced = estimate(0.2)
     unpriced.tree = PricedTree(None)
     assert unpriced.expected_tokens(3) == pytest.approx(chain.expected_tokens(3))
-    assert unpriced.price(3)[1] == 3 * unpriced.draft_seconds_per_token
+    assert unpriced.quote(3)[1] == 3 * unpriced.draft_seconds_per_token
     # Seeded copies keep the calibration (a new request starts from what the server measured).
     assert tree.seeded().draft_calibration == tree.draft_calibration and tree.seeded().tree is None
 
