@@ -77,18 +77,26 @@ def test_speculation_keeps_plain_probes(tiny_target, make_request):
     assert all(k == 4 for i, k in enumerate(chosen) if i not in probes)
 
 
+def one_request_never_accepted(target, make_request, extra: float):
+    """A speculative scheduler (auto) decoding one request whose drafts are never accepted
+    (acceptance priors 0), after its prefill; a pass of T > 1 tokens costs `extra` more than
+    one of a single token."""
+    costs = StepCostModel([1], {(1, t): 0.01 * (1 + extra * (t > 1)) for t in range(1, 6)}, 5)
+    config = EngineConfig(max_running=1, max_step_tokens=64, num_draft_tokens=4, speculation="auto")
+    scheduler = Scheduler(config, KVPool(target, 1, 128, 32), True, costs)
+    request = make_request(4, max_tokens=400)
+    scheduler.add(request)
+    scheduler.schedule()  # admission and prefill
+    request.acceptance.prior_alpha = request.acceptance.prior_availability = 0.0
+    return scheduler, request
+
+
 @pytest.mark.parametrize("extra, probes", [(0.0, [31, 95, 223]), (0.5, [49, 113, 241])])
 def test_plain_decoding_keeps_backing_off_draft_probes(tiny_target, make_request, extra, probes):
     """Acceptance 0: never worth speculating, yet a draft probe (one draft token per request)
     comes after 32 plain steps, then 64, then 128 (and at least 50 apart where a 2-token pass
     costs 50% more than a 1-token pass: 1% of the time at most)."""
-    costs = StepCostModel([1], {(1, t): 0.01 * (1 + extra * (t > 1)) for t in range(1, 6)}, 5)
-    config = EngineConfig(max_running=1, max_step_tokens=64, num_draft_tokens=4, speculation="auto")
-    scheduler = Scheduler(config, KVPool(tiny_target, 1, 128, 32), True, costs)
-    request = make_request(4, max_tokens=400)
-    scheduler.add(request)
-    scheduler.schedule()  # admission and prefill
-    request.acceptance.prior_alpha = request.acceptance.prior_availability = 0.0
+    scheduler, request = one_request_never_accepted(tiny_target, make_request, extra)
     chosen = [scheduler.schedule().num_draft_tokens for _ in range(300)]
     assert [i for i, k in enumerate(chosen) if k] == probes
     assert {chosen[i] for i in probes} == {1}
@@ -115,16 +123,9 @@ def test_rows_are_priced_less_often_while_no_draft_pays(tiny_target, make_reques
         return choose(*args, **kwargs)
 
     monkeypatch.setattr(scheduler_module, "choose_draft_budgets", counting)
-    costs = StepCostModel([1], {(1, t): 0.01 * (1 + 0.5 * (t > 1)) for t in range(1, 6)}, 5)
-    config = EngineConfig(max_running=1, max_step_tokens=64, num_draft_tokens=4, speculation="auto")
-    scheduler = Scheduler(config, KVPool(tiny_target, 1, 128, 32), True, costs)
-    request = make_request(4, max_tokens=400)
-    scheduler.add(request)
-    scheduler.schedule()  # admission and prefill
-    request.acceptance.prior_alpha = request.acceptance.prior_availability = 0.0
-    steps = IDLE_PLANS + 4 * IDLE_PRICE_EVERY
+    scheduler, request = one_request_never_accepted(tiny_target, make_request, 0.5)
     calls = []
-    for step in range(steps):
+    for _ in range(IDLE_PLANS + 4 * IDLE_PRICE_EVERY):
         before = len(priced)
         scheduler.schedule()
         calls.append(len(priced) - before)
