@@ -1,12 +1,13 @@
 """The one owner of eyas's C++ extension: how it is built, where it is kept, how it is loaded.
 
-The extension (csrc/: the fused int4 decoder layer, the int4 and int8 x int8 kernels, the output screen)
-is compiled on first use with PyTorch's extension builder (g++, ~1-1.5 min on 2 cores; `make
-setup` does it ahead of time) and kept in ~/.cache/eyas/ext/<tag>/ (EYAS_EXT_DIR overrides the
-root). Only the file with the Python bindings (int4_decoder_layer.cpp) includes
-<torch/extension.h>; the kernels include <ATen/ATen.h> (and <torch/library.h> where they
-register ops): parsing the whole torch API in each of eight files made the build take twice as
-long (161 s against 77 s, side by side on the 2-core machine).
+The extension (csrc/: the fused int4 decoder layer, the int4 and int8 x int8 kernels, the output
+screen, suffix decoding's trie) is compiled on first use with PyTorch's extension builder (g++,
+~1-1.5 min on 2 cores; `make setup` does it ahead of time) and kept in
+~/.cache/eyas/ext/<tag>/ (EYAS_EXT_DIR overrides the root). Only the file with the Python
+bindings (int4_decoder_layer.cpp) includes <torch/extension.h>; the kernels include
+<ATen/ATen.h> (and <torch/library.h> where they register ops): parsing the whole torch API in
+each of eight files made the build take twice as long (161 s against 77 s, side by side on the
+2-core machine).
 
 A build can never leave the cache in a state that stops a later run:
 - The tag names everything that changes the binary: the sources and headers, the compiler
@@ -55,7 +56,8 @@ import torch
 CSRC = Path(__file__).parent / "csrc"
 NAME = "eyas_int4_decoder_layer"  # the Python module name the sources declare (TORCH_EXTENSION_NAME)
 SOURCES = ("int4_decoder_layer.cpp", "decoder_layer.cpp", "int4_stack.cpp", "attention.cpp", "int4_gemm.cpp",
-           "int8_gemm.cpp", "int8_screen.cpp", "gumbel_screen.cpp", "head_output.cpp", "probe.cpp")  # + headers
+           "int8_gemm.cpp", "int8_screen.cpp", "gumbel_screen.cpp", "head_output.cpp", "probe.cpp",
+           "suffix_trie.cpp")  # + headers
 CFLAGS = ("-O3", "-fopenmp", "-fno-math-errno", "-ffp-contract=off")
 STALE_BUILD_SECONDS = 3600  # a private build folder whose owner is gone, or older than this, is removed
 

@@ -1,5 +1,6 @@
-"""`--draft suffix` structures: the depth-bounded suffix trie's counts, the global store's memory
-bound and LRU eviction, and the candidate tree proposed on a hand-made corpus."""
+"""`--draft suffix` structures: the depth-bounded suffix trie's counts (its Python and native
+implementations, which give the same answers), the global store's memory bound and LRU
+eviction, and the candidate tree proposed on a hand-made corpus."""
 
 from __future__ import annotations
 
@@ -14,10 +15,27 @@ from eyas.engine.speculative.methods import build_proposer, split_suffix_graft
 from eyas.engine.speculative.proposers.suffix import SuffixConfig, SuffixProposer
 from eyas.engine.speculative.proposers.suffix_candidates import Confidence, bucket_of
 from eyas.engine.speculative.proposers.suffix_store import SuffixStore
-from eyas.engine.speculative.proposers.suffix_trie import NODE_BYTES, SuffixTrie
+from eyas.engine.speculative.proposers.suffix_trie import (NATIVE_NODE_BYTES, NODE_BYTES, NativeSuffixTrie,
+                                                            SuffixTrie, new_trie)
 from eyas.errors import EyasError
 
 CERTAIN = (1.0,) * 8  # a confidence prior of 1: probabilities are the raw count ratios
+
+
+@pytest.fixture(params=["python", "native"])
+def make_trie(request, monkeypatch):
+    """Either implementation of the trie (SuffixStore's too, through new_trie)."""
+    if request.param == "python":
+        monkeypatch.setenv("EYAS_SUFFIX_NATIVE", "0")
+        return SuffixTrie
+    return native_trie(monkeypatch)
+
+
+def native_trie(monkeypatch):
+    monkeypatch.setenv("EYAS_SUFFIX_NATIVE", "1")
+    if not isinstance(new_trie(4), NativeSuffixTrie):
+        pytest.skip("the C++ extension is not available here")
+    return new_trie
 
 
 def paths(trie: SuffixTrie) -> dict[tuple[int, ...], int]:
@@ -41,10 +59,10 @@ def naive_counts(documents: list[list[int]], depth: int) -> dict[tuple[int, ...]
     return counts
 
 
-def test_trie_counts_every_substring_up_to_its_depth_and_removal_is_exact():
+def test_trie_counts_every_substring_up_to_its_depth_and_removal_is_exact(make_trie):
     rng = random.Random(0)
     docs = [[rng.randrange(4) for _ in range(rng.randrange(1, 30))] for _ in range(6)]
-    trie = SuffixTrie(max_depth=5)
+    trie = make_trie(max_depth=5)
     for doc in docs:
         trie.insert(doc)
     assert paths(trie) == naive_counts(docs, 5)
@@ -57,8 +75,8 @@ def test_trie_counts_every_substring_up_to_its_depth_and_removal_is_exact():
     assert paths(trie) == naive_counts(kept + [docs[1]], 5)
 
 
-def test_match_finds_the_longest_suffix_seen_often_enough():
-    trie = SuffixTrie(max_depth=6)
+def test_match_finds_the_longest_suffix_seen_often_enough(make_trie):
+    trie = make_trie(max_depth=6)
     trie.insert([1, 2, 3, 7, 2, 3, 1, 2, 3])
     node, length = trie.match([9, 1, 2, 3], max_length=4)
     assert length == 3 and trie.count(node) == 2  # [1, 2, 3] twice
@@ -67,13 +85,13 @@ def test_match_finds_the_longest_suffix_seen_often_enough():
     assert trie.match([5, 6], max_length=4) == (0, 0)
 
 
-def test_the_appenders_longest_suffix_is_what_match_finds():
+def test_the_appenders_longest_suffix_is_what_match_finds(make_trie):
     """A request's own trie answers `match` from its appender's kept suffix nodes: the same
     (node, length) as walking each suffix from the root, after every token, for several depths,
     lengths and counts."""
     rng = random.Random(3)
     for depth in (4, 6, 24):
-        trie = SuffixTrie(max_depth=depth)
+        trie = make_trie(max_depth=depth)
         appender = trie.appender()
         sequence: list[int] = []
         for _ in range(300):
@@ -85,7 +103,7 @@ def test_the_appenders_longest_suffix_is_what_match_finds():
                     assert appender.longest(max_length, min_count) == trie.match(sequence, max_length, min_count)
 
 
-def test_the_store_stays_under_its_bound_and_evicts_the_least_recently_used():
+def test_the_store_stays_under_its_bound_and_evicts_the_least_recently_used(make_trie):
     rng = random.Random(1)
     docs = [[rng.randrange(1000) for _ in range(60)] for _ in range(12)]
     one_doc = SuffixStore(max_bytes=1 << 30, max_depth=8)
@@ -124,7 +142,53 @@ def test_the_byte_estimate_covers_what_python_allocates():
     assert used <= trie.approximate_bytes <= 1.5 * used, (used, trie.nodes * NODE_BYTES)
 
 
-def test_the_store_is_safe_to_share_between_threads():
+def test_the_native_trie_gives_the_python_tries_answers(monkeypatch):
+    """Node for node (ids, children's order, counts) after inserts and removals, and the same
+    matches, longest suffixes and continuations (ties, probabilities to the bit)."""
+    make_trie = native_trie(monkeypatch)
+    rng = random.Random(4)
+    for depth in (2, 5, 9):
+        python, native = SuffixTrie(depth), make_trie(depth)
+        docs = [[rng.randrange(5) for _ in range(rng.randrange(1, 40))] for _ in range(8)]
+        for trie in (python, native):
+            for doc in docs:
+                trie.insert(doc)
+            trie.remove(docs[1])
+            trie.remove(docs[3])
+            trie.insert(docs[1])  # freed nodes reused in the same order
+        assert native.nodes == python.nodes
+        for node in range(len(python.counts)):
+            assert native.children(node) == list(python.children(node))
+            assert native.count(node) == python.count(node)
+        for _ in range(200):
+            context = [rng.randrange(5) for _ in range(rng.randrange(0, 12))]
+            max_length, min_count = rng.randrange(0, 8), rng.randrange(1, 3)
+            assert native.match(context, max_length, min_count) == python.match(context, max_length, min_count)
+            node, _ = python.match(context, 6)
+            scales = [rng.random() for _ in range(16)]
+            arguments = (node, python.count(node) or 1, scales, rng.randrange(1, 15), rng.randrange(1, 4), 0.01)
+            assert [tuple(c) for c in native.continuations(*arguments)] == python.continuations(*arguments)
+        appenders = (python.appender(), native.appender())
+        for _ in range(80):
+            token = rng.randrange(5)
+            for appender in appenders:
+                appender.append(token)
+            for max_length in (1, 3, 8):
+                assert tuple(appenders[1].longest(max_length, 2)) == appenders[0].longest(max_length, 2)
+
+
+def test_the_native_byte_estimate_is_what_its_containers_hold(monkeypatch):
+    """Linear in the nodes (what eviction frees), within what the native containers hold."""
+    make_trie = native_trie(monkeypatch)
+    rng = random.Random(2)
+    trie = make_trie(max_depth=16)
+    trie.insert([rng.randrange(40000) for _ in range(1500)])
+    assert trie.nodes > 10000
+    assert trie.approximate_bytes == (trie.nodes + 1) * NATIVE_NODE_BYTES
+    assert 0.6 * trie.container_bytes() <= trie.approximate_bytes <= 1.5 * trie.container_bytes()
+
+
+def test_the_store_is_safe_to_share_between_threads(make_trie):
     store = SuffixStore(max_bytes=2 << 20, max_depth=8)
     rng = random.Random(3)
     docs = [[rng.randrange(50) for _ in range(40)] for _ in range(80)]

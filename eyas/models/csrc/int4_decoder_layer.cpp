@@ -1,7 +1,7 @@
 // The extension's Python module (eyas_int4_decoder_layer): the bindings of every C++ entry point,
 // and the calls that are no more than a check and a call: one int4 decoder layer a call
 // (int4_decoder_layer; models/fused_cpu.py's layer-by-layer path and the tests), the layers'
-// attention alone, the stack's phase timers. The layer itself: decoder_layer.cpp; a whole stack
+// attention alone, the stack's phase timers; and suffix decoding's trie (suffix_trie.h). The layer itself: decoder_layer.cpp; a whole stack
 // or an EAGLE-3 head's layer in one call: int4_stack.cpp. Only this file includes
 // <torch/extension.h> (models/extension.py says why).
 
@@ -21,6 +21,7 @@
 #include "int8_screen.h"
 #include "int8dot.h"
 #include "phase_timer.h"
+#include "suffix_trie.h"
 
 using at::Tensor;
 
@@ -140,6 +141,28 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            pybind11::arg("x"), pybind11::arg("tokens"), pybind11::arg("positions"), pybind11::arg("first_slot"),
            pybind11::arg("embed"), pybind11::arg("cos_table"), pybind11::arg("sin_table"), pybind11::arg("keys"),
            pybind11::arg("values"), pybind11::arg("mask"), pybind11::call_guard<pybind11::gil_scoped_release>());
+  using eyas::SuffixTrie;
+  pybind11::class_<SuffixTrie, std::shared_ptr<SuffixTrie>>(
+      m, "SuffixTrie", "A depth-bounded suffix trie with counts (suffix_trie.h; its Python twin: suffix_trie.py)")
+      .def(pybind11::init<int64_t>(), pybind11::arg("max_depth"))
+      .def_property_readonly("max_depth", &SuffixTrie::max_depth)
+      .def_property_readonly("nodes", &SuffixTrie::nodes)
+      .def("count", &SuffixTrie::count)
+      .def("child", &SuffixTrie::child)
+      .def("children", &SuffixTrie::children)
+      .def("bytes", &SuffixTrie::bytes)
+      .def("insert", &SuffixTrie::insert)
+      .def("remove", &SuffixTrie::remove)
+      .def("match", &SuffixTrie::match, pybind11::arg("context"), pybind11::arg("max_length"),
+           pybind11::arg("min_count") = 1)
+      .def("continuations", &SuffixTrie::continuations, pybind11::arg("node"), pybind11::arg("denominator"),
+           pybind11::arg("scales"), pybind11::arg("limit"), pybind11::arg("max_children"),
+           pybind11::arg("min_probability"));
+  pybind11::class_<eyas::SuffixAppender>(m, "SuffixAppender", "Appends one sequence to a SuffixTrie")
+      .def(pybind11::init<std::shared_ptr<SuffixTrie>>())
+      .def("append", &eyas::SuffixAppender::append)
+      .def("extend", &eyas::SuffixAppender::extend)
+      .def("longest", &eyas::SuffixAppender::longest, pybind11::arg("max_length"), pybind11::arg("min_count") = 1);
   m.def("set_phase_timing", &set_phase_timing, pybind11::arg("enabled"), pybind11::arg("clock") = "wall",
         "Per-phase timers of the stack on or off, on the 'wall' or 'cpu' clock (phase_timer.h)");
   m.def("phase_seconds", &phase_seconds, pybind11::arg("reset") = false,

@@ -37,7 +37,7 @@ import torch
 from eyas.engine.speculative.draft import DraftTree
 from eyas.engine.speculative.proposers.suffix_candidates import Candidate, Confidence, grow, merge, ranked
 from eyas.engine.speculative.proposers.suffix_store import SuffixStore
-from eyas.engine.speculative.proposers.suffix_trie import SuffixTrie
+from eyas.engine.speculative.proposers.suffix_trie import new_trie
 from eyas.engine.speculative.sizing import best_prefix, load_or_measure
 from eyas.errors import EyasError
 
@@ -89,7 +89,7 @@ class SuffixProposer:
         self._reset([])
 
     def _reset(self, prompt_ids: list[int]) -> None:
-        self.local = SuffixTrie(self.config.max_depth)
+        self.local = new_trie(self.config.max_depth)
         self.appender = self.local.appender()
         self.history: list[int] = []
         self.prompt_length = len(prompt_ids)
@@ -142,8 +142,7 @@ class SuffixProposer:
         self.store.clear()
 
     def _extend(self, tokens: list[int]) -> None:
-        for token in tokens:
-            self.appender.append(token)
+        self.appender.extend(tokens)
         self.history.extend(tokens)
         if tokens:
             self._candidates = None

@@ -16,7 +16,6 @@ the two are scored on one scale.
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass, field
 
 from eyas.engine.speculative.proposers.suffix_trie import SuffixTrie
@@ -83,43 +82,16 @@ def grow(trie: SuffixTrie, node: int, match_length: int, first_denominator: int,
          min_probability: float = 0.01) -> list[Candidate]:
     """At most `limit` candidates under trie `node` (the matched suffix of `match_length`
     tokens), best first; parents always come before their children. `first_denominator`:
-    the occurrences of the matched suffix that can have a continuation."""
-    found: list[Candidate] = []
-    heap: list[tuple[float, int, int, int, int, float, int]] = []
-    tiebreak = 0
-    counts, first_child, next_sibling, tokens = trie.counts, trie.first_child, trie.next_sibling, trie.tokens
-    scales: dict[int, float] = {}  # confidence factor by depth (the hot path: one per push otherwise)
-
-    def push(trie_node: int, parent: int, depth: int, probability: float, denominator: int) -> None:
-        nonlocal tiebreak
-        if denominator <= 0:
-            return
-        top = []  # (token, child) of every child, in the trie's order (trie.children)
-        child = first_child[trie_node]
-        while child >= 0:
-            top.append((tokens[child], child))
-            child = next_sibling[child]
-        if len(top) > max_children:
-            top = heapq.nlargest(max_children, top, key=lambda item: counts[item[1]])
-        scale = scales.get(depth)
-        if scale is None:
-            length = match_length + depth
-            scale = scales[depth] = confidence.factor(_BUCKETS[length] if length < len(_BUCKETS) else _LAST_BUCKET)
-        for token, child in top:
-            ratio = counts[child] / denominator
-            value = probability * ratio * scale
-            if value >= min_probability:
-                tiebreak += 1
-                heapq.heappush(heap, (-value, tiebreak, child, parent, depth + 1, ratio, token))
-
-    push(node, -1, 0, 1.0, first_denominator)
-    while heap and len(found) < limit:
-        negative, _, child, parent, depth, ratio, token = heapq.heappop(heap)
-        length = match_length + depth - 1
-        found.append(Candidate(token, parent, depth, -negative, ratio,
-                               _BUCKETS[length] if length < len(_BUCKETS) else _LAST_BUCKET, source))
-        push(child, len(found) - 1, depth, -negative, counts[child])
-    return found
+    the occurrences of the matched suffix that can have a continuation. The heap itself is
+    the trie's (`continuations`: native where the extension loads)."""
+    # the confidence of a child predicted from its parent at depth d: bucket of match + d
+    buckets = [_BUCKETS[length] if length < len(_BUCKETS) else _LAST_BUCKET
+               for length in range(match_length, match_length + limit + 1)]
+    factors = {bucket: confidence.factor(bucket) for bucket in set(buckets)}
+    found = trie.continuations(node, first_denominator, [factors[b] for b in buckets], limit,
+                               max_children, min_probability)
+    return [Candidate(token, parent, depth, probability, ratio, buckets[depth - 1], source)
+            for token, parent, depth, probability, ratio in found]
 
 
 def merge(sources: list[list[Candidate]]) -> list[Candidate]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-from eyas.engine.speculative.proposers.suffix_trie import NODE_BYTES, SuffixTrie
+from eyas.engine.speculative.proposers.suffix_trie import new_trie
 
 
 class SuffixStore:
@@ -31,7 +31,7 @@ class SuffixStore:
         if max_bytes < 0:
             raise ValueError(f"the suffix store's size must be >= 0 bytes, got {max_bytes}")
         self.max_bytes = max_bytes
-        self.trie = SuffixTrie(max_depth)
+        self.trie = new_trie(max_depth)
         self.lock = threading.Lock()
         self.documents: OrderedDict[tuple[int, ...], None] = OrderedDict()  # LRU first
         self.token_count = 0  # tokens of the stored documents
@@ -66,7 +66,7 @@ class SuffixStore:
 
     def _bytes_of(self, tokens: int) -> int:
         """The most one document of `tokens` tokens can add."""
-        return (1 + tokens * self.trie.max_depth) * NODE_BYTES + 8 * tokens
+        return (1 + tokens * self.trie.max_depth) * self.trie.node_bytes + 8 * tokens
 
     def record_lookup(self, hit: bool) -> None:
         with self.lock:
@@ -75,7 +75,7 @@ class SuffixStore:
 
     def clear(self) -> None:
         with self.lock:
-            self.trie = SuffixTrie(self.trie.max_depth)
+            self.trie = new_trie(self.trie.max_depth)
             self.documents.clear()
             self.token_count = 0
 

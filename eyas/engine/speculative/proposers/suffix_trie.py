@@ -14,8 +14,15 @@ Layout (flat, for Python's sake: a node costs a dict entry and four list slots, 
 edges maps node * STRIDE + token -> child; each node keeps its token, its count, its first
 child and its next sibling (-1: none), so a node's children are a linked list.
 
+Two implementations, the same answers (node ids, children's order, ties; tested): the native
+one in the C++ extension (csrc/suffix_trie.cpp), ~25x faster to append to, which `new_trie`
+returns wherever the extension loads, and this module's `SuffixTrie`, which it returns
+elsewhere (EYAS_SUFFIX_NATIVE=0 asks for it). Appending is the cost that shows: serving 16
+requests, every row appends each token it emits to its own trie, ~17 us a token at depth 24
+in Python.
+
 Usage:
-    trie = SuffixTrie(max_depth=4)
+    trie = new_trie(max_depth=4)
     trie.insert([1, 2, 3, 1, 2, 4])
     node, length = trie.match([9, 1, 2], max_length=3)   # the node of [1, 2], 2
     dict(trie.children(node))                            # {3: node of [1,2,3], 4: ...}
@@ -23,13 +30,37 @@ Usage:
 
 from __future__ import annotations
 
-from typing import Iterator
+import heapq
+import os
+from typing import Iterator, Sequence
 
 STRIDE = 1 << 22  # > any vocabulary: an edge's key is node * STRIDE + token
 NODE_BYTES = 160  # measured (tracemalloc, tests): an edge entry, four list slots, their ints
+NATIVE_NODE_BYTES = 64  # the native trie's hash node (32), bucket (8), four int32 slots (16), slack
+
+# (token, index of the parent in the list (-1: a child of the matched node), depth,
+#  probability of lying on the accepted path, count ratio to the parent)
+Continuation = tuple[int, int, int, float, float]
+
+
+def new_trie(max_depth: int = 24):
+    """A native trie where the extension loads (and EYAS_SUFFIX_NATIVE is not 0), else the
+    Python one: the same interface and answers."""
+    native = _native_module()
+    return NativeSuffixTrie(max_depth, native) if native is not None else SuffixTrie(max_depth)
+
+
+def _native_module():
+    if os.environ.get("EYAS_SUFFIX_NATIVE", "1").strip() == "0":
+        return None
+    from eyas.models.extension import enabled, module
+
+    return module() if enabled() else None
 
 
 class SuffixTrie:
+    node_bytes = NODE_BYTES
+
     def __init__(self, max_depth: int = 24) -> None:
         if max_depth < 2:
             raise ValueError(f"a suffix trie needs max_depth >= 2, got {max_depth}")
@@ -117,6 +148,82 @@ class SuffixTrie:
         return 0, 0
 
 
+    def continuations(self, node: int, denominator: int, scales: Sequence[float], limit: int,
+                      max_children: int, min_probability: float) -> list[Continuation]:
+        """At most `limit` continuations under `node`, best first (parents before children),
+        grown from a heap: each node's `max_children` most frequent children (ties: the
+        newer), a child's probability its parent's x count / `denominator` (the parent's count;
+        for the children of `node`, what the caller says) x scales[the parent's depth], kept
+        when >= `min_probability`. suffix_candidates.grow says what they are for."""
+        found: list[Continuation] = []
+        heap: list[tuple[float, int, int, int, int, float]] = []
+        tiebreak = 0
+        counts, first_child, next_sibling, tokens = self.counts, self.first_child, self.next_sibling, self.tokens
+
+        def push(trie_node: int, parent: int, depth: int, probability: float, below: int) -> None:
+            nonlocal tiebreak
+            if below <= 0:
+                return
+            top = []  # children in the trie's order (newest first)
+            child = first_child[trie_node]
+            while child >= 0:
+                top.append(child)
+                child = next_sibling[child]
+            if len(top) > max_children:
+                top = heapq.nlargest(max_children, top, key=counts.__getitem__)
+            scale = scales[depth]
+            for child in top:
+                ratio = counts[child] / below
+                value = probability * ratio * scale
+                if value >= min_probability:
+                    tiebreak += 1
+                    heapq.heappush(heap, (-value, tiebreak, child, parent, depth + 1, ratio))
+
+        push(node, -1, 0, 1.0, denominator)
+        while heap and len(found) < limit:
+            negative, _, child, parent, depth, ratio = heapq.heappop(heap)
+            found.append((tokens[child], parent, depth, -negative, ratio))
+            push(child, len(found) - 1, depth, -negative, counts[child])
+        return found
+
+
+class NativeSuffixTrie:
+    """The extension's trie (csrc/suffix_trie.cpp) behind SuffixTrie's interface; its methods
+    are the native ones, bound once."""
+
+    node_bytes = NATIVE_NODE_BYTES
+
+    def __init__(self, max_depth: int, native) -> None:
+        self._native = native
+        self._trie = trie = native.SuffixTrie(max_depth)
+        self.max_depth = max_depth
+        self.count, self.child, self.children = trie.count, trie.child, trie.children
+        self.insert, self.remove, self.continuations = trie.insert, trie.remove, trie.continuations
+
+    @property
+    def nodes(self) -> int:
+        return self._trie.nodes
+
+    @property
+    def approximate_bytes(self) -> int:
+        """Linear in the nodes, as the Python trie's: what the containers hold now
+        (`container_bytes`) also keeps what they reserved, which removing nodes never gives
+        back, so a store bounded by it would evict everything once it had grown."""
+        return (self._trie.nodes + 1) * NATIVE_NODE_BYTES
+
+    def container_bytes(self) -> int:
+        return self._trie.bytes()
+
+    def appender(self):
+        return self._native.SuffixAppender(self._trie)
+
+    def match(self, context: Sequence[int], max_length: int, min_count: int = 1) -> tuple[int, int]:
+        """SuffixTrie.match; only the last max_length tokens cross into C++."""
+        if max_length <= 0:
+            return 0, 0
+        return self._trie.match(list(context[-max_length:]), max_length, min_count)
+
+
 class Appender:
     """Appends tokens to one sequence of a trie: keeps the nodes of the sequence's last
     max_depth - 1 suffixes, so that each token costs O(max_depth)."""
@@ -149,6 +256,10 @@ class Appender:
             counts[child] += 1
             grown.append(child)
         self.active = grown[1:] if len(grown) >= trie.max_depth else grown
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        for token in tokens:
+            self.append(token)
 
     def longest(self, max_length: int, min_count: int = 1) -> tuple[int, int]:
         """`trie.match(sequence, max_length, min_count)` for the sequence appended so far, read
