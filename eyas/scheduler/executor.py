@@ -48,7 +48,7 @@ from eyas.scheduler.faults import FaultInjector, InjectedFault, describe
 from eyas.scheduler.kv_pool import KVPool
 from eyas.scheduler.request import Request, RequestStatus
 from eyas.scheduler.scheduler import PrefillChunk, StepPlan
-from eyas.scheduler.speculation import SHADOW_SHARE, AcceptanceEstimate, StepCostModel, branch_lesson
+from eyas.scheduler.speculation import SHADOW_SHARE, AcceptanceEstimate, StepCostModel, branch_lesson, shadow_gap
 
 log = logging.getLogger("eyas.engine")
 
@@ -533,14 +533,25 @@ class StepExecutor:
             sync(request.token_ids)
 
     def _shadow_allowed(self, request: Request, plan: StepPlan, span: int) -> bool:
-        """Shadow drafts only where acceptance drives decisions (auto mode) and only for a
-        proposer that costs at most SHADOW_SHARE of the request's plain step."""
+        """Shadow drafts only where acceptance drives decisions (auto mode), at most one in
+        flight per request, and costing at most SHADOW_SHARE of the request's plain steps: a
+        proposer dearer than that share of one step drafts in the shadow once every few plain
+        steps (`shadow_gap`; suffix decoding in a step of 16 requests: ~30-200 us a draft
+        against ~21 us, the share of a row's ~1 ms)."""
         if request.proposer is None or self.costs is None or plan.max_draft_tokens < 1:
             return False
-        if request.shadow.active:
+        shadow = request.shadow
+        if shadow.active:
+            return False
+        if shadow.wait > 0:
+            shadow.wait -= 1
             return False
         cost = request.acceptance.draft_seconds_per_token * plan.max_draft_tokens
-        return cost <= SHADOW_SHARE * self.costs.cost(span, 1) / span
+        gap = shadow_gap(cost, SHADOW_SHARE * self.costs.cost(span, 1) / span)
+        if gap is None:
+            return False
+        shadow.wait = gap - 1
+        return True
 
     def _observe_acceptance(self, request: Request, drafted: int, accepted: int) -> None:
         request.acceptance.record(drafted, accepted)

@@ -20,13 +20,18 @@ prices.
 
 alpha and p are per request: counts of accepted / tried drafts with exponential forgetting,
 starting from priors that are the server-wide estimates so far (pooled over every request,
-forgetting slowly). While a request is not speculating, a cheap proposer (drafting costs at
-most SHADOW_SHARE of the request's plain step, e.g. n-grams) still drafts in the shadow: the
-draft is not verified but compared with the tokens the target emits next, which measures its
-acceptance for free (exactly, for greedy decoding; for sampling, a point-mass draft matches
-the sampled token with its acceptance probability). An expensive proposer is not asked; its
-estimate relaxes back toward its prior, and the scheduler's draft probes (one verified draft
-token per request, after 32, 64, ... 1024 plain steps: scheduler.py) measure it again. The
+forgetting slowly). While a request is not speculating, a cheap proposer still drafts in the
+shadow: the draft is not verified but compared with the tokens the target emits next, which
+measures its acceptance for free (exactly, for greedy decoding; for sampling, a point-mass
+draft matches the sampled token with its acceptance probability). Cheap means at most
+SHADOW_SHARE of the request's plain steps: an n-gram lookup shadows every step, a proposer up
+to SHADOW_MAX_GAP times dearer once every few steps (`shadow_gap`: suffix decoding in a step
+of 16 requests, whose confidence in its continuations then keeps learning while nothing
+drafts). Shadows do not calibrate tree prices (below): on MT-Bench at 16 requests they put a
+request's calibration at 1.2-1.4 where its verified trees realised 0.99x their modelled
+tokens, and priced so it drafted where drafts did not pay. An expensive proposer is not asked; its estimate relaxes
+back toward its prior, and the scheduler's draft probes (one verified draft token per
+request, after 32, 64, ... 1024 plain steps: scheduler.py) measure it again. The
 drafting cost d is timed per `propose` call, except calls that first caught up over more
 tokens than one step emits (the prompt, or a run of plain steps: executor.py).
 
@@ -48,13 +53,15 @@ Which rows draft how much: draft_plan.py.
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, Sequence
 
 from eyas.engine.speculative.draft import DraftTree
 
-SHADOW_SHARE = 0.02  # shadow drafting may cost at most this share of a request's plain step
+SHADOW_SHARE = 0.02  # shadow drafting may cost at most this share of a request's plain steps
+SHADOW_MAX_GAP = 8  # plain steps between two shadow drafts of a dearer proposer, at most
 
 if TYPE_CHECKING:
     from eyas.engine.target import Target
@@ -174,6 +181,18 @@ class AcceptanceEstimate:
             setattr(self, name, getattr(self, name) * self.relax_rate)
 
 
+def shadow_gap(cost: float, share: float) -> int | None:
+    """Plain steps from one shadow draft of `cost` seconds to the next that keep its cost
+    within `share` seconds a step (1: every step); None when that takes more than
+    SHADOW_MAX_GAP steps (the proposer is not asked in the shadow)."""
+    if cost <= share:
+        return 1
+    if share <= 0:
+        return None
+    gap = math.ceil(cost / share)
+    return gap if gap <= SHADOW_MAX_GAP else None
+
+
 @dataclass
 class ShadowDraft:
     """A draft proposed during plain steps and checked against what the target emits next.
@@ -185,6 +204,7 @@ class ShadowDraft:
     matched: int = 0  # leading draft tokens the target has emitted so far
     branch: list[int] = field(default_factory=list)  # node ids (1-based) of the first branch
     nodes: list | None = None  # the proposer's record of the tree's nodes, in node order
+    wait: int = 0  # plain steps before the next shadow draft may start (`shadow_gap`)
 
     @property
     def active(self) -> bool:

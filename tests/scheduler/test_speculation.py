@@ -7,8 +7,8 @@ import torch
 
 from eyas.engine.speculative.draft import DraftTree
 from eyas.scheduler.draft_plan import best_choices, choose_draft_budgets
-from eyas.scheduler.speculation import (AcceptanceEstimate, ShadowDraft, StepCostModel, branch_lesson,
-                                        monotone)
+from eyas.scheduler.speculation import (SHADOW_MAX_GAP, AcceptanceEstimate, ShadowDraft, StepCostModel,
+                                        branch_lesson, monotone, shadow_gap)
 
 
 def cpu_like_costs(max_tokens: int = 5) -> StepCostModel:
@@ -153,6 +153,29 @@ def test_a_shadow_draft_teaches_its_proposer_what_verifying_its_first_branch_wou
     assert branch_lesson(nodes, branch, 2) == (["a", "b", None, "d"], [1, 2])
     shadow.start(DraftTree.chain([1, 2]), ["x"])  # a record that does not fit the tree: none
     assert shadow.nodes is None
+
+
+def test_a_dearer_proposer_drafts_in_the_shadow_less_often():
+    assert shadow_gap(0.5e-6, 1e-6) == 1  # within the share: every plain step
+    assert shadow_gap(3.5e-6, 1e-6) == 4  # 3.5 shares: one step in 4
+    assert shadow_gap(SHADOW_MAX_GAP * 1e-6, 1e-6) == SHADOW_MAX_GAP
+    assert shadow_gap((SHADOW_MAX_GAP + 0.5) * 1e-6, 1e-6) is None  # not asked at all
+    assert shadow_gap(1e-6, 0.0) is None
+    # the executor's rule: 16 rows of 1 ms each, a share of 20 us a row; a proposer at 15 us a
+    # draft token, 4 tokens a draft (60 us: 3 shares) shadows on one plain step in 3
+    from types import SimpleNamespace
+
+    from eyas.scheduler.executor import StepExecutor
+    from eyas.scheduler.scheduler import StepPlan
+
+    executor = SimpleNamespace(costs=StepCostModel([16], {(16, 1): 0.016}, 1))
+    request = SimpleNamespace(proposer=object(), shadow=ShadowDraft(),
+                              acceptance=AcceptanceEstimate(draft_seconds_per_token=15e-6))
+    plan = StepPlan(max_draft_tokens=4)
+    allowed = [StepExecutor._shadow_allowed(executor, request, plan, 16) for _ in range(9)]
+    assert allowed == [True, False, False] * 3  # (nothing starts the shadow here: none in flight)
+    request.acceptance.draft_seconds_per_token = 50e-6  # 200 us: 10 shares, never
+    assert not any(StepExecutor._shadow_allowed(executor, request, plan, 16) for _ in range(20))
 
 
 class PricedTree:
