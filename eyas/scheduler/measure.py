@@ -7,6 +7,8 @@ Usage:
     python -m eyas.scheduler.measure --check-plain      # also check greedy == plain decoding
     python -m eyas.scheduler.measure --prompts repeated --num-prompts 32 --max-tokens 96 \
         --configs none suffix --concurrency 4 16 --rounds 2   # each prompt asked twice
+    python -m eyas.scheduler.measure --prompts repeated --num-prompts 32 --max-tokens 96 \
+        --configs none suffix --concurrency 16 --warmup 1 --rounds 6   # warm, paired ratios
 
     python -m eyas.scheduler.measure --num-prompts 32 --configs none~off none~3 \
         --concurrency 4 16 --rounds 3   # prefill as the budget allows vs priced (--prefill-stretch)
@@ -21,7 +23,11 @@ concurrency C, C requests are kept in flight (closed loop) until every prompt ha
 each concurrency the configurations run one after the other, `--rounds` times, interleaved and
 each round starting one configuration later, so that noise from a shared machine and the
 warm-up of whichever runs first hit all alike; the median round is reported (every round's
-tokens/s is in the JSON). Greedy decoding.
+tokens/s is in the JSON), and each configuration's tokens/s over the first one's, round by
+round, with its median (`ratios`, `median_ratio`: on a shared, noisy machine the pairs of one
+round are closer in time than two medians). `--warmup N` runs N unmeasured rounds of every
+configuration first (the KV pool grows to its size there, as in a server that has run a while).
+Greedy decoding.
 This measures the engine alone (no HTTP); a load generator against `eyas serve` measures the
 server as deployed.
 """
@@ -156,9 +162,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 2, 4, 8, 16])
     parser.add_argument("--num-draft-tokens", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--warmup", type=int, default=0,
+                        help="unmeasured rounds of every configuration at each concurrency first")
     parser.add_argument("--check-plain", action="store_true", help="compare outputs with generate()")
     parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args(argv)
+    if args.rounds < 1 or args.warmup < 0:
+        parser.error(f"--rounds must be >= 1 and --warmup >= 0, got {args.rounds} and {args.warmup}")
 
     from eyas.engine.generate import generate
     from eyas.engine.target import load_target
@@ -181,13 +191,16 @@ def main(argv: list[str] | None = None) -> int:
         prompts = base * max(1, -(-2 * concurrency // len(base)))
         runs: dict[str, list[dict]] = {text: [] for text in engines}
         order = list(engines.items())
-        for round_index in range(args.rounds):  # each round starts one configuration later
+        for round_index in range(-args.warmup, args.rounds):  # each round starts one configuration later
             shift = round_index % len(order)
             for text, engine in order[shift:] + order[:shift]:
                 store = engine.proposers.suffix_store()
                 if store is not None:  # suffix decoding: earlier runs' answers must not help
                     store.clear()
-                runs[text].append(run_closed_loop(engine, prompts, params, concurrency))
+                run = run_closed_loop(engine, prompts, params, concurrency)
+                if round_index >= 0:
+                    runs[text].append(run)
+        first = runs[order[0][0]]
         for text, rounds in runs.items():
             run = sorted(rounds, key=lambda r: r["tokens_per_s"])[len(rounds) // 2]  # the median round
             equal = None
@@ -204,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
                    "seconds": round(run["seconds"], 3), "tokens": run["tokens"],
                    "draft_tokens": run["drafted"], "accepted_rate": round(accepted, 3),
                    "equal_to_plain": equal}
+            ratios = [r["tokens_per_s"] / f["tokens_per_s"] for r, f in zip(rounds, first)]
+            row["ratios"] = [round(x, 3) for x in ratios]
+            row["median_ratio"] = round(sorted(ratios)[len(ratios) // 2], 3)
             results.append(row)
             print(json.dumps(row))
     for engine in engines.values():
