@@ -44,7 +44,7 @@ them; token-based proposers (n-grams, suffix, draft models, layer-skip) read tok
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from eyas.scheduler.kv_pool import KVPool

@@ -6,8 +6,6 @@ tell whose keys and values a row holds after rows were adopted, copied, moved an
 
 from __future__ import annotations
 
-import torch
-
 from eyas.engine.sampling import SamplingParams
 from eyas.engine.sequence import Sequence
 from eyas.scheduler.config import EngineConfig
