@@ -29,11 +29,11 @@ to SHADOW_MAX_GAP times dearer once every few steps (`shadow_gap`: suffix decodi
 of 16 requests, whose confidence in its continuations then keeps learning while nothing
 drafts). Shadows do not calibrate tree prices (below): on MT-Bench at 16 requests they put a
 request's calibration at 1.2-1.4 where its verified trees realised 0.99x their modelled
-tokens, and priced so it drafted where drafts did not pay. An expensive proposer is not asked; its estimate relaxes
-back toward its prior, and the scheduler's draft probes (one verified draft token per
-request, after 32, 64, ... 1024 plain steps: scheduler.py) measure it again. The
-drafting cost d is timed per `propose` call, except calls that first caught up over more
-tokens than one step emits (the prompt, or a run of plain steps: executor.py).
+tokens, and priced so it drafted where drafts did not pay. An expensive proposer is not
+asked; its estimate relaxes back toward its prior, and the scheduler's draft probes (one
+verified draft token per request, after 32, 64, ... 1024 plain steps: scheduler.py) measure it
+again. The drafting cost d is timed per `propose` call, except calls that first caught up over
+more tokens than one step emits (the prompt, or a run of plain steps: executor.py).
 
 A tree proposer (EAGLE-3 with a measured tree, with or without an n-gram branch, suffix
 decoding) is not a chain: k budget nodes spread over a few levels, and a step accepts whichever
