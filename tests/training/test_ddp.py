@@ -31,7 +31,7 @@ def test_two_ranks_equal_one_process(tmp_path, tiny_target_dir, tokenized_file) 
                "--master_addr", "127.0.0.1", "--master_port", str(free_port()), "-m", "eyas.cli.train",
                *common, "--out", str(tmp_path / "ddp"), "--micro-batch-size", "2"]
     done = subprocess.run(command, capture_output=True, text=True, cwd=Path(__file__).parents[2], timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]  # how far the ranks got, too
     assert "2 rank(s)" in done.stdout
     # 1 process x micro batch 2 x accumulation 2 = global batch 4
     single = TrainConfig(model=str(tiny_target_dir), data=str(tokenized_file), output=str(tmp_path / "single"),
