@@ -231,8 +231,6 @@ class SuffixProposer:
         history so far; None before the first step (no context yet)."""
         if not self.synced or max_nodes < 1:
             return None
-        if self._candidates is not None and max_nodes <= self._grown:  # the serving rule's hot path
-            return 1.0 + self._sums[min(max_nodes, len(self._order))]
         return 1.0 + self.best(max_nodes)[1]
 
     def draft_seconds(self, max_nodes: int) -> float:
