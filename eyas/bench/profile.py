@@ -3,7 +3,8 @@ part's own floor.
 
 One greedy pass over T new tokens after `context` cached ones is timed twice over (with
 `sequences` = N > 1, one continuous-batching pass as the serving engine's decode step runs it:
-N requests, each its own KV cache row with `context` cached tokens and T new ones, N x T rows):
+N requests, each its own KV cache row with `context` cached tokens and T new ones, N x T rows,
+the rows as many slots apart as the server's KV pool keeps them):
 - whole, exactly as `eyas bench costs` times it (engine/speculative/sizing.py verify_pass),
   with no timer anywhere: the "whole pass" row;
 - again with timers around its parts, whose medians fill the other rows:
@@ -253,9 +254,14 @@ def profile_pass(target, rows: int, context: int, repeats: int, clock: str = "wa
     over that many requests, `rows` tokens each (batch_pass)."""
     from eyas.engine.generate import new_cache
     from eyas.engine.speculative.sizing import prefill_context, verify_pass
+    from eyas.scheduler.config import EngineConfig
+    from eyas.scheduler.kv_pool import grown_slots
 
     model = target.model
-    cache = new_cache(target, sequences, context + rows + 1)
+    slots = context + rows + 1
+    if sequences > 1:  # the requests' rows as far apart as the server's KV pool keeps them
+        slots = grown_slots(slots, EngineConfig.initial_kv_slots)
+    cache = new_cache(target, sequences, slots)
     prefill_context(target, cache, context)
     pass_of = batch_pass if sequences > 1 else verify_pass  # a continuous batch, or one request
     step = pass_of(target, cache, context, rows)

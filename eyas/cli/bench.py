@@ -189,8 +189,9 @@ def _register_profile(sub: argparse._SubParsersAction) -> None:
     profile.add_argument("--context", type=int, default=d.context, help="cached tokens (default: %(default)s)")
     profile.add_argument("--sequences", type=int, default=d.sequences,
                          help="requests in each pass, each its own KV cache row with --context cached "
-                              "tokens and T new ones: the serving engine's continuous-batching step "
-                              "(T = 1: plain decoding of that many requests; default: %(default)s)")
+                              "tokens and T new ones, laid out as the server's KV pool lays them out: "
+                              "the serving engine's continuous-batching step (T = 1: plain decoding "
+                              "of that many requests; default: %(default)s)")
     profile.add_argument("--repeats", type=int, default=d.repeats, help="timed passes per T (median)")
     profile.add_argument("--clock", default=d.clock, choices=("wall", "cpu"),
                          help="wall time, or the thread's CPU time (a loaded machine; needs OMP_NUM_THREADS=1)")

@@ -34,6 +34,14 @@ from eyas.models.kv_cache import KVCache
 from eyas.utils.huge_pages import zeros_on_huge_pages
 
 
+def grown_slots(needed: int, start: int) -> int:
+    """S of a pool that had `start` slots a row and doubled until `needed` fit."""
+    size = start
+    while size < needed:
+        size *= 2
+    return size
+
+
 class KVPool:
     def __init__(self, target: Target, rows: int, max_slots: int, initial_slots: int = 256) -> None:
         config = target.config
@@ -177,10 +185,7 @@ class KVPool:
             return
         if needed > self.max_slots:
             raise IndexError(f"KV pool overflow: {needed} slots needed, at most {self.max_slots}")
-        size = self.cache.max_slots
-        while size < needed:
-            size *= 2
-        size = min(size, self.max_slots)
+        size = min(grown_slots(needed, self.cache.max_slots), self.max_slots)
         old = self.cache
         shape = list(old.keys.shape)
         shape[3] = size

@@ -69,3 +69,10 @@ def test_swap_exchanges_the_first_slots_of_two_rows_and_their_taps(tiny_target):
     assert torch.all(pool.cache.keys[:, 1, :, :8] == 2.0)  # the third row is untouched
     assert torch.all(pool.taps[0, :5] == 3.0) and torch.all(pool.taps[0, 5:8] == 1.0)
     assert torch.all(pool.taps[2, :5] == 1.0) and torch.all(pool.taps[2, 5:8] == 3.0)
+
+
+def test_grown_slots_doubles_from_the_start_until_the_need_fits() -> None:
+    from eyas.scheduler.kv_pool import grown_slots
+
+    assert [grown_slots(need, 256) for need in (1, 256, 257, 512, 513, 1025)] == [256, 256, 512, 512, 1024, 2048]
+    assert grown_slots(300, 64) == 512

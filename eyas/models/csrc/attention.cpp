@@ -107,10 +107,17 @@ void generic_attention(const T* q, const T* keys, const T* values, const Visibil
 // skip the tile on AVX-512: each 16-key block is transposed in registers as the FMAs consume
 // it (a float16 cache's consecutive keys 16 dims at a time, on their 16-bit values; on AVX2
 // they get a tile of their own, the shared one's equal leading blocks copied), with the same
-// chains. There a pass reads the cache: the keys and values 64 rows ahead are requested into
-// L2 as a chunk is read (prefetcht1; requested into L1 (prefetcht0), the requests filled the
-// core's line-fill buffers and stalled it: a one-token step over 16 sequences of 256 cached
-// tokens took 1.4x as long on Zen 4). The exponentials run 16 lanes at a
+// chains. There a pass reads the cache, and its bytes should arrive while the FMAs run: as a
+// chunk is read, the rows read next are requested into L2 (prefetcht1, `Ahead`): the query's
+// next chunk, or after its last chunk the first chunk of the thread's next work item (the next
+// head's or request's keys, which the server's KV pool keeps hundreds of slots away), never
+// past a query's keys; a few lines per 16 dims of a key block, one value row per value row
+// read. Requesting 64 slots on from every row read ~30% more bytes than 16 requests of 200
+// cached tokens hold and left each head's first chunk to the hardware, and a key block's 32
+// lines requested at once stalled the core (the requests fill its miss buffers): with the pool's
+// layout, a 16-request step's attention took 1.2-1.4x as long on Zen 4 (`eyas bench profile
+// --sequences 16`, 200 / 400 cached tokens); requested into L1 (prefetcht0), slower still.
+// The exponentials run 16 lanes at a
 // time (exp16), and the weighted sums of value rows run for up to 4 queries per loaded row
 // (2 for head_dim 128; 1 on AVX2). Each query keeps a partial softmax (max, sum, weighted sum)
 // per chunk, and the partials are combined in chunk order.
@@ -124,7 +131,21 @@ void generic_attention(const T* q, const T* keys, const T* values, const Visibil
 // weighted sum adds its own keys only, and the chunks are combined in order with a scalar exp.
 // Floats16 gives the same bits on AVX-512 and AVX2.
 constexpr int64_t kChunk = 64;
-constexpr int64_t kAhead = 64;  // cache rows between a row read and the row requested
+
+// One cache line requested into L2. Every loop of requests below counts its trips at compile
+// time: gcc deletes a loop whose only statements are __builtin_prefetch calls when it cannot
+// (it counts them as having no effect), silently.
+inline void request_line(const void* line) { __builtin_prefetch(line, 0, 2); }
+
+// What a chunk requests as it is read: the rows that row i of the chunk maps to, keys + i * D
+// and values + i * D for i < rows (the query's next chunk, or the first chunk of the next work
+// item when this is the query's last: rows in a run of slots, as in a cached prefix).
+template <typename K>
+struct Ahead {
+  const K* keys = nullptr;
+  const K* values = nullptr;
+  int64_t rows = 0;
+};
 #ifdef __AVX512F__
 constexpr int kScoreQueries = 8;  // queries x 16 keys of scores in registers
 #else
@@ -217,13 +238,15 @@ void block_keys(const K* kb, const int32_t* slots, int64_t n, int64_t block, con
 // The keys of a chunk into its transposed tile, kt[d * kChunk + i] = dim d of key i: blocks
 // `first` .. `last` - 1 of 16 keys.
 template <int NV, typename K>
-void transpose_keys(const K* kb, const int32_t* slots, int64_t n, int64_t first, int64_t last, float* kt) {
+void transpose_keys(const K* kb, const int32_t* slots, int64_t n, int64_t first, int64_t last, float* kt,
+                    Ahead<K> ahead) {
   for (int64_t block = first; block < last; ++block) {
     const K* k[16];
     block_keys<NV>(kb, slots, n, block, k);
-    for (int j = 0; j < 16; ++j)  // the keys kAhead rows on (the next chunk's, in a cached prefix)
-      for (int64_t line = 0; line < 16 * NV * int64_t(sizeof(K)); line += 64)
-        __builtin_prefetch(reinterpret_cast<const char*>(k[j] + kAhead * 16 * NV) + line, 0, 2);
+    if (16 * block < ahead.rows)
+      for (int j = 0; j < 16; ++j)
+        for (int64_t line = 0; line < 16 * NV * int64_t(sizeof(K)); line += 64)
+          request_line(reinterpret_cast<const char*>(ahead.keys + (16 * block + j) * 16 * NV) + line);
 #ifdef __AVX512F__
     const auto transpose = [&](const auto& keys) {
       for (int64_t d = 0; d < 16 * NV; d += 4) {
@@ -303,19 +326,20 @@ void score_block(const float* const query[], const float* kt, int64_t vectors, f
 // chunk): each 16-key block is transposed in registers as the FMAs consume it, no tile stored.
 // The same chains, so the same bits.
 template <int NV, int M, int V, typename Keys>
-void direct_vectors(const float* const q[], const Keys (&keys)[V], int64_t v0, float (*scores)[kChunk]) {
+void direct_vectors(const float* const q[], const Keys (&keys)[V], int64_t v0, float (*scores)[kChunk],
+                    Ahead<c10::Half> ahead) {
   Floats16 acc[M][V];
   for (int m = 0; m < M; ++m)
     for (int u = 0; u < V; ++u) acc[m][u] = Floats16::zero();
   // 16 consecutive keys of a float16 cache (its cached prefix): transpose16_half's case
   if constexpr (std::is_same_v<Keys, ConsecutiveKeys<c10::Half, 16 * NV>>) {
-    for (int u = 0; u < V; ++u) {  // the 16 keys kAhead slots further on in the cache: requested now
-      const char* ahead = reinterpret_cast<const char*>(keys[u].first + kAhead * 16 * NV);
-      for (int64_t line = 0; line < 16 * 16 * NV * int64_t(sizeof(c10::Half)); line += 64)
-        __builtin_prefetch(ahead + line, 0, 2);
-    }
+    constexpr int64_t kPart = 16 * 16 * NV * int64_t(sizeof(c10::Half)) / NV;  // a block's bytes / NV
     for (int64_t d = 0; d < 16 * NV; d += 16)
       for (int u = 0; u < V; ++u) {
+        if (16 * (v0 + u) < ahead.rows) {  // the block's requests: a part per 16 dims
+          const char* part = reinterpret_cast<const char*>(ahead.keys + 16 * (v0 + u) * 16 * NV) + d / 16 * kPart;
+          for (int64_t line = 0; line < kPart; line += 64) request_line(part + line);
+        }
         __m512 dims[16];
         transpose16_half(keys[u].first + d, 16 * NV, dims);
         for (int e = 0; e < 16; ++e)
@@ -340,30 +364,35 @@ void direct_vectors(const float* const q[], const Keys (&keys)[V], int64_t v0, f
 // cached prefix), else from 16 V.
 template <int NV, int M, int V, typename K>
 void direct_blocks(const float* const q[], const K* kb, const int32_t* slots, int64_t n, int64_t v0,
-                   float (*scores)[kChunk]) {
+                   float (*scores)[kChunk], Ahead<K> ahead) {
   constexpr int64_t head_dim = 16 * NV;
   const int64_t first = 16 * v0, last = 16 * (v0 + V) - 1;
   if (last < n && slots[last] - slots[first] == last - first) {
     ConsecutiveKeys<K, head_dim> keys[V];
     for (int u = 0; u < V; ++u) keys[u] = {kb + (int64_t(slots[first]) + 16 * u) * head_dim};
-    direct_vectors<NV, M, V>(q, keys, v0, scores);
+    if constexpr (std::is_same_v<K, c10::Half>) {
+      direct_vectors<NV, M, V>(q, keys, v0, scores, ahead);
+    } else {
+      direct_vectors<NV, M, V>(q, keys, v0, scores, Ahead<c10::Half>{});
+    }
     return;
   }
   const K* rows[V][16];
   ScatteredKeys<K> keys[V];
   for (int u = 0; u < V; ++u) block_keys<NV>(kb, slots, n, v0 + u, rows[u]), keys[u] = {rows[u]};
-  direct_vectors<NV, M, V>(q, keys, v0, scores);
+  direct_vectors<NV, M, V>(q, keys, v0, scores, Ahead<c10::Half>{});
 }
 
 template <int NV, int M, typename K>
-void score_direct(const float* const query[], const K* kb, const int32_t* slots, int64_t n, float (*scores)[kChunk]) {
+void score_direct(const float* const query[], const K* kb, const int32_t* slots, int64_t n, float (*scores)[kChunk],
+                  Ahead<K> ahead) {
   constexpr int V = M <= 2 ? 4 : M <= 4 ? 2 : 1;
   const float* q[M];
   for (int m = 0; m < M; ++m) q[m] = query[m];
   const int64_t vectors = (n + 15) / 16;
   int64_t v = 0;
-  for (; v + V <= vectors; v += V) direct_blocks<NV, M, V>(q, kb, slots, n, v, scores);
-  for (; v < vectors; ++v) direct_blocks<NV, M, 1>(q, kb, slots, n, v, scores);
+  for (; v + V <= vectors; v += V) direct_blocks<NV, M, V>(q, kb, slots, n, v, scores, ahead);
+  for (; v < vectors; ++v) direct_blocks<NV, M, 1>(q, kb, slots, n, v, scores, ahead);
 }
 #endif
 
@@ -377,7 +406,8 @@ struct ChunkQuery {
 // The weighted sums of G queries' value rows, slots[i] for i < n of each (a row loaded once for
 // all of them); probs [G][kChunk].
 template <int NV, int G, typename K>
-void value_block(const ChunkQuery* queries, const float (*probs)[kChunk], const K* vb, const int32_t* slots) {
+void value_block(const ChunkQuery* queries, const float (*probs)[kChunk], const K* vb, const int32_t* slots,
+                 Ahead<K> ahead) {
   constexpr int64_t head_dim = 16 * NV;
   int64_t shortest = kChunk, longest = 0;
   for (int g = 0; g < G; ++g) shortest = std::min(shortest, queries[g].n), longest = std::max(longest, queries[g].n);
@@ -386,8 +416,9 @@ void value_block(const ChunkQuery* queries, const float (*probs)[kChunk], const 
     for (int c = 0; c < NV; ++c) acc[g][c] = Floats16::zero();
   for (int64_t i = 0; i < shortest; ++i) {
     const K* vr = vb + int64_t(slots[i]) * head_dim;
-    for (int64_t line = 0; line < head_dim * int64_t(sizeof(K)); line += 64)  // the row kAhead slots on
-      __builtin_prefetch(reinterpret_cast<const char*>(vr + kAhead * head_dim) + line, 0, 2);
+    if (i < ahead.rows)
+      for (int64_t line = 0; line < head_dim * int64_t(sizeof(K)); line += 64)
+        request_line(reinterpret_cast<const char*>(ahead.values + i * head_dim) + line);
     for (int c = 0; c < NV; ++c) {
       const Floats16 value = Floats16::load(vr + 16 * c);
       for (int g = 0; g < G; ++g) acc[g][c].fma(probs[g][i], value);
@@ -410,7 +441,7 @@ void value_block(const ChunkQuery* queries, const float (*probs)[kChunk], const 
 // they are scored.
 template <int NV, typename K>
 void chunk_partials(const ChunkQuery* queries, int64_t count, const float* kt, const K* kb, const K* vb,
-                    const int32_t* slots, float scale) {
+                    const int32_t* slots, float scale, Ahead<K> next) {
 #ifdef __AVX512F__
   constexpr int kValueQueries = NV == 4 ? 4 : 2;  // weighted sums in registers
 #else
@@ -419,6 +450,7 @@ void chunk_partials(const ChunkQuery* queries, int64_t count, const float* kt, c
   alignas(64) float scores[kScoreQueries][kChunk];
   for (int64_t b0 = 0; b0 < count; b0 += kScoreQueries) {
     const ChunkQuery* block = queries + b0;
+    const Ahead<K> ahead = b0 == 0 ? next : Ahead<K>{};  // requested once
     const int size = int(std::min<int64_t>(kScoreQueries, count - b0));
     int64_t longest = 0;
     const float* q[kScoreQueries];
@@ -428,14 +460,14 @@ void chunk_partials(const ChunkQuery* queries, int64_t count, const float* kt, c
 #ifdef __AVX512F__
     if (!kt) {
       switch (size) {
-        case 1: score_direct<NV, 1>(q, kb, slots, longest, scores); break;
-        case 2: score_direct<NV, 2>(q, kb, slots, longest, scores); break;
-        case 3: score_direct<NV, 3>(q, kb, slots, longest, scores); break;
-        case 4: score_direct<NV, 4>(q, kb, slots, longest, scores); break;
-        case 5: score_direct<NV, 5>(q, kb, slots, longest, scores); break;
-        case 6: score_direct<NV, 6>(q, kb, slots, longest, scores); break;
-        case 7: score_direct<NV, 7>(q, kb, slots, longest, scores); break;
-        case 8: score_direct<NV, 8>(q, kb, slots, longest, scores); break;
+        case 1: score_direct<NV, 1>(q, kb, slots, longest, scores, ahead); break;
+        case 2: score_direct<NV, 2>(q, kb, slots, longest, scores, ahead); break;
+        case 3: score_direct<NV, 3>(q, kb, slots, longest, scores, ahead); break;
+        case 4: score_direct<NV, 4>(q, kb, slots, longest, scores, ahead); break;
+        case 5: score_direct<NV, 5>(q, kb, slots, longest, scores, ahead); break;
+        case 6: score_direct<NV, 6>(q, kb, slots, longest, scores, ahead); break;
+        case 7: score_direct<NV, 7>(q, kb, slots, longest, scores, ahead); break;
+        case 8: score_direct<NV, 8>(q, kb, slots, longest, scores, ahead); break;
       }
     } else {
       switch (size) {
@@ -480,11 +512,11 @@ void chunk_partials(const ChunkQuery* queries, int64_t count, const float* kt, c
     // 3. Weighted sums of the value rows.
     for (int g0 = 0; g0 < size; g0 += kValueQueries) {
       switch (std::min(kValueQueries, size - g0)) {
-        case 1: value_block<NV, 1>(block + g0, scores + g0, vb, slots); break;
+        case 1: value_block<NV, 1>(block + g0, scores + g0, vb, slots, g0 == 0 ? ahead : Ahead<K>{}); break;
 #ifdef __AVX512F__
-        case 2: value_block<NV, 2>(block + g0, scores + g0, vb, slots); break;
-        case 3: value_block<NV, 3>(block + g0, scores + g0, vb, slots); break;
-        case 4: value_block<NV, 4>(block + g0, scores + g0, vb, slots); break;
+        case 2: value_block<NV, 2>(block + g0, scores + g0, vb, slots, g0 == 0 ? ahead : Ahead<K>{}); break;
+        case 3: value_block<NV, 3>(block + g0, scores + g0, vb, slots, g0 == 0 ? ahead : Ahead<K>{}); break;
+        case 4: value_block<NV, 4>(block + g0, scores + g0, vb, slots, g0 == 0 ? ahead : Ahead<K>{}); break;
 #endif
       }
     }
@@ -532,8 +564,27 @@ void chunked_attention(const float* q, const K* keys, const K* values, const Vis
       const int64_t b = visible.sequences[first_row];
       const K* kb = keys + (b * kv_heads + kvh) * max_slots * head_dim;
       const K* vb = values + (b * kv_heads + kvh) * max_slots * head_dim;
-      const auto keys_of = [&](int64_t row) {  // the row's visible keys in this chunk (<= 0: none)
-        return std::min<int64_t>(kChunk, visible.offsets[row + 1] - visible.offsets[row] - chunk * kChunk);
+      const auto keys_of = [&](int64_t row, int64_t c = -1) {  // the row's visible keys in chunk c (<= 0: none)
+        return std::min<int64_t>(kChunk, visible.offsets[row + 1] - visible.offsets[row] - (c < 0 ? chunk : c) * kChunk);
+      };
+      // What a row's chunk requests as it is read: the row's next chunk, or after its last
+      // (`then_item`) the first chunk of the thread's next item, whether or not in this range
+      // (a thread claims its segment's chunks front to back).
+      const auto next_of = [&](int64_t row, bool then_item) {
+        const int64_t rows = keys_of(row, chunk + 1);
+        if (rows > 0) {
+          const int64_t first = visible.slots[visible.offsets[row] + (chunk + 1) * kChunk];
+          return Ahead<K>{kb + first * head_dim, vb + first * head_dim, rows};
+        }
+        if (!then_item || item + 1 >= items) return Ahead<K>{};
+        const int64_t next = item + 1, next_chunk = next % chunks, next_kvh = (next / chunks) % kv_heads;
+        const int64_t next_row = visible.runs[next / (kv_heads * chunks)];
+        const int64_t next_rows = std::min<int64_t>(
+            kChunk, visible.offsets[next_row + 1] - visible.offsets[next_row] - next_chunk * kChunk);
+        if (next_rows <= 0) return Ahead<K>{};
+        const int64_t first = visible.slots[visible.offsets[next_row] + next_chunk * kChunk];
+        const int64_t stream = (visible.sequences[next_row] * kv_heads + next_kvh) * max_slots;
+        return Ahead<K>{keys + (stream + first) * head_dim, values + (stream + first) * head_dim, next_rows};
       };
       const auto query = [&](int64_t row, int64_t g, int64_t n) {
         const int64_t h = kvh * group + g;
@@ -565,8 +616,12 @@ void chunked_attention(const float* q, const K* keys, const K* values, const Vis
       // reads them.
       const int64_t count = int64_t(sharing.size());
       const bool tiled = !direct || count > kScoreQueries;
-      if (tiled && count > 0) transpose_keys<NV>(kb, reference_slots, reference_n, 0, (reference_n + 15) / 16, shared_tile);
-      if (count > 0) chunk_partials<NV>(sharing.data(), count, tiled ? shared_tile : nullptr, kb, vb, reference_slots, scale);
+      const Ahead<K> reference_next = next_of(reference, true);
+      if (tiled && count > 0)
+        transpose_keys<NV>(kb, reference_slots, reference_n, 0, (reference_n + 15) / 16, shared_tile, reference_next);
+      if (count > 0)
+        chunk_partials<NV>(sharing.data(), count, tiled ? shared_tile : nullptr, kb, vb, reference_slots, scale,
+                           reference_next);
       // 4. The rows that share nothing: their own keys (in a tile: the shared one's whole blocks
       // of 16 equal to theirs copied, the rest transposed).
       for (int64_t row : own_rows) {
@@ -574,7 +629,7 @@ void chunked_attention(const float* q, const K* keys, const K* values, const Vis
         const int32_t* row_slots = visible.slots.data() + visible.offsets[row] + chunk * kChunk;
         for (int64_t g = 0; g < group; ++g) own[g] = query(row, g, n);
         if (direct && group <= kScoreQueries) {
-          chunk_partials<NV>(own.data(), group, nullptr, kb, vb, row_slots, scale);
+          chunk_partials<NV>(own.data(), group, nullptr, kb, vb, row_slots, scale, next_of(row, false));
           continue;
         }
         int64_t copied = 0;
@@ -583,8 +638,9 @@ void chunked_attention(const float* q, const K* keys, const K* values, const Vis
             ++copied;
         for (int64_t d = 0; d < head_dim; ++d)
           std::copy(shared_tile + d * kChunk, shared_tile + d * kChunk + 16 * copied, own_tile + d * kChunk);
-        transpose_keys<NV>(kb, row_slots, n, copied, (n + 15) / 16, own_tile);
-        chunk_partials<NV>(own.data(), group, own_tile, kb, vb, row_slots, scale);
+        const Ahead<K> next = next_of(row, false);
+        transpose_keys<NV>(kb, row_slots, n, copied, (n + 15) / 16, own_tile, next);
+        chunk_partials<NV>(own.data(), group, own_tile, kb, vb, row_slots, scale, next);
       }
     }
   });
