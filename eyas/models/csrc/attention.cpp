@@ -377,6 +377,13 @@ void direct_blocks(const float* const q[], const K* kb, const int32_t* slots, in
     }
     return;
   }
+  // A chunk's short last block: the rest of what the chunk requests, at once (after a query's
+  // last chunk, the next head's or request's first chunk, whose later rows no block asked for)
+  if (last >= n)
+    for (int64_t r = 0; r < kChunk; ++r)
+      if (r >= first && r < ahead.rows)
+        for (int64_t line = 0; line < head_dim * int64_t(sizeof(K)); line += 64)
+          request_line(reinterpret_cast<const char*>(ahead.keys + r * head_dim) + line);
   const K* rows[V][16];
   ScatteredKeys<K> keys[V];
   for (int u = 0; u < V; ++u) block_keys<NV>(kb, slots, n, v0 + u, rows[u]), keys[u] = {rows[u]};
@@ -424,6 +431,10 @@ void value_block(const ChunkQuery* queries, const float (*probs)[kChunk], const 
       for (int g = 0; g < G; ++g) acc[g][c].fma(probs[g][i], value);
     }
   }
+  for (int64_t r = 0; r < kChunk; ++r)  // a short chunk: the rest of the value rows it requests
+    if (r >= shortest && r < ahead.rows)
+      for (int64_t line = 0; line < head_dim * int64_t(sizeof(K)); line += 64)
+        request_line(reinterpret_cast<const char*>(ahead.values + r * head_dim) + line);
   for (int64_t i = shortest; i < longest; ++i) {  // keys some of the G queries do not have
     const K* vr = vb + int64_t(slots[i]) * head_dim;
     for (int c = 0; c < NV; ++c) {
