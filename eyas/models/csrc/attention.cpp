@@ -112,11 +112,12 @@ void generic_attention(const T* q, const T* keys, const T* values, const Visibil
 // next chunk, or after its last chunk the first chunk of the thread's next work item (the next
 // head's or request's keys, which the server's KV pool keeps hundreds of slots away), never
 // past a query's keys; a few lines per 16 dims of a key block, one value row per value row
-// read. Requesting 64 slots on from every row read ~30% more bytes than 16 requests of 200
-// cached tokens hold and left each head's first chunk to the hardware, and a key block's 32
-// lines requested at once stalled the core (the requests fill its miss buffers): with the pool's
-// layout, a 16-request step's attention took 1.2-1.4x as long on Zen 4 (`eyas bench profile
-// --sequences 16`, 200 / 400 cached tokens); requested into L1 (prefetcht0), slower still.
+// read (a short last chunk asks for the rest at once). Requesting 64 slots on from every row
+// read ~30% more bytes than 16 requests of 200 cached tokens hold and left each head's first
+// chunk to the hardware, and a key block's 32 lines requested at once stalled the core (the
+// requests fill its miss buffers): with the pool's layout, a 16-request step's attention took
+// 1.3-1.4x as long on Zen 4 (`eyas bench profile --sequences 16`, 200 / 400 cached tokens);
+// requested into L1 (prefetcht0), slower still.
 // The exponentials run 16 lanes at a
 // time (exp16), and the weighted sums of value rows run for up to 4 queries per loaded row
 // (2 for head_dim 128; 1 on AVX2). Each query keeps a partial softmax (max, sum, weighted sum)
