@@ -36,7 +36,7 @@ from eyas.utils.huge_pages import zeros_on_huge_pages
 
 def grown_slots(needed: int, start: int) -> int:
     """S of a pool that had `start` slots a row and doubled until `needed` fit."""
-    size = start
+    size = max(start, 1)
     while size < needed:
         size *= 2
     return size

@@ -76,3 +76,4 @@ def test_grown_slots_doubles_from_the_start_until_the_need_fits() -> None:
 
     assert [grown_slots(need, 256) for need in (1, 256, 257, 512, 513, 1025)] == [256, 256, 512, 512, 1024, 2048]
     assert grown_slots(300, 64) == 512
+    assert grown_slots(3, 0) == 4  # an empty start still doubles
