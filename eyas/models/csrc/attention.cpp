@@ -138,6 +138,16 @@ constexpr int64_t kChunk = 64;
 // (it counts them as having no effect), silently.
 inline void request_line(const void* line) { __builtin_prefetch(line, 0, 2); }
 
+// Rows [from, to) of `rows` (to <= kChunk, head_dim HeadDim), requested at once; the loop runs
+// kChunk times whatever the range, for the reason above.
+template <int64_t HeadDim, typename K>
+inline void request_rows(const K* rows, int64_t from, int64_t to) {
+  for (int64_t r = 0; r < kChunk; ++r)
+    if (r >= from && r < to)
+      for (int64_t line = 0; line < HeadDim * int64_t(sizeof(K)); line += 64)
+        request_line(reinterpret_cast<const char*>(rows + r * HeadDim) + line);
+}
+
 // What a chunk requests as it is read: the rows that row i of the chunk maps to, keys + i * D
 // and values + i * D for i < rows (the query's next chunk, or the first chunk of the next work
 // item when this is the query's last: rows in a run of slots, as in a cached prefix).
@@ -380,11 +390,7 @@ void direct_blocks(const float* const q[], const K* kb, const int32_t* slots, in
   }
   // A chunk's short last block: the rest of what the chunk requests, at once (after a query's
   // last chunk, the next head's or request's first chunk, whose later rows no block asked for)
-  if (last >= n)
-    for (int64_t r = 0; r < kChunk; ++r)
-      if (r >= first && r < ahead.rows)
-        for (int64_t line = 0; line < head_dim * int64_t(sizeof(K)); line += 64)
-          request_line(reinterpret_cast<const char*>(ahead.keys + r * head_dim) + line);
+  if (last >= n) request_rows<head_dim>(ahead.keys, first, ahead.rows);
   const K* rows[V][16];
   ScatteredKeys<K> keys[V];
   for (int u = 0; u < V; ++u) block_keys<NV>(kb, slots, n, v0 + u, rows[u]), keys[u] = {rows[u]};
@@ -432,10 +438,7 @@ void value_block(const ChunkQuery* queries, const float (*probs)[kChunk], const 
       for (int g = 0; g < G; ++g) acc[g][c].fma(probs[g][i], value);
     }
   }
-  for (int64_t r = 0; r < kChunk; ++r)  // a short chunk: the rest of the value rows it requests
-    if (r >= shortest && r < ahead.rows)
-      for (int64_t line = 0; line < head_dim * int64_t(sizeof(K)); line += 64)
-        request_line(reinterpret_cast<const char*>(ahead.values + r * head_dim) + line);
+  request_rows<head_dim>(ahead.values, shortest, ahead.rows);  // a short chunk: the rest, at once
   for (int64_t i = shortest; i < longest; ++i) {  // keys some of the G queries do not have
     const K* vr = vb + int64_t(slots[i]) * head_dim;
     for (int c = 0; c < NV; ++c) {
@@ -523,12 +526,13 @@ void chunk_partials(const ChunkQuery* queries, int64_t count, const float* kt, c
     }
     // 3. Weighted sums of the value rows.
     for (int g0 = 0; g0 < size; g0 += kValueQueries) {
+      const Ahead<K> values_ahead = g0 == 0 ? ahead : Ahead<K>{};
       switch (std::min(kValueQueries, size - g0)) {
-        case 1: value_block<NV, 1>(block + g0, scores + g0, vb, slots, g0 == 0 ? ahead : Ahead<K>{}); break;
+        case 1: value_block<NV, 1>(block + g0, scores + g0, vb, slots, values_ahead); break;
 #ifdef __AVX512F__
-        case 2: value_block<NV, 2>(block + g0, scores + g0, vb, slots, g0 == 0 ? ahead : Ahead<K>{}); break;
-        case 3: value_block<NV, 3>(block + g0, scores + g0, vb, slots, g0 == 0 ? ahead : Ahead<K>{}); break;
-        case 4: value_block<NV, 4>(block + g0, scores + g0, vb, slots, g0 == 0 ? ahead : Ahead<K>{}); break;
+        case 2: value_block<NV, 2>(block + g0, scores + g0, vb, slots, values_ahead); break;
+        case 3: value_block<NV, 3>(block + g0, scores + g0, vb, slots, values_ahead); break;
+        case 4: value_block<NV, 4>(block + g0, scores + g0, vb, slots, values_ahead); break;
 #endif
       }
     }
@@ -591,8 +595,7 @@ void chunked_attention(const float* q, const K* keys, const K* values, const Vis
         if (!then_item || item + 1 >= items) return Ahead<K>{};
         const int64_t next = item + 1, next_chunk = next % chunks, next_kvh = (next / chunks) % kv_heads;
         const int64_t next_row = visible.runs[next / (kv_heads * chunks)];
-        const int64_t next_rows = std::min<int64_t>(
-            kChunk, visible.offsets[next_row + 1] - visible.offsets[next_row] - next_chunk * kChunk);
+        const int64_t next_rows = keys_of(next_row, next_chunk);
         if (next_rows <= 0) return Ahead<K>{};
         const int64_t first = visible.slots[visible.offsets[next_row] + next_chunk * kChunk];
         const int64_t stream = (visible.sequences[next_row] * kv_heads + next_kvh) * max_slots;
