@@ -6,10 +6,16 @@ A pass over T new tokens (after `context` cached ones) must at least
 - do T rows of integer multiply-adds, once per 8-bit pass of the activation arithmetic the
   kernels ship (14-bit activations = two int8 halves, two dot products, csrc/int8dot.h; the
   output screen's own choice, csrc/int8_screen.cpp, for its multiply-adds):
-  multiply-adds / integer peak (models/probe.py measures both limits).
-Its floor is the larger of the two; `eyas bench costs` prints it for each T beside the
-measured time and the % of the floor reached (floor / measured). Attention's float arithmetic,
-norms and rotary are not counted: the floor is what no kernel can beat, not an estimate.
+  multiply-adds / integer peak;
+- do attention's float32 multiply-adds, q . k and p * v for every key a row sees (2 x heads x
+  head_dim per key and layer): multiply-adds / float peak. The integer and float products run
+  on the same vector units (an AMD Zen 4 interleaving vpdpbusd and vfmaddps chains took the sum
+  of their times, 4.40 against 2.50 + 2.19 ns an iteration), so their times add
+  (models/probe.py measures the three limits).
+Its floor is the larger of reading and computing; `eyas bench costs` prints it for each T
+beside the measured time and the % of the floor reached (floor / measured). Norms, rotary and
+the softmax's exponentials are not counted: the floor is what no kernel can beat, not an
+estimate.
 
 Usage:
     from eyas.bench.floors import pass_work, floor_seconds
@@ -51,9 +57,11 @@ class PassWork:
     weight_bytes: int  # every weight the pass reads once
     cache_bytes: int  # keys and values attention reads
     multiply_adds: int  # integer multiply-adds, every 8-bit pass counted
+    float_multiply_adds: int = 0  # attention's float32 multiply-adds
 
     def __post_init__(self) -> None:
-        if self.rows < 1 or min(self.weight_bytes, self.cache_bytes, self.multiply_adds) < 0:
+        if self.rows < 1 or min(self.weight_bytes, self.cache_bytes, self.multiply_adds,
+                                self.float_multiply_adds) < 0:
             raise ValueError(f"a pass needs rows >= 1 and non-negative sizes, got {self}")
 
     @property
@@ -72,6 +80,7 @@ class ModelWork:
     cache_bytes_per_token: int  # keys and values of one cached token, all layers
     passes: int  # 8-bit passes per row (the decoder)
     output_passes: int = 2  # 8-bit passes per row of the output screen
+    attention_multiply_adds_per_key: int = 0  # float32, per row and key it sees, all layers
 
 
 def _buffer_bytes(module: nn.Module, names: tuple[str, ...]) -> int:
@@ -108,28 +117,35 @@ def model_work(model: nn.Module) -> ModelWork:
     config = model.config
     cache_bytes = (2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim
                    * torch.empty(0, dtype=model.kv_dtype).element_size())
+    attention_macs = 2 * config.num_attention_heads * config.head_dim * config.num_hidden_layers  # q.k, p*v
     return ModelWork(decoder_bytes, output_bytes, decoder_macs, output_macs, cache_bytes, activation_passes(),
-                     screen_activation_passes())
+                     screen_activation_passes(), attention_macs)
 
 
-def pass_work(model: nn.Module | ModelWork, rows: int, context: int) -> PassWork:
-    """A greedy pass over `rows` new tokens after `context` cached ones (every row's logits)."""
+def pass_work(model: nn.Module | ModelWork, rows: int, context: int, visible_keys: int | None = None) -> PassWork:
+    """A greedy pass over `rows` new tokens after `context` cached ones (every row's logits).
+    visible_keys: the keys attention scores over the pass, summed over its rows; by default each
+    row sees the context and every new token (the mask `eyas bench costs` times)."""
     work = model if isinstance(model, ModelWork) else model_work(model)
     macs = rows * (work.decoder_multiply_adds * work.passes + work.output_multiply_adds * work.output_passes)
+    visible = rows * (context + rows) if visible_keys is None else visible_keys
     return PassWork(rows, work.decoder_bytes + work.output_bytes,
-                    (context + rows) * work.cache_bytes_per_token, macs)
+                    (context + rows) * work.cache_bytes_per_token, macs,
+                    visible * work.attention_multiply_adds_per_key)
 
 
 def floor_seconds(work: PassWork, limits: MachineLimits, threads: int | None = None) -> tuple[float, str]:
     """(seconds, "bandwidth" or "compute"): the larger of bytes / bandwidth and multiply-adds /
-    peak, with `threads` threads (default: the count in use)."""
+    peak (integer and float times added: the same vector units), with `threads` threads (default:
+    the count in use)."""
     reading = work.bytes / limits.bandwidth(threads)
-    computing = work.multiply_adds / limits.peak(threads)
+    computing = (work.multiply_adds / limits.peak(threads)
+                 + work.float_multiply_adds / limits.float_peak(threads))
     return (reading, "bandwidth") if reading >= computing else (computing, "compute")
 
 
 def describe_limits(limits: MachineLimits | None, threads: int | None = None) -> list[str]:
-    """Header lines: CPU, instruction set in use, measured bandwidth and integer peak."""
+    """Header lines: CPU, instruction set in use, measured bandwidth and integer and float peaks."""
     threads = torch.get_num_threads() if threads is None else threads
     using = f"{threads} thread{'s' if threads > 1 else ''}"
     if limits is None:
@@ -139,7 +155,8 @@ def describe_limits(limits: MachineLimits | None, threads: int | None = None) ->
                 "(no C++ extension, EYAS_FUSED=0 or EYAS_INT4_KERNEL=torch): no floors"]
     by_threads = ", ".join(
         f"{count} thread{'s' if count > 1 else ''}: {limits.read_bytes_per_second[count] / 1e9:.1f} GB/s, "
-        f"{limits.int8_multiply_adds_per_second[count] / 1e9:.0f} G multiply-adds/s"
+        f"{limits.int8_multiply_adds_per_second[count] / 1e9:.0f} G multiply-adds/s, "
+        f"{limits.float_multiply_adds_per_second[count] / 1e9:.0f} G float"
         for count in sorted(limits.read_bytes_per_second))
     from eyas.models.extension import int4_amx, int4_prefetch
 
@@ -156,7 +173,8 @@ def describe_work(work: ModelWork) -> str:
             f"{work.decoder_bytes / 1e6:.1f}, output screen {work.output_bytes / 1e6:.1f}) + "
             f"{work.cache_bytes_per_token / 1e3:.1f} KB of KV cache per token; a row is "
             f"{(work.decoder_multiply_adds + work.output_multiply_adds) / 1e6:.1f} M multiply-adds "
-            f"x {work.passes} int8 passes (14-bit activations; the output screen {work.output_passes})")
+            f"x {work.passes} int8 passes (14-bit activations; the output screen {work.output_passes}), "
+            f"and {work.attention_multiply_adds_per_key / 1e3:.1f} K float multiply-adds per key it sees")
 
 
 def costs_table(verify_seconds: dict[int, float], work: ModelWork | None, limits: MachineLimits | None,

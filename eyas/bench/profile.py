@@ -21,8 +21,8 @@ the rows as many slots apart as the server's KV pool keeps them):
   - the rest: Python around them (positions, rotary tables, mask, reshapes).
 The parts of an instrumented pass add up to its wall time; the table also shows the matmuls
 timed alone, outside the stack, as a reference. Each part's floor: its bytes / read bandwidth or
-its multiply-adds / integer peak, whichever is larger (bench/floors.py; attention's floor is
-reading the KV cache). Parts that need neither show "-". Times are medians of `repeats` passes,
+its multiply-adds / peak, whichever is larger (bench/floors.py; attention's: reading the KV
+cache, or its float32 multiply-adds over the keys each row sees / the float peak). Parts that need neither show "-". Times are medians of `repeats` passes,
 on the wall clock, or with clock="cpu" (`--clock cpu`, one thread: OMP_NUM_THREADS=1) on the
 thread's CPU time, which other processes on a loaded machine do not inflate.
 
@@ -324,14 +324,25 @@ def _projection_work(model: nn.Module) -> dict[str, tuple[int, int]]:
 def part_floors(work: ModelWork, limits: MachineLimits, rows: int, context: int,
                 projections: dict[str, tuple[int, int]] | None = None, sequences: int = 1) -> dict[str, float]:
     """Each part's floor: max(bytes / bandwidth, multiply-adds / peak); `sequences` requests of
-    `rows` tokens each, each reading its own `context` cached tokens."""
-    bandwidth, peak = limits.bandwidth(), limits.peak()
+    `rows` tokens each, each reading its own `context` cached tokens. Attention's multiply-adds
+    are float32 ones, for the keys each row sees: one request's rows see the context and every
+    new token (the mask of `bench costs`), several requests' rows a chain (the new token i sees
+    context + i + 1)."""
+    bandwidth, peak, float_peak = limits.bandwidth(), limits.peak(), limits.float_peak()
+    if sequences == 1:
+        visible = rows * (context + rows)
+    else:
+        visible = sequences * sum(context + i + 1 for i in range(rows))
     rows, cached = sequences * rows, sequences * context  # the pass's rows; cached entries they read
-    decoder = max(work.decoder_bytes / bandwidth, rows * work.decoder_multiply_adds * work.passes / peak)
+    decoder_compute = rows * work.decoder_multiply_adds * work.passes / peak
+    attention_compute = visible * work.attention_multiply_adds_per_key / float_peak
+    cache_reading = (cached + rows) * work.cache_bytes_per_token / bandwidth
+    decoder = max(work.decoder_bytes / bandwidth, decoder_compute)
     output = max(work.output_bytes / bandwidth, rows * work.output_multiply_adds * work.output_passes / peak)
-    attention = (cached + rows) * work.cache_bytes_per_token / bandwidth
-    whole, _ = floor_seconds(pass_work(work, rows, cached), limits)
-    floors = {"step": whole, "layers": max(decoder, attention), "matmuls": decoder, "layer_rest": attention,
+    attention = max(cache_reading, attention_compute)
+    layers = max(work.decoder_bytes / bandwidth + cache_reading, decoder_compute + attention_compute)
+    whole, _ = floor_seconds(pass_work(work, rows, cached, visible), limits)
+    floors = {"step": whole, "layers": layers, "matmuls": decoder, "layer_rest": attention,
               "attention": attention, "output": output, "screen": output}
     for part, (size, macs) in (projections or {}).items():
         floors[part] = max(size / bandwidth, rows * macs * work.passes / peak)

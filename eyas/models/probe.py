@@ -1,8 +1,10 @@
-"""This machine's limits: read bandwidth and the integer multiply-add peak of the int8 kernels.
+"""This machine's limits: read bandwidth, the integer multiply-add peak of the int8 kernels and
+the float32 multiply-add peak of attention.
 
-Every floor eyas prints (bench/floors.py) divides a pass's bytes by the read bandwidth and its
-multiply-adds by the integer peak. Both are measured by a short probe in the C++ extension
-(csrc/probe.cpp), at 1 and 2 threads and at the thread count in use:
+Every floor eyas prints (bench/floors.py) divides a pass's bytes by the read bandwidth, its
+integer multiply-adds by the integer peak and attention's float ones by the float peak. All three
+are measured by a short probe in the C++ extension (csrc/probe.cpp), at 1 and 2 threads and at
+the thread count in use:
 - read bandwidth: a buffer much larger than the last-level cache (4x its size, 256 MB to 1 GB)
   streamed 3 times by every thread at once, in steps of 4 MB a thread (each well inside a
   scheduler time slice), the 90th percentile of the steps' rates;
@@ -10,7 +12,10 @@ multiply-adds by the integer peak. Both are measured by a short probe in the C++
   vpdpbusd on AVX512-VNNI, vpmaddubsw + vpmaddwd on AVX2) in independent chains shaped as the
   kernels' tiles (weight registers times activations broadcast from memory: chains sharing one
   pair of registers ran at 0.4x the kernels' rate on an AMD Zen 4), best of 16 short runs.
-  torch's `_int_mm` says nothing about it (on AVX2 it runs reference loops).
+  torch's `_int_mm` says nothing about it (on AVX2 it runs reference loops);
+- float peak: fused multiply-adds on the widest registers of the build (512-bit with AVX-512,
+  else 256-bit), in independent chains shaped as attention's scores (key registers times
+  queries broadcast from memory), best of 16 short runs.
 Each is the best of a few such calls (until the two best agree within 3%): on a shared machine
 a multi-thread run is slow whenever one thread waits for a core. A busy machine still measures
 low limits: figures where 2 threads read or multiply less than 1 thread did are used once and
@@ -24,7 +29,8 @@ written atomically.
 Usage:
     from eyas.models.probe import machine_limits
     limits = machine_limits()          # None without the extension or an int8 dot-product kernel
-    limits.bandwidth(2), limits.peak(2)  # bytes/s and multiply-adds/s with 2 threads
+    limits.bandwidth(2), limits.peak(2)  # bytes/s and int8 multiply-adds/s with 2 threads
+    limits.float_peak(2)                 # float32 multiply-adds/s with 2 threads
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ import torch
 from eyas.models import extension
 from eyas.utils.io import cache_dir, write_json_atomic
 
-PROBE_VERSION = "2"  # part of the cache key: bumped when what the probe measures changes
+PROBE_VERSION = "3"  # part of the cache key: bumped when what the probe measures changes
 BANDWIDTH_RUNS, PEAK_RUNS = 3, 16
 MIN_BUFFER_MB, MAX_BUFFER_MB = 256, 1024
 BUSY_RATIO = 0.9  # more threads below this share of one thread's rate: measured while busy
@@ -59,10 +65,12 @@ class MachineLimits:
     buffer_megabytes: int  # the bandwidth probe's buffer
     read_bytes_per_second: dict[int, float]  # threads -> bytes/s
     int8_multiply_adds_per_second: dict[int, float]  # threads -> multiply-adds/s
+    float_multiply_adds_per_second: dict[int, float]  # threads -> float32 multiply-adds/s
 
     def __post_init__(self) -> None:
         for name, table in (("read_bytes_per_second", self.read_bytes_per_second),
-                            ("int8_multiply_adds_per_second", self.int8_multiply_adds_per_second)):
+                            ("int8_multiply_adds_per_second", self.int8_multiply_adds_per_second),
+                            ("float_multiply_adds_per_second", self.float_multiply_adds_per_second)):
             if not table or any(threads < 1 or value <= 0 for threads, value in table.items()):
                 raise ValueError(f"{name} needs positive values for thread counts >= 1, got {table}")
 
@@ -74,11 +82,16 @@ class MachineLimits:
         """int8 multiply-adds/s with `threads` threads (default: the count in use)."""
         return _nearest(self.int8_multiply_adds_per_second, threads)
 
+    def float_peak(self, threads: int | None = None) -> float:
+        """float32 multiply-adds/s with `threads` threads (default: the count in use)."""
+        return _nearest(self.float_multiply_adds_per_second, threads)
+
     def busy_reason(self) -> str | None:
         """Why these figures look measured on a busy machine (more threads reading or
         multiplying less than one did: a worker waited for a core), or None."""
         for name, table, unit in (("read", self.read_bytes_per_second, "GB/s"),
-                                  ("multiply-add", self.int8_multiply_adds_per_second, "G/s")):
+                                  ("multiply-add", self.int8_multiply_adds_per_second, "G/s"),
+                                  ("float multiply-add", self.float_multiply_adds_per_second, "G/s")):
             one = table.get(1)
             for threads, value in sorted(table.items()):
                 if one is not None and threads > 1 and value < BUSY_RATIO * one:
@@ -93,7 +106,8 @@ class MachineLimits:
     def from_json(raw: dict) -> MachineLimits:
         return MachineLimits(raw["cpu"], raw["kernel"], int(raw["buffer_megabytes"]),
                              {int(k): float(v) for k, v in raw["read_bytes_per_second"].items()},
-                             {int(k): float(v) for k, v in raw["int8_multiply_adds_per_second"].items()})
+                             {int(k): float(v) for k, v in raw["int8_multiply_adds_per_second"].items()},
+                             {int(k): float(v) for k, v in raw["float_multiply_adds_per_second"].items()})
 
 
 def _nearest(table: dict[int, float], threads: int | None) -> float:
@@ -154,7 +168,8 @@ def measure_limits(threads: tuple[int, ...] | None = None, megabytes: int | None
     bandwidth = {count: _settled(lambda: ops.probe_read_bandwidth(count, megabytes, BANDWIDTH_RUNS))
                  for count in threads}
     peak = {count: _settled(lambda: ops.probe_int8_peak(kernel, count, PEAK_RUNS)) for count in threads}
-    return MachineLimits(cpu_model(), kernel, megabytes, bandwidth, peak)
+    float_peak = {count: _settled(lambda: ops.probe_float_peak(count, PEAK_RUNS)) for count in threads}
+    return MachineLimits(cpu_model(), kernel, megabytes, bandwidth, peak, float_peak)
 
 
 def _settled(measure: Callable[[], float], calls: int = 8, budget_seconds: float = 3.0) -> float:

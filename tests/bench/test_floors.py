@@ -6,7 +6,8 @@ import torch
 from eyas.bench.floors import ModelWork, PassWork, costs_table, floor_seconds, pass_work
 from eyas.models.probe import MachineLimits
 
-LIMITS = MachineLimits("test cpu", "avx512vnni", 1024, {1: 20e9, 2: 32e9}, {1: 200e9, 2: 400e9})
+LIMITS = MachineLimits("test cpu", "avx512vnni", 1024, {1: 20e9, 2: 32e9}, {1: 200e9, 2: 400e9},
+                       {1: 50e9, 2: 100e9})
 # SmolLM2-135M's sizes, rounded: 60 MB of int4 decoder, 28 MB of int8 screen, 106 M + 28 M
 # multiply-adds a row, 46,080 bytes of float32 KV cache per token, 14-bit activations.
 WORK = ModelWork(60_000_000, 28_000_000, 106_000_000, 28_000_000, 46_080, 2)
@@ -39,6 +40,21 @@ def test_the_costs_table_shows_the_percent_of_the_floor_reached():
     assert lines[2] == "| 1 | 6.24 | 1.00 | 3.12 | bandwidth | 50% |"
     assert lines[3] == "| 32 | 42.88 | 6.87 | 21.44 | compute | 50% |"
     assert costs_table({1: 6e-3}, WORK, None)[2] == "| 1 | 6.00 | 1.00 | - | - | - |"
+
+
+# the same with attention's float32 multiply-adds: 9 heads x 64 dims x 30 layers, q.k and p*v
+ATTENDING = ModelWork(60_000_000, 28_000_000, 106_000_000, 28_000_000, 46_080, 2, 2, 2 * 9 * 64 * 30)
+
+
+def test_attention_adds_its_float_multiply_adds_to_the_compute_floor():
+    work = pass_work(ATTENDING, rows=256, context=1792)  # every row sees the context and the new rows
+    assert work.float_multiply_adds == 256 * 2048 * 34_560
+    seconds, bound_by = floor_seconds(work, LIMITS, threads=2)
+    assert bound_by == "compute"  # 171.52 ms of integer and 181.19 ms of float work, added
+    assert seconds == pytest.approx(256 * 268e6 / 400e9 + 256 * 2048 * 34_560 / 100e9)
+    chain = pass_work(ATTENDING, rows=4, context=10, visible_keys=11 + 12 + 13 + 14)
+    assert chain.float_multiply_adds == 50 * 34_560 and chain.cache_bytes == 14 * 46_080
+    assert pass_work(WORK, rows=256, context=1792).float_multiply_adds == 0  # a model without the count
 
 
 def test_a_pass_needs_rows():
@@ -96,6 +112,16 @@ def test_the_floors_of_a_continuous_batching_pass_count_every_request():
     assert batch["attention"] == pytest.approx(16 * 257 * 46_080 / bandwidth)
     assert batch["matmuls"] == pytest.approx(max(60e6 / bandwidth, 16 * 106e6 * 2 / peak))
     assert batch["step"] == pytest.approx(floor_seconds(pass_work(WORK, 16, 16 * 256), LIMITS)[0])
+    # attention's float work: 16 requests x 1 new token each seeing 257 keys; a prefill chunk of
+    # 256 rows after 1,792 cached, each row seeing all 2,048 (the mask `bench costs` times)
+    float_peak = LIMITS.float_peak()
+    batch = part_floors(ATTENDING, LIMITS, rows=1, context=256, sequences=16)
+    assert batch["attention"] == pytest.approx(max(16 * 257 * 46_080 / bandwidth, 16 * 257 * 34_560 / float_peak))
+    prefill = part_floors(ATTENDING, LIMITS, rows=256, context=1792)
+    assert prefill["attention"] == pytest.approx(256 * 2048 * 34_560 / float_peak)  # compute, not reading
+    assert prefill["layers"] == pytest.approx(256 * 106e6 * 2 / peak + 256 * 2048 * 34_560 / float_peak)
+    two = part_floors(ATTENDING, LIMITS, rows=2, context=10, sequences=3)  # chains: 11 and 12 keys
+    assert two["attention"] == pytest.approx(max(3 * 12 * 46_080 / bandwidth, 3 * 23 * 34_560 / float_peak))
 
 
 def test_profile_of_a_continuous_batching_pass(tiny_target, monkeypatch):

@@ -3,8 +3,13 @@
 // key and row) at the float32 FMA peak. How: a chunk's keys are transposed once into a tile
 // that every query with the same keys there reads, as a register-tiled product (no horizontal
 // sums, 8 queries per loaded key vector), and each value row is loaded once for up to 4
-// queries; what is left above the FMAs is one transpose per tile, the 16-lane softmax of each
-// 64-key chunk and the in-order combine of the chunks.
+// queries (a float16 chunk that many queries read is widened to float32 once, widen_values);
+// what is left above the FMAs is one transpose per tile, the 16-lane softmax of each 64-key
+// chunk and the in-order combine of the chunks. Measured on a prefill chunk of 256 tokens after
+// 1,792 cached (SmolLM2, 30 layers, 2 threads, AMD Zen 4; parts timed by leaving each out): the
+// score and value FMAs ~180 ms at ~95 G multiply-adds/s of the 117 G float peak, the softmaxes
+// ~50 ms (exp16's ~35 operations per 16 lanes), the combine ~40 ms (a double exponential per
+// query and chunk, and 20 MB of partials a layer), the work items' bookkeeping ~30 ms.
 //
 // Two implementations with the same contract (attention.h): `chunked_attention` for a float32
 // or float16 cache and head_dim 64 or 128 on AVX2 or AVX-512 (what the engine runs; the same
@@ -17,6 +22,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <stdexcept>
 #include <type_traits>
@@ -419,8 +425,8 @@ struct ChunkQuery {
 
 // The weighted sums of G queries' value rows, slots[i] for i < n of each (a row loaded once for
 // all of them); probs [G][kChunk].
-template <int NV, int G, typename K>
-void value_block(const ChunkQuery* queries, const float (*probs)[kChunk], const K* vb, const int32_t* slots,
+template <int NV, int G, typename V, typename K>
+void value_block(const ChunkQuery* queries, const float (*probs)[kChunk], const V* vb, const int32_t* slots,
                  Ahead<K> ahead) {
   constexpr int64_t head_dim = 16 * NV;
   int64_t shortest = kChunk, longest = 0;
@@ -429,7 +435,7 @@ void value_block(const ChunkQuery* queries, const float (*probs)[kChunk], const 
   for (int g = 0; g < G; ++g)
     for (int c = 0; c < NV; ++c) acc[g][c] = Floats16::zero();
   for (int64_t i = 0; i < shortest; ++i) {
-    const K* vr = vb + int64_t(slots[i]) * head_dim;
+    const V* vr = vb + int64_t(slots[i]) * head_dim;
     if (i < ahead.rows)
       for (int64_t line = 0; line < head_dim * int64_t(sizeof(K)); line += 64)
         request_line(reinterpret_cast<const char*>(ahead.values + i * head_dim) + line);
@@ -440,7 +446,7 @@ void value_block(const ChunkQuery* queries, const float (*probs)[kChunk], const 
   }
   request_rows<head_dim>(ahead.values, shortest, ahead.rows);  // a short chunk: the rest, at once
   for (int64_t i = shortest; i < longest; ++i) {  // keys some of the G queries do not have
-    const K* vr = vb + int64_t(slots[i]) * head_dim;
+    const V* vr = vb + int64_t(slots[i]) * head_dim;
     for (int c = 0; c < NV; ++c) {
       const Floats16 value = Floats16::load(vr + 16 * c);
       for (int g = 0; g < G; ++g)
@@ -451,17 +457,40 @@ void value_block(const ChunkQuery* queries, const float (*probs)[kChunk], const 
     for (int c = 0; c < NV; ++c) acc[g][c].store(queries[g].part + 2 + 16 * c);
 }
 
-// Partial softmaxes of `count` queries over one chunk: keys and values the rows slots[i] of kb
-// and vb, the keys read from their transposed tile kt, or (kt null, AVX-512 only) transposed as
-// they are scored.
-template <int NV, typename K>
-void chunk_partials(const ChunkQuery* queries, int64_t count, const float* kt, const K* kb, const K* vb,
-                    const int32_t* slots, float scale, Ahead<K> next) {
+// Queries whose weighted sums value_block keeps in registers at once.
 #ifdef __AVX512F__
-  constexpr int kValueQueries = NV == 4 ? 4 : 2;  // weighted sums in registers
+template <int NV>
+constexpr int kValueQueries = NV == 4 ? 4 : 2;
 #else
-  constexpr int kValueQueries = 1;
+template <int NV>
+constexpr int kValueQueries = 1;
 #endif
+
+// Rows 0 .. kChunk - 1 in order: the slots of a chunk's widened values (widen_values).
+constexpr std::array<int32_t, kChunk> kInOrder = [] {
+  std::array<int32_t, kChunk> rows{};
+  for (int32_t i = 0; i < int32_t(kChunk); ++i) rows[i] = i;
+  return rows;
+}();
+
+// The value rows slots[i], i < n, of a float16 chunk widened (exactly) to float32 rows 0 .. n - 1 of
+// `tile`, for a chunk that many queries read: value_block then loads plain floats, and each row is
+// widened once instead of once per kValueQueries queries (the widening was a fifth of the value
+// phase's instructions). The same floats, so the same bits.
+template <int NV, typename K>
+void widen_values(const K* vb, const int32_t* slots, int64_t n, float* tile) {
+  for (int64_t i = 0; i < n; ++i)
+    for (int c = 0; c < NV; ++c)
+      Floats16::load(vb + int64_t(slots[i]) * (16 * NV) + 16 * c).store(tile + i * (16 * NV) + 16 * c);
+}
+
+// Partial softmaxes of `count` queries over one chunk: keys and values the rows slots[i] of kb
+// and vb (the values rows value_slots[i] of vb where given: a widened tile), the keys read from
+// their transposed tile kt, or (kt null, AVX-512 only) transposed as they are scored.
+template <int NV, typename K, typename V = K>
+void chunk_partials(const ChunkQuery* queries, int64_t count, const float* kt, const K* kb, const V* vb,
+                    const int32_t* slots, float scale, Ahead<K> next, const int32_t* value_slots = nullptr) {
+  if (value_slots == nullptr) value_slots = slots;
   alignas(64) float scores[kScoreQueries][kChunk];
   for (int64_t b0 = 0; b0 < count; b0 += kScoreQueries) {
     const ChunkQuery* block = queries + b0;
@@ -525,14 +554,14 @@ void chunk_partials(const ChunkQuery* queries, int64_t count, const float* kt, c
       for (int c = 0; c < kChunk / 16; ++c) probs[c].store(row + 16 * c);  // scores -> probabilities
     }
     // 3. Weighted sums of the value rows.
-    for (int g0 = 0; g0 < size; g0 += kValueQueries) {
+    for (int g0 = 0; g0 < size; g0 += kValueQueries<NV>) {
       const Ahead<K> values_ahead = g0 == 0 ? ahead : Ahead<K>{};
-      switch (std::min(kValueQueries, size - g0)) {
-        case 1: value_block<NV, 1>(block + g0, scores + g0, vb, slots, values_ahead); break;
+      switch (std::min(kValueQueries<NV>, size - g0)) {
+        case 1: value_block<NV, 1>(block + g0, scores + g0, vb, value_slots, values_ahead); break;
 #ifdef __AVX512F__
-        case 2: value_block<NV, 2>(block + g0, scores + g0, vb, slots, values_ahead); break;
-        case 3: value_block<NV, 3>(block + g0, scores + g0, vb, slots, values_ahead); break;
-        case 4: value_block<NV, 4>(block + g0, scores + g0, vb, slots, values_ahead); break;
+        case 2: value_block<NV, 2>(block + g0, scores + g0, vb, value_slots, values_ahead); break;
+        case 3: value_block<NV, 3>(block + g0, scores + g0, vb, value_slots, values_ahead); break;
+        case 4: value_block<NV, 4>(block + g0, scores + g0, vb, value_slots, values_ahead); break;
 #endif
       }
     }
@@ -570,7 +599,7 @@ void chunked_attention(const float* q, const K* keys, const K* values, const Vis
   // are worth the threads even where each alone is not.
   const int64_t work = rows * group * visible.longest * head_dim;
   eyas::parallel_for(0, items, work >= (1 << 14) ? 1 : items, [&](int64_t begin, int64_t end) {
-    alignas(64) float shared_tile[head_dim * kChunk], own_tile[head_dim * kChunk];
+    alignas(64) float shared_tile[head_dim * kChunk], own_tile[head_dim * kChunk], value_tile[head_dim * kChunk];
     std::vector<ChunkQuery> sharing, own(group);
     std::vector<int64_t> own_rows;
     sharing.reserve(longest_run * group), own_rows.reserve(longest_run);
@@ -634,9 +663,14 @@ void chunked_attention(const float* q, const K* keys, const K* values, const Vis
       const Ahead<K> reference_next = next_of(reference, true);
       if (tiled && count > 0)
         transpose_keys<NV>(kb, reference_slots, reference_n, 0, (reference_n + 15) / 16, shared_tile, reference_next);
-      if (count > 0)
+      if (std::is_same_v<K, at::Half> && count > kValueQueries<NV>) {  // values read by several groups
+        widen_values<NV>(vb, reference_slots, reference_n, value_tile);
+        chunk_partials<NV>(sharing.data(), count, tiled ? shared_tile : nullptr, kb, value_tile, reference_slots,
+                           scale, reference_next, kInOrder.data());
+      } else if (count > 0) {
         chunk_partials<NV>(sharing.data(), count, tiled ? shared_tile : nullptr, kb, vb, reference_slots, scale,
                            reference_next);
+      }
       // 4. The rows that share nothing: their own keys (in a tile: the shared one's whole blocks
       // of 16 equal to theirs copied, the rest transposed).
       for (int64_t row : own_rows) {

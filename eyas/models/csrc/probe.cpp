@@ -1,4 +1,4 @@
-// The two limits of this machine that every floor of eyas's CPU forward is computed from
+// The limits of this machine that every floor of eyas's CPU forward is computed from
 // (models/probe.py caches them, bench/floors.py turns them into floors):
 //   - read bandwidth: a buffer much larger than the last-level cache, streamed by `threads`
 //     threads in short steps, `runs` times over, a high percentile of the steps' rates (bytes
@@ -7,7 +7,11 @@
 //     vpdpbusd on 512-bit registers ("avx512vnni"), or vpmaddubsw + vpmaddwd + vpaddd on
 //     256-bit ones ("avx2"), in independent chains shaped as the kernels' tiles (weight
 //     registers times broadcast activations), best of `runs` short runs (multiply-adds per
-//     second, one int8 x int8 product and its addition counted as one).
+//     second, one int8 x int8 product and its addition counted as one);
+//   - float32 multiply-add peak of attention's arithmetic (attention.cpp): fused multiply-adds
+//     on the widest registers the build has (512-bit with AVX-512, else 256-bit), in chains
+//     shaped as its scores (key registers times queries broadcast from memory), best of `runs`
+//     short runs (multiply-adds per second, one float32 lane counted as one).
 // Floor it chases: none; it measures them. Registered as torch.ops.eyas.* (any source file of
 // the extension can add operators that way; the Python module's bindings live elsewhere).
 
@@ -26,6 +30,9 @@
 #include <vector>
 
 #include "int8dot.h"
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 namespace eyas {
 namespace {
@@ -183,6 +190,70 @@ int64_t avx2_chains(int32_t seed) {
 }
 #endif
 
+// 4 key registers x 3 queries broadcast from memory: 12 independent chains of fused
+// multiply-adds (attention.cpp score_vectors: up to 8 queries per key vector), kFloatLanes
+// multiply-adds each per instruction. The keys stay opaque to the compiler, as the weights above.
+alignas(64) const float kQueries[64] = {
+#define EYAS_QUERY(b) b * 1e-6f, (b + 3) * 1e-6f, (b + 5) * 1e-6f, (b + 11) * 1e-6f
+#define EYAS_QUERIES(b) EYAS_QUERY(b), EYAS_QUERY(b + 16), EYAS_QUERY(b + 32), EYAS_QUERY(b + 48)
+    EYAS_QUERIES(1), EYAS_QUERIES(2), EYAS_QUERIES(3), EYAS_QUERIES(4),
+#undef EYAS_QUERIES
+#undef EYAS_QUERY
+};
+#if defined(__AVX512F__)
+constexpr int64_t kFloatLanes = 16;
+using FloatRegister = __m512;
+inline FloatRegister float_fill(float v) { return _mm512_set1_ps(v); }
+inline FloatRegister float_fma(FloatRegister a, FloatRegister b, FloatRegister c) { return _mm512_fmadd_ps(a, b, c); }
+inline float float_lane_sum(FloatRegister v) { return _mm512_reduce_add_ps(v); }
+#elif defined(__AVX2__) && defined(__FMA__)
+constexpr int64_t kFloatLanes = 8;
+using FloatRegister = __m256;
+inline FloatRegister float_fill(float v) { return _mm256_set1_ps(v); }
+inline FloatRegister float_fma(FloatRegister a, FloatRegister b, FloatRegister c) { return _mm256_fmadd_ps(a, b, c); }
+inline float float_lane_sum(FloatRegister v) {
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, v);
+  float sum = 0.0f;
+  for (float lane : lanes) sum += lane;
+  return sum;
+}
+#endif
+
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#define EYAS_FLOAT_PROBE 1
+float float_chains(float seed) {
+  FloatRegister keys[4], acc[12];
+  for (int j = 0; j < 4; ++j) keys[j] = float_fill(seed * float(j + 1));
+  for (int i = 0; i < 12; ++i) acc[i] = float_fill(float(i));
+  for (int64_t k = 0; k < kIterations; ++k) {
+    for (int r = 0; r < 3; ++r) {
+      const FloatRegister x = float_fill(kQueries[(k & 15) * 4 + r]);
+      for (int j = 0; j < 4; ++j) acc[4 * r + j] = float_fma(x, keys[j], acc[4 * r + j]);
+    }
+    __asm__ volatile("" : "+x"(keys[0]), "+x"(keys[1]), "+x"(keys[2]), "+x"(keys[3]));  // opaque keys
+  }
+  float total = 0.0f;
+  for (int i = 0; i < 12; ++i) total += float_lane_sum(acc[i]);
+  return total;
+}
+#endif
+
+volatile float float_sink;
+
+double float_peak(int64_t threads, int64_t runs) {
+  TORCH_CHECK(threads >= 1 && runs >= 1, "threads and runs must be >= 1");
+#ifdef EYAS_FLOAT_PROBE
+  volatile float seed = 1e-3f;  // not a compile-time constant: the chains cannot be folded
+  const double seconds = best_seconds(threads, runs, [&](int thread) { float_sink = float_chains(seed * float(thread + 1)); });
+  return double(threads) * kIterations * 12 * kFloatLanes / seconds;
+#else
+  (void)threads, (void)runs;
+  TORCH_CHECK(false, "this build has no float32 multiply-add probe (it needs AVX2 and FMA, or AVX-512)");
+  return 0.0;
+#endif
+}
+
 double int8_peak(c10::string_view kernel, int64_t threads, int64_t runs) {
   TORCH_CHECK(threads >= 1 && runs >= 1, "threads and runs must be >= 1");
   volatile int32_t seed = 7;  // not a compile-time constant: the chains cannot be folded
@@ -214,4 +285,5 @@ double int8_peak(c10::string_view kernel, int64_t threads, int64_t runs) {
 TORCH_LIBRARY_FRAGMENT(eyas, m) {
   m.def("probe_read_bandwidth(int threads, int megabytes, int runs) -> float", &eyas::read_bandwidth);
   m.def("probe_int8_peak(str kernel, int threads, int runs) -> float", &eyas::int8_peak);
+  m.def("probe_float_peak(int threads, int runs) -> float", &eyas::float_peak);
 }
