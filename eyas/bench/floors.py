@@ -9,7 +9,7 @@ A pass over T new tokens (after `context` cached ones) must at least
   multiply-adds / integer peak;
 - do attention's float32 multiply-adds, q . k and p * v for every key a row sees (2 x heads x
   head_dim per key and layer): multiply-adds / float peak. The integer and float products run
-  on the same vector units (an AMD Zen 4 interleaving vpdpbusd and vfmaddps chains took the sum
+  on the same vector units (an AMD Zen 4 interleaving vpdpbusd and vfmadd231ps chains took the sum
   of their times, 4.40 against 2.50 + 2.19 ns an iteration), so their times add
   (models/probe.py measures the three limits).
 Its floor is the larger of reading and computing; `eyas bench costs` prints it for each T
@@ -18,9 +18,10 @@ the softmax's exponentials are not counted: the floor is what no kernel can beat
 estimate.
 
 Usage:
-    from eyas.bench.floors import pass_work, floor_seconds
+    from eyas.bench.floors import pass_work, prefill_work, floor_seconds
     work = pass_work(target.model, rows=8, context=256)
     seconds, bound_by = floor_seconds(work, machine_limits())
+    seconds, bound_by = floor_seconds(prefill_work(target.model, tokens=2048), machine_limits())
 """
 
 from __future__ import annotations
@@ -132,6 +133,16 @@ def pass_work(model: nn.Module | ModelWork, rows: int, context: int, visible_key
     return PassWork(rows, work.decoder_bytes + work.output_bytes,
                     (context + rows) * work.cache_bytes_per_token, macs,
                     visible * work.attention_multiply_adds_per_key)
+
+
+def prefill_work(model: nn.Module | ModelWork, tokens: int) -> PassWork:
+    """The prefill of a `tokens`-token prompt into an empty cache: every row through the decoder,
+    the output screen for the last row only (its first token), row i attending to the i + 1
+    keys up to itself."""
+    work = model if isinstance(model, ModelWork) else model_work(model)
+    macs = tokens * work.decoder_multiply_adds * work.passes + work.output_multiply_adds * work.output_passes
+    return PassWork(tokens, work.decoder_bytes + work.output_bytes, tokens * work.cache_bytes_per_token, macs,
+                    tokens * (tokens + 1) // 2 * work.attention_multiply_adds_per_key)
 
 
 def floor_seconds(work: PassWork, limits: MachineLimits, threads: int | None = None) -> tuple[float, str]:

@@ -111,8 +111,9 @@ def _register_costs(sub: argparse._SubParsersAction) -> None:
         description="Measure one target pass over T new tokens (after 256 cached ones) for "
                     "T = 1..64, relative to a single-token step: the curve that sizes draft trees "
                     "(cached per machine, model and precision). With the int8 kernels, also this "
-                    "machine's measured read bandwidth and integer peak (a probe, cached per "
-                    "machine) and each T's floor: max(bytes / bandwidth, multiply-adds / peak), "
+                    "machine's measured read bandwidth, integer peak and float peak (a probe, "
+                    "cached per machine) and each T's floor: max(bytes / bandwidth, integer "
+                    "multiply-adds / integer peak + attention's float multiply-adds / float peak), "
                     "and the % of it reached.\n\nExample:\n"
                     "    eyas bench costs --model smollm2-135m --dtype float32",
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -126,7 +127,7 @@ def _register_costs(sub: argparse._SubParsersAction) -> None:
     costs.add_argument("--prefill-chunk", type=int, default=None,
                        help="tokens per prefill pass in the engine (default: eyas serve's, 256)")
     costs.add_argument("--probe-again", action="store_true",
-                       help="measure this machine's bandwidth and integer peak again (they are cached)")
+                       help="measure this machine's bandwidth and integer and float peaks again (they are cached)")
     costs.set_defaults(func=run_costs_cli)
 
 
@@ -163,6 +164,12 @@ def run_costs_cli(args: argparse.Namespace) -> int:
                                  repeats=args.repeats)
         for line in timing.describe():
             print(line)
+        if work is not None:
+            from eyas.bench.floors import floor_seconds, prefill_work
+
+            floor, bound_by = floor_seconds(prefill_work(work, args.prefill), limits)
+            print(f"  floor {floor * 1e3:.1f} ms ({bound_by}: {args.prefill / floor:.0f} tokens/s; causal "
+                  f"attention counted); the chunked passes at {100 * floor / timing.chunked_s:.0f}% of it")
     return 0
 
 
@@ -177,7 +184,8 @@ def _register_profile(sub: argparse._SubParsersAction) -> None:
                     "activation rounding, attention with the tree mask, norms, rotary, SiLU, "
                     "residuals and thread waits; the output screen and its exact re-check, "
                     "Python; each in ms, % of the pass and its own floor (bytes / measured "
-                    "bandwidth, multiply-adds / measured integer peak).\n\nExample:\n"
+                    "bandwidth, multiply-adds / measured integer peak; attention's float "
+                    "multiply-adds / measured float peak).\n\nExample:\n"
                     "    eyas bench profile --model smollm2-135m --tokens 1,8,32\n"
                     "    eyas bench profile --sequences 16 --tokens 1 --context 200   # a serving step",
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -196,7 +204,7 @@ def _register_profile(sub: argparse._SubParsersAction) -> None:
     profile.add_argument("--clock", default=d.clock, choices=("wall", "cpu"),
                          help="wall time, or the thread's CPU time (a loaded machine; needs OMP_NUM_THREADS=1)")
     profile.add_argument("--probe-again", action="store_true",
-                         help="measure this machine's bandwidth and integer peak again (they are cached)")
+                         help="measure this machine's bandwidth and integer and float peaks again (they are cached)")
     profile.set_defaults(func=run_profile_cli)
 
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from eyas.bench.floors import ModelWork, PassWork, costs_table, floor_seconds, pass_work
+from eyas.bench.floors import ModelWork, PassWork, costs_table, floor_seconds, pass_work, prefill_work
 from eyas.models.probe import MachineLimits
 
 LIMITS = MachineLimits("test cpu", "avx512vnni", 1024, {1: 20e9, 2: 32e9}, {1: 200e9, 2: 400e9},
@@ -55,6 +55,16 @@ def test_attention_adds_its_float_multiply_adds_to_the_compute_floor():
     chain = pass_work(ATTENDING, rows=4, context=10, visible_keys=11 + 12 + 13 + 14)
     assert chain.float_multiply_adds == 50 * 34_560 and chain.cache_bytes == 14 * 46_080
     assert pass_work(WORK, rows=256, context=1792).float_multiply_adds == 0  # a model without the count
+
+
+def test_a_prefill_reads_the_weights_once_and_attends_causally():
+    work = prefill_work(ATTENDING, tokens=2048)
+    assert work.rows == 2048 and work.bytes == 88_000_000 + 2048 * 46_080
+    assert work.multiply_adds == 2048 * 106_000_000 * 2 + 28_000_000 * 2  # the screen for the last row only
+    assert work.float_multiply_adds == 2048 * 2049 // 2 * 34_560  # row i sees the i + 1 keys up to itself
+    seconds, bound_by = floor_seconds(work, LIMITS, threads=2)
+    assert bound_by == "compute"
+    assert seconds == pytest.approx((2048 * 212e6 + 56e6) / 400e9 + 2048 * 2049 / 2 * 34_560 / 100e9)  # 1.81 s
 
 
 def test_a_pass_needs_rows():
