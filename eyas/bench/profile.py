@@ -22,9 +22,10 @@ the rows as many slots apart as the server's KV pool keeps them):
 The parts of an instrumented pass add up to its wall time; the table also shows the matmuls
 timed alone, outside the stack, as a reference. Each part's floor: its bytes / read bandwidth or
 its multiply-adds / peak, whichever is larger (bench/floors.py; attention's: reading the KV
-cache, or its float32 multiply-adds over the keys each row sees / the float peak). Parts that need neither show "-". Times are medians of `repeats` passes,
-on the wall clock, or with clock="cpu" (`--clock cpu`, one thread: OMP_NUM_THREADS=1) on the
-thread's CPU time, which other processes on a loaded machine do not inflate.
+cache, or its float32 multiply-adds over the keys each row sees / the float peak). Parts that
+need neither show "-". Times are medians of `repeats` passes, on the wall clock, or with
+clock="cpu" (`--clock cpu`, one thread: OMP_NUM_THREADS=1) on the thread's CPU time, which
+other processes on a loaded machine do not inflate.
 
 Usage:
     eyas bench profile --model smollm2-135m --tokens 1,8,32

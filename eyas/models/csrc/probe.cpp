@@ -245,7 +245,8 @@ double float_peak(int64_t threads, int64_t runs) {
   TORCH_CHECK(threads >= 1 && runs >= 1, "threads and runs must be >= 1");
 #ifdef EYAS_FLOAT_PROBE
   volatile float seed = 1e-3f;  // not a compile-time constant: the chains cannot be folded
-  const double seconds = best_seconds(threads, runs, [&](int thread) { float_sink = float_chains(seed * float(thread + 1)); });
+  const double seconds =
+      best_seconds(threads, runs, [&](int thread) { float_sink = float_chains(seed * float(thread + 1)); });
   return double(threads) * kIterations * 12 * kFloatLanes / seconds;
 #else
   (void)threads, (void)runs;
