@@ -3,7 +3,7 @@
 // key and row) at the float32 FMA peak. How: a chunk's keys are transposed once into a tile
 // that every query with the same keys there reads, as a register-tiled product (no horizontal
 // sums, 8 queries per loaded key vector), and each value row is loaded once for up to 4
-// queries (a float16 chunk that many queries read is widened to float32 once, widen_values);
+// queries (on AVX-512 a float16 chunk that many queries read is widened to float32 once);
 // what is left above the FMAs is one transpose per tile, the 16-lane softmax of each 64-key
 // chunk and the in-order combine of the chunks. Measured on a prefill chunk of 256 tokens after
 // 1,792 cached (SmolLM2, 30 layers, 2 threads, AMD Zen 4; parts timed by leaving each out): the
@@ -474,9 +474,13 @@ constexpr std::array<int32_t, kChunk> kInOrder = [] {
 }();
 
 // The value rows slots[i], i < n, of a float16 chunk widened (exactly) to float32 rows 0 .. n - 1 of
-// `tile`, for a chunk that many queries read: value_block then loads plain floats, and each row is
-// widened once instead of once per kValueQueries queries (the widening was a fifth of the value
-// phase's instructions). The same floats, so the same bits.
+// `tile`, for a chunk that several groups of queries read: value_block then loads plain floats,
+// and each row is widened once instead of once per kValueQueries queries. The same floats, so the
+// same bits. On AVX-512 (4 queries per loaded row at head_dim 64, 2 at 128), attention over a
+// 256-token chunk after 1,792 cached took 4-7% less time at head_dim 64 and 11% less at 128
+// (AMD Zen 4, alternated); on AVX2, where each query reads the rows alone, the float tile (twice
+// the float16 rows' bytes, beside the keys' tile in L1) made it 1.45x as slow, so there the rows
+// stay float16.
 template <int NV, typename K>
 void widen_values(const K* vb, const int32_t* slots, int64_t n, float* tile) {
   for (int64_t i = 0; i < n; ++i)
@@ -663,7 +667,7 @@ void chunked_attention(const float* q, const K* keys, const K* values, const Vis
       const Ahead<K> reference_next = next_of(reference, true);
       if (tiled && count > 0)
         transpose_keys<NV>(kb, reference_slots, reference_n, 0, (reference_n + 15) / 16, shared_tile, reference_next);
-      if (std::is_same_v<K, at::Half> && count > kValueQueries<NV>) {  // values read by several groups
+      if (std::is_same_v<K, at::Half> && kValueQueries<NV> > 1 && count > kValueQueries<NV>) {  // widen_values
         widen_values<NV>(vb, reference_slots, reference_n, value_tile);
         chunk_partials<NV>(sharing.data(), count, tiled ? shared_tile : nullptr, kb, value_tile, reference_slots,
                            scale, reference_next, kInOrder.data());
