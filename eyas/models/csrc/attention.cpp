@@ -126,7 +126,8 @@ void generic_attention(const T* q, const T* keys, const T* values, const Visibil
 // requested into L1 (prefetcht0), slower still.
 // The exponentials run 16 lanes at a
 // time (exp16), and the weighted sums of value rows run for up to 4 queries per loaded row
-// (2 for head_dim 128; 1 on AVX2). Each query keeps a partial softmax (max, sum, weighted sum)
+// (2 for whole head_dim-128 rows, 4 for their halves where many queries share a chunk; 1 on
+// AVX2). Each query keeps a partial softmax (max, sum, weighted sum)
 // per chunk, and the partials are combined in chunk order.
 //
 // Numerics: a score is one chain of FMAs over the dims in order, from zero, in its own lane,
