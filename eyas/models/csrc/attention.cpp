@@ -503,7 +503,7 @@ constexpr std::array<int32_t, kChunk> kInOrder = [] {
 // The value rows slots[i], i < n, of a float16 chunk widened (exactly) to float32 rows 0 .. n - 1 of
 // `tile`, for a chunk that several groups of queries read: value_block then loads plain floats,
 // and each row is widened once instead of once per kValueQueries queries. The same floats, so the
-// same bits. On AVX-512 (4 queries per loaded row at head_dim 64, 2 at 128), attention over a
+// same bits. On AVX-512 (4 queries per loaded row, or per half row at head_dim 128), attention over a
 // 256-token chunk after 1,792 cached took 4-7% less time at head_dim 64 and 11% less at 128
 // (AMD Zen 4, alternated); on AVX2, where each query reads the rows alone, the float tile (twice
 // the float16 rows' bytes, beside the keys' tile in L1) made it 1.45x as slow, so there the rows
