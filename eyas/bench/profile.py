@@ -330,19 +330,17 @@ def part_floors(work: ModelWork, limits: MachineLimits, rows: int, context: int,
     new token (the mask of `bench costs`), several requests' rows a chain (the new token i sees
     context + i + 1)."""
     bandwidth, peak, float_peak = limits.bandwidth(), limits.peak(), limits.float_peak()
-    if sequences == 1:
-        visible = rows * (context + rows)
-    else:
-        visible = sequences * sum(context + i + 1 for i in range(rows))
+    visible = None if sequences == 1 else sequences * sum(context + i + 1 for i in range(rows))
     rows, cached = sequences * rows, sequences * context  # the pass's rows; cached entries they read
+    whole_work = pass_work(work, rows, cached, visible)
     decoder_compute = rows * work.decoder_multiply_adds * work.passes / peak
-    attention_compute = visible * work.attention_multiply_adds_per_key / float_peak
-    cache_reading = (cached + rows) * work.cache_bytes_per_token / bandwidth
+    attention_compute = whole_work.float_multiply_adds / float_peak
+    cache_reading = whole_work.cache_bytes / bandwidth
     decoder = max(work.decoder_bytes / bandwidth, decoder_compute)
     output = max(work.output_bytes / bandwidth, rows * work.output_multiply_adds * work.output_passes / peak)
     attention = max(cache_reading, attention_compute)
     layers = max(work.decoder_bytes / bandwidth + cache_reading, decoder_compute + attention_compute)
-    whole, _ = floor_seconds(pass_work(work, rows, cached, visible), limits)
+    whole, _ = floor_seconds(whole_work, limits)
     floors = {"step": whole, "layers": layers, "matmuls": decoder, "layer_rest": attention,
               "attention": attention, "output": output, "screen": output}
     for part, (size, macs) in (projections or {}).items():

@@ -132,7 +132,8 @@ def _register_costs(sub: argparse._SubParsersAction) -> None:
 
 
 def run_costs_cli(args: argparse.Namespace) -> int:
-    from eyas.bench.floors import costs_table, describe_limits, describe_work, model_work
+    from eyas.bench.floors import (costs_table, describe_limits, describe_work, floor_seconds, model_work,
+                                   prefill_work)
     from eyas.engine.speculative.sizing import measure_verify_costs
     from eyas.engine.target import load_target
     from eyas.models.probe import machine_limits
@@ -165,8 +166,6 @@ def run_costs_cli(args: argparse.Namespace) -> int:
         for line in timing.describe():
             print(line)
         if work is not None:
-            from eyas.bench.floors import floor_seconds, prefill_work
-
             floor, bound_by = floor_seconds(prefill_work(work, args.prefill), limits)
             print(f"  floor {floor * 1e3:.1f} ms ({bound_by}: {args.prefill / floor:.0f} tokens/s; causal "
                   f"attention counted); the chunked passes at {100 * floor / timing.chunked_s:.0f}% of it")
