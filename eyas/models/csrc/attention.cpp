@@ -503,11 +503,10 @@ constexpr std::array<int32_t, kChunk> kInOrder = [] {
 // The value rows slots[i], i < n, of a float16 chunk widened (exactly) to float32 rows 0 .. n - 1 of
 // `tile`, for a chunk that several groups of queries read: value_block then loads plain floats,
 // and each row is widened once instead of once per kValueQueries queries. The same floats, so the
-// same bits. On AVX-512 (4 queries per loaded row, or per half row at head_dim 128), attention over a
-// 256-token chunk after 1,792 cached took 4-7% less time at head_dim 64 and 11% less at 128
-// (AMD Zen 4, alternated); on AVX2, where each query reads the rows alone, the float tile (twice
-// the float16 rows' bytes, beside the keys' tile in L1) made it 1.45x as slow, so there the rows
-// stay float16.
+// same bits. AVX-512 only (4 queries per loaded row, or per half row at head_dim 128): on AVX2,
+// where each query reads the rows alone, the float tile (twice the float16 rows' bytes, beside
+// the keys' tile in L1) made a 256-token chunk's attention after 1,792 cached 1.45x as slow
+// (AMD Zen 4, 2 threads, the haswell build).
 template <int NV, typename K>
 void widen_values(const K* vb, const int32_t* slots, int64_t n, float* tile) {
   for (int64_t i = 0; i < n; ++i)
